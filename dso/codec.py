@@ -16,7 +16,9 @@ from dataclasses import dataclass, field
 import torch
 
 from dso.dct import ChunkPlan
-from dso.packing import EliasFano, codes_nbytes, index_bound_bits
+import numpy as np
+
+from dso.packing import EliasFano, PackingError, codes_nbytes, index_bound_bits, pack_codes, unpack_codes
 
 
 @dataclass
@@ -120,19 +122,64 @@ class DeMoCodec:
     def decompress(self, update: CompressedUpdate, device="cpu") -> dict[str, torch.Tensor]:
         return {n: self.to_dense(n, u, device) for n, u in update.items()}
 
+    # ------------------------------------------------------------- wire
+    def wire_spec(self) -> dict[str, tuple[str, tuple[int, ...]]]:
+        """Exact tensor set of an encoded update: key → (numpy dtype name, shape)."""
+        spec: dict[str, tuple[str, tuple[int, ...]]] = {}
+        for n, plan in self.plans.items():
+            count = plan.n_chunks * self.k(n)
+            spec[f"{n}.idx"] = ("uint8", (self.index_coder(n).nbytes(plan.n_chunks),))
+            if self.quantiser:
+                spec[f"{n}.val"] = ("uint8", (codes_nbytes(count, self.value_bits),))
+                spec[f"{n}.scale"] = ("float32", (2,))
+            else:
+                spec[f"{n}.val"] = ("float32", (count,))
+        return spec
+
+    def to_wire(self, update: CompressedUpdate) -> dict[str, np.ndarray]:
+        out: dict[str, np.ndarray] = {}
+        for n, u in update.items():
+            out[f"{n}.idx"] = self.index_coder(n).pack(u.idx.numpy())
+            if self.quantiser:
+                out[f"{n}.val"] = pack_codes(u.codes.numpy().reshape(-1), self.value_bits)
+                out[f"{n}.scale"] = u.scale.numpy().astype(np.float32)
+            else:
+                out[f"{n}.val"] = u.codes.numpy().reshape(-1).astype(np.float32)
+        return out
+
+    def from_wire(self, tensors: dict[str, np.ndarray]) -> CompressedUpdate:
+        """Inverse of :meth:`to_wire` for tensors already matching :meth:`wire_spec`.
+
+        Raises :class:`PackingError` (reason = a Reason value) on any content violation."""
+        update: CompressedUpdate = {}
+        for n, plan in self.plans.items():
+            k = self.k(n)
+            idx = torch.from_numpy(self.index_coder(n).unpack(tensors[f"{n}.idx"], plan.n_chunks))
+            if self.quantiser:
+                scale = np.asarray(tensors[f"{n}.scale"], dtype=np.float32)
+                if not np.isfinite(scale).all():
+                    raise PackingError("non_finite", f"{n}: non-finite scale")
+                lo, hi = float(scale[0]), float(scale[1])
+                if not (0 < lo <= hi or lo == hi == 0):
+                    raise PackingError("bad_encoding", f"{n}: scale must satisfy 0 < lo <= hi (or both 0)")
+                codes = unpack_codes(tensors[f"{n}.val"], plan.n_chunks * k, self.value_bits)
+                update[n] = TensorUpdate(idx, torch.from_numpy(codes.reshape(plan.n_chunks, k)),
+                                         torch.from_numpy(scale.copy()))
+            else:
+                vals = np.asarray(tensors[f"{n}.val"], dtype=np.float32)
+                if not np.isfinite(vals).all():
+                    raise PackingError("non_finite", f"{n}: non-finite value")
+                update[n] = TensorUpdate(idx, torch.from_numpy(vals.reshape(plan.n_chunks, k).copy()),
+                                         torch.zeros(0))
+        return update
+
     # ------------------------------------------------------------ sizes
     def kept(self) -> int:
         return sum(self.plans[n].n_chunks * self.k(n) for n in self.plans)
 
     def payload_bytes(self) -> int:
         """Bytes of indices + values + scales for the whole model (no container overhead)."""
-        total = 0
-        for n, plan in self.plans.items():
-            count = plan.n_chunks * self.k(n)
-            total += self.index_coder(n).nbytes(plan.n_chunks)
-            total += codes_nbytes(count, self.value_bits) if self.quantiser else 4 * count
-            total += 8 if self.quantiser else 0
-        return total
+        return sum(math.prod(shape) * np.dtype(dtype).itemsize for dtype, shape in self.wire_spec().values())
 
     def bound_bytes_per_kept(self) -> float:
         """Information bound: log2 C(chunk, k) / k index bits + the value bits sent, in bytes."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+from typing import Iterable
 
 import torch
 import torch.nn.functional as F
@@ -131,14 +132,19 @@ def parameter_count(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def model_hash(model: nn.Module) -> str:
-    """sha256 over (name, shape, float32 bytes) of every parameter, in a fixed order."""
+def state_hash(named: Iterable[tuple[str, torch.Tensor]]) -> str:
+    """sha256 over (name, shape, float32 bytes) of named tensors, in the given order."""
     h = hashlib.sha256()
-    for name, p in model.named_parameters():
+    for name, p in named:
         h.update(name.encode())
         h.update(str(tuple(p.shape)).encode())
         h.update(p.detach().to("cpu", torch.float32).contiguous().numpy().tobytes())
     return h.hexdigest()
+
+
+def model_hash(model: nn.Module) -> str:
+    """Fingerprint of every parameter (named_parameters order: fixed by the architecture)."""
+    return state_hash(model.named_parameters())
 
 
 def parameter_shapes(model: nn.Module) -> dict[str, tuple[int, ...]]:

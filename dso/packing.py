@@ -19,7 +19,7 @@ import numpy as np
 
 
 class PackingError(ValueError):
-    """Packed bytes that are not a canonical encoding; ``reason`` is a short code."""
+    """Packed bytes that are not a canonical encoding; ``reason`` is a :class:`dso.rejections.Reason` value."""
 
     def __init__(self, reason: str, detail: str):
         super().__init__(f"{reason}: {detail}")
@@ -59,11 +59,11 @@ class EliasFano:
     def unpack(self, buf: np.ndarray, n_chunks: int) -> np.ndarray:
         buf = np.asarray(buf, dtype=np.uint8).reshape(-1)
         if buf.size != self.nbytes(n_chunks):
-            raise PackingError("bad_length", f"index stream has {buf.size} bytes, expected {self.nbytes(n_chunks)}")
+            raise PackingError("bad_shape", f"index stream has {buf.size} bytes, expected {self.nbytes(n_chunks)}")
         total = n_chunks * self.bits_per_chunk
         bits = np.unpackbits(buf, bitorder="little")
         if bits[total:].any():
-            raise PackingError("bad_padding", "non-zero padding bits after the index stream")
+            raise PackingError("bad_encoding", "non-zero padding bits after the index stream")
         bits = bits[:total].reshape(n_chunks, self.bits_per_chunk)
         k, L = self.k, self.low_bits
         upper = bits[:, k * L:]
@@ -78,7 +78,7 @@ class EliasFano:
         if (idx >= self.universe).any():
             raise PackingError("index_out_of_range", f"an index is >= chunk size {self.universe}")
         if k > 1 and (np.diff(idx, axis=1) <= 0).any():
-            raise PackingError("unsorted_indices", "indices within a chunk are not strictly increasing")
+            raise PackingError("bad_encoding", "indices within a chunk are not strictly increasing")
         return idx
 
 
@@ -96,10 +96,10 @@ def codes_nbytes(count: int, bits: int) -> int:
 def unpack_codes(buf: np.ndarray, count: int, bits: int) -> np.ndarray:
     buf = np.asarray(buf, dtype=np.uint8).reshape(-1)
     if buf.size != codes_nbytes(count, bits):
-        raise PackingError("bad_length", f"value stream has {buf.size} bytes, expected {codes_nbytes(count, bits)}")
+        raise PackingError("bad_shape", f"value stream has {buf.size} bytes, expected {codes_nbytes(count, bits)}")
     flat = np.unpackbits(buf, bitorder="little")
     if flat[count * bits:].any():
-        raise PackingError("bad_padding", "non-zero padding bits after the value stream")
+        raise PackingError("bad_encoding", "non-zero padding bits after the value stream")
     expanded = flat[: count * bits].reshape(count, bits)
     return (expanded << np.arange(bits, dtype=np.uint8)).sum(axis=1, dtype=np.uint8)
 

@@ -1,0 +1,93 @@
+"""The one view of a chain the rest of the code uses.
+
+Backends: :class:`dso.chain.local.LocalChain` (embedded SQLite, the default) and
+:class:`dso.chain.bittensor_chain.BittensorChain` (the real network).  Every
+write is made with a wallet whose hotkey must be registered; refusals raise
+:class:`ChainError` with a reason the caller can log.
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any
+
+
+class ChainError(RuntimeError):
+    """A chain call was refused or failed; ``reason`` is a short code, the message says why."""
+
+    def __init__(self, reason: str, message: str):
+        super().__init__(message)
+        self.reason = reason
+
+
+class ChainUnavailable(ChainError):
+    """No chain to talk to (e.g. the local network is not running)."""
+
+    def __init__(self, message: str):
+        super().__init__("unavailable", message)
+
+
+@dataclass(frozen=True)
+class Neuron:
+    uid: int
+    hotkey: str            # ss58 address
+    stake: float
+    validator_permit: bool
+    incentive: float       # share of incentive from the last consensus, sums to 1 over uids (or 0)
+    emission: float = 0.0  # accrued emission (local chain) or last emission (real chain)
+
+
+class Chain(ABC):
+    @abstractmethod
+    def block(self) -> int:
+        """Current block height."""
+
+    @abstractmethod
+    def block_timestamp(self, block: int) -> float:
+        """Unix time (seconds) of a block; for future blocks, the scheduled time."""
+
+    @abstractmethod
+    def randomness(self, block: int) -> bytes:
+        """32 bytes no peer could know before ``block`` was produced (e.g. its hash)."""
+
+    @abstractmethod
+    def metagraph(self) -> list[Neuron]:
+        """All registered neurons, by uid."""
+
+    @abstractmethod
+    def register(self, wallet: Any) -> int:
+        """Register the wallet's hotkey (idempotent); returns its uid."""
+
+    @abstractmethod
+    def commit(self, wallet: Any, data: str) -> None:
+        """Publish a commitment string for the wallet's hotkey."""
+
+    @abstractmethod
+    def commitments(self) -> dict[int, str]:
+        """uid → latest commitment string, for every uid that has one."""
+
+    @abstractmethod
+    def set_weights(self, wallet: Any, uids: list[int], weights: list[float]) -> None:
+        """Post a validator's weights (normalised by the chain)."""
+
+    @abstractmethod
+    def weights(self) -> dict[int, dict[int, float]]:
+        """validator uid → {uid: normalised weight} as last posted."""
+
+    # ---------------------------------------------------------- helpers
+    def uid_of(self, hotkey: str) -> int | None:
+        for n in self.metagraph():
+            if n.hotkey == hotkey:
+                return n.uid
+        return None
+
+    def commitment(self, uid: int) -> str | None:
+        return self.commitments().get(uid)
+
+    def leading_validator(self) -> Neuron | None:
+        """The highest-staked neuron with a validator permit (ties: lowest uid)."""
+        validators = [n for n in self.metagraph() if n.validator_permit]
+        return max(validators, key=lambda n: (n.stake, -n.uid)) if validators else None
+
+    def close(self) -> None:
+        """Release connections; the default has none."""
