@@ -122,6 +122,30 @@ class DeMoCodec:
     def decompress(self, update: CompressedUpdate, device="cpu") -> dict[str, torch.Tensor]:
         return {n: self.to_dense(n, u, device) for n, u in update.items()}
 
+    def normalised_values(self, u: TensorUpdate) -> torch.Tensor | None:
+        """A peer's values for one tensor scaled to unit L2 norm; None when they carry no direction."""
+        vals = self.values(u)
+        norm = torch.linalg.vector_norm(vals)
+        if not torch.isfinite(norm) or norm == 0:
+            return None
+        return vals / norm
+
+    def mean_delta(self, updates: list[CompressedUpdate], device="cpu") -> dict[str, torch.Tensor]:
+        """Decoded mean of per-tensor L2-normalised updates (DCT domain), not yet signed.
+
+        Normalising makes a ×1000-scaled update count exactly as much as the unscaled one."""
+        out: dict[str, torch.Tensor] = {}
+        for name, plan in self.plans.items():
+            acc = torch.zeros(plan.n_chunks, plan.chunk_size, device=device)
+            for update in updates:
+                vals = self.normalised_values(update[name])
+                if vals is not None:
+                    acc.scatter_add_(1, update[name].idx.to(device), vals.to(device))
+            if updates:
+                acc /= len(updates)
+            out[name] = plan.decode(acc)
+        return out
+
     # ------------------------------------------------------------- wire
     def wire_spec(self) -> dict[str, tuple[str, tuple[int, ...]]]:
         """Exact tensor set of an encoded update: key → (numpy dtype name, shape)."""

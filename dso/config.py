@@ -79,8 +79,8 @@ class HParams:
     data_hash: str = _doc("sha256 of tokenizer + token ids; empty = not pinned", default="")
     model: ModelConfig = field(default_factory=ModelConfig)
     # --- training
-    batch_size: int = _doc("sequences assigned to a peer per window", default=8)
-    micro_batch: int = _doc("sequences per forward/backward (gradient accumulation)", default=4)
+    batch_size: int = _doc("sequences assigned to a peer per window", default=16)
+    micro_batch: int = _doc("sequences per forward/backward (gradient accumulation)", default=8)
     learning_rate: float = _doc("alpha: size of the signed step", default=2e-3)
     warmup_windows: int = _doc("linear warm-up of alpha over this many windows", default=5)
     weight_decay: float = _doc("decoupled weight decay applied with the signed step", default=0.0)

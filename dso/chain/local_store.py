@@ -1,0 +1,141 @@
+"""The LocalChain file: its schema, its parameters, and how it is created and opened.
+
+Creation is atomic (the file is built under a temporary name, then hard-linked
+into place), so a process never opens a half-initialised chain and two
+processes creating the same chain cannot both win.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import secrets
+import sqlite3
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+from dso.chain import rules
+from dso.chain.base import ChainError, ChainUnavailable
+
+SCHEMA_VERSION = 1
+
+SCHEMA = """
+CREATE TABLE params (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE registrations (id INTEGER PRIMARY KEY AUTOINCREMENT, uid INTEGER NOT NULL,
+    hotkey TEXT NOT NULL, block INTEGER NOT NULL, signature TEXT NOT NULL);
+CREATE TABLE stake_log (id INTEGER PRIMARY KEY AUTOINCREMENT, hotkey TEXT NOT NULL,
+    block INTEGER NOT NULL, delta REAL NOT NULL);
+CREATE TABLE commitments (id INTEGER PRIMARY KEY AUTOINCREMENT, hotkey TEXT NOT NULL,
+    block INTEGER NOT NULL, data TEXT NOT NULL, signature TEXT NOT NULL);
+CREATE INDEX commitments_by_hotkey ON commitments(hotkey, block);
+CREATE TABLE weights (id INTEGER PRIMARY KEY AUTOINCREMENT, hotkey TEXT NOT NULL,
+    block INTEGER NOT NULL, uids TEXT NOT NULL, weights TEXT NOT NULL, signature TEXT NOT NULL);
+CREATE INDEX weights_by_hotkey ON weights(hotkey, block);
+CREATE TABLE randomness (block INTEGER PRIMARY KEY, value BLOB NOT NULL);
+CREATE TABLE consensus (id INTEGER PRIMARY KEY CHECK (id = 1), epoch INTEGER NOT NULL,
+    incentive TEXT NOT NULL);
+CREATE TABLE emission (hotkey TEXT PRIMARY KEY, amount REAL NOT NULL);
+CREATE TABLE ledger (seq INTEGER PRIMARY KEY, block INTEGER NOT NULL, hotkey TEXT NOT NULL,
+    prev_hash TEXT NOT NULL, hash TEXT NOT NULL, record TEXT NOT NULL, signature TEXT NOT NULL);
+CREATE TRIGGER ledger_no_update BEFORE UPDATE ON ledger BEGIN SELECT RAISE(ABORT, 'ledger is append-only'); END;
+CREATE TRIGGER ledger_no_delete BEFORE DELETE ON ledger BEGIN SELECT RAISE(ABORT, 'ledger is append-only'); END;
+INSERT INTO consensus VALUES (1, 0, '{}');
+"""
+
+
+@dataclass(frozen=True)
+class LocalChainParams:
+    """Chain parameters, fixed at creation and stored in the file so every process agrees."""
+
+    genesis: float = 0.0               # unix time of block 0
+    block_time: float = 1.0            # seconds per block
+    max_uids: int = 256
+    tempo: int = 10                    # blocks between consensus runs
+    immunity_blocks: int = 100         # a new neuron cannot be evicted for this long
+    commit_max_bytes: int = rules.REAL_CHAIN_COMMIT_BYTES
+    commit_interval_blocks: int = 10   # at most one (changed) commitment per hotkey per interval
+    max_validators: int = 64           # permits go to the largest stakes ...
+    min_validator_stake: float = 1.0   # ... of at least this much
+    emission_per_block: float = 1.0    # accrued to uids by incentive, every tempo
+    kappa: float = 0.5                 # consensus needs MORE than this share of stake
+    ledger_max_bytes: int = 262_144    # canonical JSON size of one ledger record
+
+    def validate(self) -> "LocalChainParams":
+        for name in ("block_time", "max_uids", "tempo", "commit_max_bytes", "max_validators",
+                     "ledger_max_bytes"):
+            if not getattr(self, name) > 0:
+                raise ChainError(rules.BAD_INPUT, f"{name} must be > 0, got {getattr(self, name)!r}")
+        for name in ("immunity_blocks", "commit_interval_blocks", "min_validator_stake", "emission_per_block"):
+            if not getattr(self, name) >= 0:
+                raise ChainError(rules.BAD_INPUT, f"{name} must be >= 0, got {getattr(self, name)!r}")
+        if not 0 < self.kappa < 1 or not math.isfinite(self.genesis):
+            raise ChainError(rules.BAD_INPUT, "kappa must be in (0, 1) and genesis finite")
+        return self
+
+
+def check_block(block: Any) -> int:
+    if not rules.is_int(block) or block < 0:
+        raise ChainError(rules.BAD_INPUT, f"block must be an integer >= 0, got {block!r}")
+    return int(block)
+
+
+def create_file(path: Path, params: LocalChainParams) -> None:
+    """Write a fresh chain file at ``path``; ChainError('exists') if one is there already."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    try:
+        conn = sqlite3.connect(tmp)
+        try:
+            conn.executescript(SCHEMA)
+            conn.executemany("INSERT INTO params VALUES (?, ?)", [
+                ("schema_version", str(SCHEMA_VERSION)), ("chain_id", secrets.token_hex(16)),
+                ("params", json.dumps(dataclasses.asdict(params)))])
+            conn.commit()
+            conn.execute("PRAGMA journal_mode=WAL")  # persistent: every later connection uses WAL
+        finally:
+            conn.close()
+        try:
+            os.link(tmp, path)  # atomic, and never clobbers a chain created meanwhile
+        except FileExistsError:
+            raise ChainError("exists", f"a local chain already exists at {path}") from None
+        except OSError:  # file systems without hard links
+            if path.exists():
+                raise ChainError("exists", f"a local chain already exists at {path}") from None
+            os.replace(tmp, path)
+    finally:
+        for leftover in (tmp, Path(f"{tmp}-wal"), Path(f"{tmp}-shm")):
+            leftover.unlink(missing_ok=True)
+
+
+def params_from(settings: dict[str, Any]) -> LocalChainParams:
+    known = {f.name for f in dataclasses.fields(LocalChainParams)}
+    unknown = sorted(set(settings) - known)
+    if unknown:
+        raise ChainError(rules.BAD_INPUT, f"unknown chain setting(s) {unknown}; known: {sorted(known)}")
+    return LocalChainParams(**settings).validate()
+
+
+def connect(path: Path) -> tuple[sqlite3.Connection, LocalChainParams, str]:
+    """(connection, parameters, chain id) of an existing chain file; ChainUnavailable otherwise."""
+    if not path.is_file():
+        raise ChainUnavailable(
+            f"no local chain at {path}: start the local network with `python scripts/localnet.py`")
+    conn = None
+    try:
+        # mode=rw: never create an empty file; isolation_level=None: transactions are explicit
+        conn = sqlite3.connect(f"file:{quote(str(path))}?mode=rw", uri=True, timeout=30.0,
+                               isolation_level=None, check_same_thread=False)
+        conn.execute("PRAGMA busy_timeout=30000")
+        conn.execute("PRAGMA synchronous=NORMAL")  # WAL + NORMAL: durable across process crashes
+        meta = dict(conn.execute("SELECT key, value FROM params").fetchall())
+        if int(meta["schema_version"]) != SCHEMA_VERSION:
+            raise ValueError(f"schema version {meta['schema_version']}, expected {SCHEMA_VERSION}")
+        params = LocalChainParams(**json.loads(meta["params"])).validate()
+        return conn, params, meta["chain_id"]
+    except (sqlite3.Error, KeyError, ValueError, TypeError, ChainError) as e:
+        if conn is not None:
+            conn.close()
+        raise ChainUnavailable(f"{path} is not a usable DSO local chain ({e})") from None

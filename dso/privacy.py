@@ -1,0 +1,213 @@
+"""Differential privacy for a miner's updates (ZIP-400 §2, §7): clip + Gaussian noise, and a
+Rényi-DP accountant that stops the miner before its ε budget is spent.
+
+Mechanism.  Each round the miner's whole update (all tensors together) is clipped to L2 norm
+``C`` and N(0, (z·C)²) noise is added to every coordinate.  Neighbouring inputs differ by the
+miner's contribution for the round, so the sensitivity is C and one round is the Gaussian
+mechanism with noise multiplier z: RDP(α) = α / (2 z²) (Mironov 2017), no subsampling.  Rounds
+compose by adding RDP per order.  RDP is converted to (ε, δ) with Balle et al. 2020:
+``ε = min_α [RDP(α) + log1p(−1/α) − (ln δ + ln α)/(α − 1)]``.
+
+The miner applies :func:`clip_and_noise` to its gradient *before* error feedback and the codec,
+so everything it ever sends is post-processing of privatised gradients (docs/extensions.md).
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from pathlib import Path
+from typing import Iterable
+
+import torch
+
+from dso.rejections import Reason, Rejection
+
+STATE_FORMAT = "dso-rdp-accountant/v1"
+
+
+class PrivacyStateError(ValueError):
+    """The saved accountant state is missing fields, damaged or incompatible: never silently reset."""
+
+
+# ------------------------------------------------------------- mechanism
+def global_norm(tensors: dict[str, torch.Tensor]) -> float:
+    """L2 norm over every value of every tensor (float64 accumulation)."""
+    total = 0.0
+    for t in tensors.values():
+        total += float(torch.linalg.vector_norm(t.detach().to(torch.float64)) ** 2)
+    return math.sqrt(total)
+
+
+def clip_and_noise(tensors: dict[str, torch.Tensor], clip_norm: float, noise_multiplier: float,
+                   generator: torch.Generator) -> dict[str, torch.Tensor]:
+    """Scale the whole update to L2 norm ≤ ``clip_norm``, then add N(0, (noise_multiplier·clip_norm)²)
+    to every coordinate.  Noise is drawn from ``generator`` (CPU) in sorted tensor-name order, so the
+    result is reproducible from the generator's seed.  Returns new float32 tensors (same keys)."""
+    if not (clip_norm > 0 and math.isfinite(clip_norm)):
+        raise ValueError(f"clip_norm must be a positive finite number, got {clip_norm}")
+    if not (noise_multiplier >= 0 and math.isfinite(noise_multiplier)):
+        raise ValueError(f"noise_multiplier must be >= 0 and finite, got {noise_multiplier}")
+    norm = global_norm(tensors)
+    if not math.isfinite(norm):
+        raise ValueError("update holds NaN or ±inf: it cannot be clipped, refusing to privatise it")
+    factor = min(1.0, clip_norm / norm) if norm > 0 else 1.0
+    std = noise_multiplier * clip_norm
+    out: dict[str, torch.Tensor] = {}
+    for name in sorted(tensors):
+        t = tensors[name].detach().to(torch.float32) * factor
+        if std > 0:
+            noise = torch.randn(t.shape, generator=generator, dtype=torch.float32)
+            t = t + noise.to(t.device) * std
+        out[name] = t
+    return {name: out[name] for name in tensors}
+
+
+# ------------------------------------------------------------ accounting
+def gaussian_rdp(orders: Iterable[float], noise_multiplier: float) -> list[float]:
+    """RDP of one Gaussian-mechanism round with sensitivity 1 and std = noise_multiplier."""
+    return [float(a) / (2.0 * noise_multiplier ** 2) for a in orders]
+
+
+def rdp_to_epsilon(rdp: Iterable[float], orders: Iterable[float], delta: float) -> tuple[float, float | None]:
+    """(ε, optimal order) by the conversion of Balle et al. 2020; (0, None) when nothing was spent."""
+    rdp, orders = list(rdp), list(orders)
+    if all(r == 0 for r in rdp):
+        return 0.0, None
+    best, best_order = math.inf, None
+    for r, a in zip(rdp, orders):
+        eps = r + math.log1p(-1.0 / a) - (math.log(delta) + math.log(a)) / (a - 1.0)
+        if eps < best:
+            best, best_order = eps, a
+    return max(best, 0.0), best_order
+
+
+class RdpAccountant:
+    """Privacy spent so far, as RDP per order; ``rdp`` only ever grows."""
+
+    def __init__(self, noise_multiplier: float, delta: float = 1e-6, orders: Iterable[float] = range(2, 128)):
+        self.orders = [int(a) if float(a).is_integer() else float(a) for a in orders]
+        if not self.orders or any(not (a > 1 and math.isfinite(a)) for a in self.orders):
+            raise ValueError("Rényi orders must be finite numbers > 1")
+        if len(set(self.orders)) != len(self.orders):
+            raise ValueError("Rényi orders must be distinct")
+        if not (noise_multiplier > 0 and math.isfinite(noise_multiplier)):
+            raise ValueError(f"noise_multiplier must be > 0, got {noise_multiplier}")
+        if not 0 < delta < 1:
+            raise ValueError(f"delta must be in (0, 1), got {delta}")
+        self.noise_multiplier = float(noise_multiplier)
+        self.delta = float(delta)
+        self.rdp = [0.0] * len(self.orders)
+        self.rounds = 0
+
+    @classmethod
+    def from_config(cls, dp) -> "RdpAccountant":
+        """From a :class:`dso.config.DPConfig`."""
+        return cls(dp.noise_multiplier, dp.delta, range(2, dp.max_order + 1))
+
+    def _after(self, rounds: int) -> list[float]:
+        if rounds < 0:
+            raise ValueError("rounds must be >= 0")
+        per_round = gaussian_rdp(self.orders, self.noise_multiplier)
+        return [r + rounds * p for r, p in zip(self.rdp, per_round)]
+
+    def step(self, rounds: int = 1) -> None:
+        """Record ``rounds`` uploads made with the current noise multiplier."""
+        self.rdp = self._after(rounds)
+        self.rounds += rounds
+
+    def epsilon(self) -> tuple[float, float | None]:
+        """(ε spent so far at this δ, the order attaining it)."""
+        return rdp_to_epsilon(self.rdp, self.orders, self.delta)
+
+    def epsilon_after(self, rounds: int) -> tuple[float, float | None]:
+        """(ε, order) if ``rounds`` more rounds were taken from now."""
+        return rdp_to_epsilon(self._after(rounds), self.orders, self.delta)
+
+    def would_exceed(self, budget: float) -> bool:
+        """True when one more round would take ε above ``budget``."""
+        return self.epsilon_after(1)[0] > budget
+
+    def budget_rejection(self, budget: float) -> Rejection | None:
+        """What a miner logs and reports instead of uploading once its budget is reached."""
+        if not self.would_exceed(budget):
+            return None
+        spent, _ = self.epsilon()
+        nxt, order = self.epsilon_after(1)
+        return Rejection(Reason.DP_BUDGET, f"privacy budget ε={budget:g} reached: spent ε={spent:.4f} over "
+                                           f"{self.rounds} rounds, one more would make ε={nxt:.4f} (order {order})")
+
+    # ------------------------------------------------------- persistence
+    def state(self) -> dict:
+        return {"format": STATE_FORMAT, "noise_multiplier": self.noise_multiplier, "delta": self.delta,
+                "orders": list(self.orders), "rdp": list(self.rdp), "rounds": self.rounds}
+
+    def save(self, path: str | Path) -> None:
+        """Atomic write: a temporary file in the same folder, fsync, then rename over ``path``."""
+        path = Path(path).expanduser()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
+        try:
+            with os.fdopen(fd, "w") as fh:
+                json.dump(self.state(), fh, allow_nan=False)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+
+    @classmethod
+    def load(cls, path: str | Path) -> "RdpAccountant":
+        """Strict inverse of :meth:`save`; raises :class:`PrivacyStateError` on anything unexpected."""
+        try:
+            data = json.loads(Path(path).expanduser().read_text(), parse_constant=_reject_constant)
+        except (OSError, ValueError) as exc:
+            raise PrivacyStateError(f"cannot read privacy state {path}: {exc}") from exc
+        want = {"format", "noise_multiplier", "delta", "orders", "rdp", "rounds"}
+        if not isinstance(data, dict) or set(data) != want:
+            raise PrivacyStateError(f"privacy state {path}: expected keys {sorted(want)}")
+        if data["format"] != STATE_FORMAT:
+            raise PrivacyStateError(f"privacy state {path}: unknown format {data['format']!r}")
+        numbers = (data["noise_multiplier"], data["delta"], *_list(data["orders"]), *_list(data["rdp"]))
+        if any(isinstance(v, bool) or not isinstance(v, (int, float)) for v in numbers):
+            raise PrivacyStateError(f"privacy state {path}: non-numeric field")
+        if not isinstance(data["rounds"], int) or isinstance(data["rounds"], bool) or data["rounds"] < 0:
+            raise PrivacyStateError(f"privacy state {path}: rounds must be an integer >= 0")
+        if len(data["rdp"]) != len(data["orders"]) or any(not (r >= 0 and math.isfinite(r)) for r in data["rdp"]):
+            raise PrivacyStateError(f"privacy state {path}: rdp must hold one finite value >= 0 per order")
+        try:
+            acc = cls(data["noise_multiplier"], data["delta"], data["orders"])
+        except ValueError as exc:
+            raise PrivacyStateError(f"privacy state {path}: {exc}") from exc
+        acc.rdp = [float(r) for r in data["rdp"]]
+        acc.rounds = data["rounds"]
+        return acc
+
+    @classmethod
+    def load_or_create(cls, path: str | Path, noise_multiplier: float, delta: float,
+                       orders: Iterable[float]) -> "RdpAccountant":
+        """Resume the spending recorded at ``path`` (fresh only if the file does not exist).
+
+        Future rounds use the given noise multiplier and δ; the saved orders must match, since
+        RDP spent at one set of orders cannot be re-expressed at another."""
+        orders = list(orders)
+        if not Path(path).expanduser().exists():
+            return cls(noise_multiplier, delta, orders)
+        acc = cls.load(path)
+        if acc.orders != [int(a) if float(a).is_integer() else float(a) for a in orders]:
+            raise PrivacyStateError(f"privacy state {path}: saved Rényi orders differ from the configured ones")
+        fresh = cls(noise_multiplier, delta, orders)  # validates the new settings
+        acc.noise_multiplier, acc.delta = fresh.noise_multiplier, fresh.delta
+        return acc
+
+
+def _list(value) -> list:
+    if not isinstance(value, list):
+        raise PrivacyStateError("privacy state: orders and rdp must be lists")
+    return value
+
+
+def _reject_constant(name: str):
+    raise ValueError(f"non-finite number {name} in privacy state")

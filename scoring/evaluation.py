@@ -1,0 +1,97 @@
+"""Primary evaluation of one peer's update, in place on the validator's model.
+
+``θ'_p = θ_t − β_eval·sign(Δ_p)`` is applied to the live parameters, the losses
+are measured, and θ_t is put back **bit-exactly** from one snapshot taken per
+window (``p.copy_(snapshot)``; undoing with ``+ β·sign`` would not round-trip in
+floating point, and the validator's model hash must keep matching the miners').
+Memory: one parameter copy per window plus one decoded update at a time.
+
+Cost per peer: three forward passes over ``eval_sequences`` sequences —
+L(θ_t, D_p), L(θ', D_p), L(θ', D_rand) — while L(θ_t, D_rand) is measured once
+per window and shared by all evaluated peers.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Mapping
+
+import torch
+
+from dso.rejections import Reason, Rejection
+from dso.train import evaluate
+from scoring.formulas import loss_delta
+
+
+class ParameterSnapshot:
+    """One exact copy of θ_t for a window; :meth:`restore` writes it back with ``copy_``."""
+
+    def __init__(self, model: torch.nn.Module):
+        self.params = [p for _, p in model.named_parameters()]
+        self.copies = [p.detach().clone() for p in self.params]
+
+    @torch.no_grad()
+    def restore(self) -> None:
+        for p, saved in zip(self.params, self.copies):
+            p.copy_(saved)
+
+
+def update_signs(decode: Callable[[object], Mapping[str, torch.Tensor]], update: object,
+                 shapes: Mapping[str, tuple[int, ...]]) -> dict[str, torch.Tensor] | Rejection:
+    """``sign`` of a decoded update, one tensor per parameter — or why it cannot be used.
+
+    ``decode`` is the codec's ``decompress``; any exception it raises on a
+    hostile update becomes a format rejection instead of escaping."""
+    try:
+        dense = decode(update)
+    except Exception as exc:  # noqa: BLE001 — untrusted input must never stop the validator
+        return Rejection(Reason.MALFORMED, f"update does not decode: {type(exc).__name__}: {exc}")
+    if not isinstance(dense, Mapping) or set(dense) != set(shapes):
+        return Rejection(Reason.BAD_KEYS, "decoded update does not cover exactly the model's parameters")
+    signs: dict[str, torch.Tensor] = {}
+    for name, shape in shapes.items():
+        tensor = dense[name]
+        if not isinstance(tensor, torch.Tensor) or tuple(tensor.shape) != tuple(shape):
+            return Rejection(Reason.BAD_SHAPE, f"decoded {name} has the wrong shape")
+        if not bool(torch.isfinite(tensor).all()):
+            return Rejection(Reason.NON_FINITE, f"decoded {name} holds NaN or inf")
+        signs[name] = torch.sign(tensor)
+    return signs
+
+
+@dataclass(frozen=True)
+class PeerLosses:
+    """The four losses of one evaluation (``base_*`` at θ_t, ``stepped_*`` at θ'_p)."""
+
+    base_assigned: float
+    stepped_assigned: float
+    base_rand: float
+    stepped_rand: float
+
+    @property
+    def delta_assigned(self) -> float:
+        return loss_delta(self.base_assigned, self.stepped_assigned)
+
+    @property
+    def delta_rand(self) -> float:
+        """LossScore."""
+        return loss_delta(self.base_rand, self.stepped_rand)
+
+
+def evaluate_peer(model: torch.nn.Module, snapshot: ParameterSnapshot, signs: Mapping[str, torch.Tensor],
+                  step: float, assigned: torch.Tensor, rand: torch.Tensor, base_rand: float,
+                  micro_batch: int) -> PeerLosses:
+    """Losses of θ_t and θ_t − step·sign on the peer's assigned data and on D_rand.
+
+    ``model`` must hold θ_t on entry; it holds θ_t again (bit for bit) on return,
+    also when a forward pass raises."""
+    device = snapshot.params[0].device
+    base_assigned = evaluate(model, assigned, micro_batch, device)
+    try:
+        with torch.no_grad():
+            for (name, p) in model.named_parameters():
+                p.sub_(signs[name].to(device=p.device, dtype=p.dtype), alpha=step)
+        stepped_assigned = evaluate(model, assigned, micro_batch, device)
+        stepped_rand = evaluate(model, rand, micro_batch, device)
+    finally:
+        snapshot.restore()
+    return PeerLosses(base_assigned, stepped_assigned, base_rand, stepped_rand)

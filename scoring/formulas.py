@@ -1,0 +1,106 @@
+"""Gauntlet formulas as pure functions of plain numbers (DESIGN §6, docs/scoring.md).
+
+Nothing here touches a model, a file or a clock, so every formula is unit-tested
+with hand-computed values.  Inputs that may come from another party (losses of a
+peer's update, its sync samples) can be NaN or infinite: each function says what
+such a value means, and none of them raises on it.
+"""
+from __future__ import annotations
+
+import math
+from typing import Mapping
+
+
+def sign(x: float) -> float:
+    """-1, 0 or +1 (NaN → 0: no evidence either way)."""
+    return 1.0 if x > 0 else (-1.0 if x < 0 else 0.0)
+
+
+def loss_delta(loss_before: float, loss_after: float) -> float:
+    """δ = L(θ) − L(θ'): positive when the peer's step lowers the loss.
+
+    A step that makes the loss non-finite is the worst possible outcome (−inf);
+    a non-finite loss *before* the step is the validator's own problem and gives NaN."""
+    if not math.isfinite(loss_before):
+        return math.nan
+    if not math.isfinite(loss_after):
+        return -math.inf
+    return loss_before - loss_after
+
+
+def poc_update(mu: float, delta_assigned: float, delta_rand: float, gamma: float) -> float:
+    """Proof of computation: ``μ ← γ·μ + (1−γ)·sign(δ_assigned − δ_rand)``.
+
+    A difference that is not a finite number earns no credit: it counts as −1."""
+    diff = delta_assigned - delta_rand
+    step = sign(diff) if math.isfinite(diff) else -1.0
+    return gamma * mu + (1.0 - gamma) * step
+
+
+def penalise(mu: float, phi: float) -> float:
+    """The fast-check penalty, ``μ − (1−φ)·|μ|``: equals ``φ·μ`` for μ ≥ 0 and never raises μ.
+
+    (Multiplying a negative μ by φ < 1 would move it up, towards zero.)"""
+    return mu - (1.0 - phi) * abs(mu)
+
+
+def sync_score(validator_values: list[float], peer_values: list[float], lr: float) -> float:
+    """``(1/(α·N)) Σ |θ_i(validator) − θ_i(peer)|``: how many signed steps of size α apart.
+
+    A non-finite peer value makes the score +inf (it can only fail)."""
+    if len(validator_values) != len(peer_values) or not validator_values:
+        raise ValueError("sync_score needs two non-empty sample lists of equal length")
+    if lr <= 0:
+        raise ValueError(f"learning rate must be > 0, got {lr}")
+    total = 0.0
+    for mine, theirs in zip(validator_values, peer_values):
+        if not math.isfinite(theirs):
+            return math.inf
+        total += abs(mine - theirs)
+    return total / (lr * len(validator_values))
+
+
+def peer_score(mu: float, rating: float) -> float:
+    """Sign-safe ``PeerScore = μ·LossRating``.
+
+    Positive only when *both* factors are positive (then it is their product).
+    Otherwise it is ``min(μ, rating)`` ≤ 0: two negatives never multiply into a
+    reward, and the value is non-decreasing in μ and in the rating, so a penalty
+    (which lowers μ) can never raise a peer's score — ``−|μ·rating|`` would
+    (μ > 0, rating < 0: shrinking μ brings the product closer to zero)."""
+    if not (math.isfinite(mu) and math.isfinite(rating)):
+        return -math.inf
+    if mu > 0 and rating > 0:
+        return mu * rating
+    return min(mu, rating)
+
+
+def normalise_weights(scores: Mapping[int, float], power: float) -> dict[int, float]:
+    """``x_p = (s_p − min s)^c / Σ_k (s_k − min s)^c`` over the clamped scores ``s = max(score, 0)``.
+
+    Non-positive (or NaN) scores get exactly 0.  When the sum is 0 — every score
+    equal, e.g. all ≤ 0 — every weight is 0: there is no one to pay."""
+    clamped = {uid: (s if s > 0 and math.isfinite(s) else 0.0) for uid, s in scores.items()}
+    if not clamped:
+        return {}
+    low = min(clamped.values())
+    raised = {uid: (s - low) ** power for uid, s in sorted(clamped.items())}
+    total = math.fsum(raised.values())
+    if total <= 0 or not math.isfinite(total):
+        return {uid: 0.0 for uid in raised}
+    return {uid: v / total for uid, v in raised.items()}
+
+
+def top_g(scores: Mapping[int, float], g: int) -> list[int]:
+    """The G best peers with a positive score: score descending, ties by lower uid first."""
+    ranked = sorted((uid for uid, s in scores.items() if s > 0 and math.isfinite(s)),
+                    key=lambda uid: (-scores[uid], uid))
+    return ranked[:g]
+
+
+def competition_ranks(values: Mapping[int, float]) -> dict[int, int]:
+    """Rank 0 = best (largest value); equal values share a rank ("1224" ranking).
+
+    NaN counts as −inf, so a peer whose score is undefined ranks last."""
+    clean = {uid: (v if v == v else -math.inf) for uid, v in values.items()}
+    return {uid: sum(1 for w in clean.values() if w > v) for uid, v in clean.items()}

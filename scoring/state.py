@@ -1,0 +1,258 @@
+"""Everything a validator must remember between windows, saved atomically as JSON.
+
+The state holds every per-peer quantity (μ, rating, last scores, counters,
+offences), the validator's private secret (all its per-window randomness is
+derived from secret + window, so a restarted validator draws the same samples),
+the evaluated/fast sets and top-G list of the last window, and the last weights.
+Saving after every window and loading on start therefore makes a restart
+invisible in the weights.
+
+JSON keeps floats exact (Python writes the shortest repr that reads back to the
+same double); non-finite values are written as the strings "inf", "-inf", "nan"
+so the file stays standard JSON.  :func:`load` is strict: any unknown, missing
+or mistyped field raises :class:`StateError` naming it.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import secrets
+import tempfile
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from scoring.rating import Rating, initial_rating, ordinal
+
+STATE_VERSION = 1
+OFFENCE_CATEGORIES = ("missing", "timing", "format", "sync", "commit")
+
+
+class StateError(ValueError):
+    """A state file that cannot be used; the message says which file and why."""
+
+
+@dataclass
+class PeerState:
+    hotkey: str = ""                     # "" = not known; a different hotkey on the uid resets the peer
+    mu: float = 0.0                      # proof-of-computation μ_p; fast-check penalties apply here
+    rating_mu: float = field(default_factory=lambda: initial_rating()[0])
+    rating_sigma: float = field(default_factory=lambda: initial_rating()[1])
+    loss_score: float | None = None      # last δ_rand (LossScore)
+    delta_assigned: float | None = None  # last δ_assigned
+    sync_score: float | None = None      # last SyncScore
+    eval_count: int = 0
+    last_eval_window: int = -1
+    last_fast_window: int = -1
+    offences: dict[str, int] = field(default_factory=dict)  # category → count
+    last_offence: str = ""               # str(Rejection) of the latest failure
+
+    @property
+    def rating(self) -> Rating:
+        return (self.rating_mu, self.rating_sigma)
+
+    @property
+    def loss_rating(self) -> float:
+        return ordinal(self.rating)
+
+
+@dataclass
+class ValidatorState:
+    secret: str                                   # 32 hex chars, never published
+    window: int = -1                              # last window scored
+    run_digest: str = ""                          # HParams.digest() of the run
+    peers: dict[int, PeerState] = field(default_factory=dict)
+    top_g: list[int] = field(default_factory=list)      # list in effect for window + 1
+    evaluated: list[int] = field(default_factory=list)  # S_t of the last window
+    fast: list[int] = field(default_factory=list)       # F_t of the last window
+    weights: dict[int, float] = field(default_factory=dict)
+    version: int = STATE_VERSION
+
+    @classmethod
+    def new(cls, run_digest: str = "", secret: str | None = None) -> "ValidatorState":
+        return cls(secret=secret or secrets.token_hex(16), run_digest=run_digest)
+
+    def peer(self, uid: int) -> PeerState:
+        if uid not in self.peers:
+            self.peers[uid] = PeerState()
+        return self.peers[uid]
+
+    def rng(self, window: int, purpose: int) -> np.random.Generator:
+        """The validator's private randomness for one purpose of one window (restart-proof)."""
+        key = bytes.fromhex(self.secret)
+        words = [int.from_bytes(key[i:i + 4], "little") for i in range(0, len(key), 4)]
+        return np.random.default_rng([*words, window & 0xFFFFFFFF, window >> 32 & 0xFFFFFFFF, purpose])
+
+    # ------------------------------------------------------------ persistence
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "version": self.version, "secret": self.secret, "window": self.window, "run_digest": self.run_digest,
+            "peers": {str(uid): _peer_to_dict(p) for uid, p in sorted(self.peers.items())},
+            "top_g": list(self.top_g), "evaluated": list(self.evaluated), "fast": list(self.fast),
+            "weights": {str(uid): _encode_float(w) for uid, w in sorted(self.weights.items())},
+        }
+
+    def save(self, path: str | Path) -> None:
+        """Write atomically: temp file in the same folder, fsync, rename over the old file."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        blob = json.dumps(self.to_dict(), allow_nan=False, indent=1, sort_keys=True).encode()
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(blob)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        try:  # make the rename itself durable; not possible on every platform
+            dir_fd = os.open(path.parent, os.O_RDONLY)
+            try:
+                os.fsync(dir_fd)
+            finally:
+                os.close(dir_fd)
+        except OSError:
+            pass
+
+
+def load(path: str | Path, run_digest: str = "") -> ValidatorState:
+    """Read a saved state; raises :class:`StateError` for a missing, corrupt or foreign file."""
+    path = Path(path)
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise StateError(f"validator state {path}: no such file") from None
+    except OSError as e:
+        raise StateError(f"validator state {path}: cannot read ({e.strerror})") from None
+    try:
+        data = json.loads(raw)
+        state = from_dict(data)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise StateError(f"validator state {path}: {e}") from None
+    if run_digest and state.run_digest and state.run_digest != run_digest:
+        raise StateError(f"validator state {path}: saved for run {state.run_digest}, this run is {run_digest}; "
+                         "move the file away to start fresh")
+    return state
+
+
+def load_or_new(path: str | Path, run_digest: str = "") -> ValidatorState:
+    """The saved state if the file exists (strictly checked), else a fresh one."""
+    if not Path(path).exists():
+        return ValidatorState.new(run_digest)
+    return load(path, run_digest)
+
+
+def from_dict(data: Any) -> ValidatorState:
+    d = _fields(data, "state", {"version", "secret", "window", "run_digest", "peers", "top_g", "evaluated",
+                                "fast", "weights"})
+    if d["version"] != STATE_VERSION:
+        raise ValueError(f"state version {d['version']!r} is not {STATE_VERSION}")
+    secret = _typed(d["secret"], str, "secret")
+    try:
+        if len(bytes.fromhex(secret)) != 16:
+            raise ValueError
+    except ValueError:
+        raise ValueError("secret: expected 32 hex characters") from None
+    peers_raw = _typed(d["peers"], dict, "peers")
+    return ValidatorState(
+        secret=secret, window=_int(d["window"], "window"), run_digest=_typed(d["run_digest"], str, "run_digest"),
+        peers={_uid(k, "peers"): _peer_from_dict(v, f"peers.{k}") for k, v in peers_raw.items()},
+        top_g=_uid_list(d["top_g"], "top_g"), evaluated=_uid_list(d["evaluated"], "evaluated"),
+        fast=_uid_list(d["fast"], "fast"),
+        weights={_uid(k, "weights"): _decode_float(v, f"weights.{k}")
+                 for k, v in _typed(d["weights"], dict, "weights").items()},
+    )
+
+
+# ---------------------------------------------------------------- helpers
+_PEER_FLOATS = ("mu", "rating_mu", "rating_sigma")
+_PEER_OPTIONAL = ("loss_score", "delta_assigned", "sync_score")
+_PEER_INTS = ("eval_count", "last_eval_window", "last_fast_window")
+
+
+def _peer_to_dict(p: PeerState) -> dict[str, Any]:
+    out: dict[str, Any] = {f.name: getattr(p, f.name) for f in fields(p)}
+    for name in _PEER_FLOATS + _PEER_OPTIONAL:
+        out[name] = None if out[name] is None else _encode_float(out[name])
+    out["offences"] = dict(sorted(p.offences.items()))
+    return out
+
+
+def _peer_from_dict(data: Any, where: str) -> PeerState:
+    d = _fields(data, where, {f.name for f in fields(PeerState)})
+    peer = PeerState(hotkey=_typed(d["hotkey"], str, f"{where}.hotkey"),
+                     last_offence=_typed(d["last_offence"], str, f"{where}.last_offence"))
+    for name in _PEER_FLOATS:
+        value = _decode_float(d[name], f"{where}.{name}")
+        if not math.isfinite(value):
+            raise ValueError(f"{where}.{name}: must be finite")
+        setattr(peer, name, value)
+    for name in _PEER_OPTIONAL:
+        setattr(peer, name, None if d[name] is None else _decode_float(d[name], f"{where}.{name}"))
+    for name in _PEER_INTS:
+        setattr(peer, name, _int(d[name], f"{where}.{name}"))
+    if peer.rating_sigma <= 0:
+        raise ValueError(f"{where}.rating_sigma: must be > 0")
+    offences = _typed(d["offences"], dict, f"{where}.offences")
+    for category, count in offences.items():
+        if category not in OFFENCE_CATEGORIES:
+            raise ValueError(f"{where}.offences: unknown category {category!r}")
+        if _int(count, f"{where}.offences.{category}") < 0:
+            raise ValueError(f"{where}.offences.{category}: must be >= 0")
+    peer.offences = dict(offences)
+    return peer
+
+
+def _fields(data: Any, where: str, expected: set[str]) -> dict[str, Any]:
+    if not isinstance(data, dict):
+        raise ValueError(f"{where}: expected an object")
+    missing, extra = expected - set(data), set(data) - expected
+    if missing or extra:
+        raise ValueError(f"{where}: missing fields {sorted(missing)}, unknown fields {sorted(extra)}")
+    return data
+
+
+def _typed(value: Any, typ: type, where: str) -> Any:
+    if not isinstance(value, typ) or isinstance(value, bool):
+        raise ValueError(f"{where}: expected {typ.__name__}, got {type(value).__name__}")
+    return value
+
+
+def _int(value: Any, where: str) -> int:
+    return _typed(value, int, where)
+
+
+def _uid(key: str, where: str) -> int:
+    if not (isinstance(key, str) and key.isdigit()):
+        raise ValueError(f"{where}: key {key!r} is not a uid")
+    return int(key)
+
+
+def _uid_list(value: Any, where: str) -> list[int]:
+    items = _typed(value, list, where)
+    if any(not isinstance(u, int) or isinstance(u, bool) or u < 0 for u in items):
+        raise ValueError(f"{where}: expected a list of uids")
+    return list(items)
+
+
+_NON_FINITE = {"inf": math.inf, "-inf": -math.inf, "nan": math.nan}
+
+
+def _encode_float(x: float) -> float | str:
+    x = float(x)
+    if math.isfinite(x):
+        return x
+    return "nan" if x != x else ("inf" if x > 0 else "-inf")
+
+
+def _decode_float(value: Any, where: str) -> float:
+    if isinstance(value, str) and value in _NON_FINITE:
+        return _NON_FINITE[value]
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    raise ValueError(f"{where}: expected a number, got {value!r}")

@@ -1,0 +1,221 @@
+"""One Gauntlet window on the validator: fast checks, primary evaluation, ratings, weights.
+
+:func:`score_window` is the single entry point the validator process calls per
+window, after gathering the window's payloads and *before* applying the
+window's aggregate (``model`` must hold θ_t, the model the miners trained on).
+It mutates ``state`` (the caller saves it afterwards) and returns a
+:class:`WindowReport`.  Order, as in the paper's Algorithm 1:
+
+1. F_t: current top-G + least recently checked peers.  Each gets the fast
+   checks — a rejection from the gatherer, no payload, a malformed sync vector,
+   or SyncScore above ``sync_threshold`` — and at most one penalty on μ.
+2. S_t ⊆ peers that passed: ``L(θ_t, D_rand)`` once, then per peer three
+   forward passes, in place; LossScore = δ_rand; μ gets the proof-of-computation
+   update; one OpenSkill match over S_t updates the ratings.
+3. Sign-safe PeerScores for the active peers → power-normalised weights →
+   next top-G list.
+
+Model access: ``named_parameters`` (snapshot, in-place step, restore) and
+``model.loss`` through :func:`dso.train.evaluate`.  Dataset access:
+``assigned_rows``/``assigned`` of the evaluated peers and one ``unassigned`` draw.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any, Iterable, Mapping
+
+import numpy as np
+import torch
+
+from dso.config import HParams
+from dso.model import parameter_shapes
+from dso.rejections import Reason, Rejection
+from dso.train import evaluate, learning_rate
+from scoring import formulas, selection
+from scoring.evaluation import ParameterSnapshot, evaluate_peer, update_signs
+from scoring.rating import rate_match
+from scoring.state import PeerState, ValidatorState
+from scoring.sync import check_sync_vector, sample_parameters, sync_positions
+
+# Purposes of the validator's private per-window randomness (never reuse a number).
+PURPOSE_FAST, PURPOSE_EVAL, PURPOSE_DATA = 1, 2, 3
+
+
+class WindowAlreadyScored(ValueError):
+    """score_window was called for a window not after the last one scored (it would penalise twice)."""
+
+
+@dataclass
+class WindowReport:
+    window: int
+    fast: list[int]                       # F_t
+    evaluated: list[int]                  # S_t peers whose update was evaluated
+    rejections: dict[int, str]            # uid → why it failed a check this window (each penalised once)
+    sync_scores: dict[int, float]
+    loss_scores: dict[int, float]         # δ_rand (LossScore) of evaluated peers
+    assigned_deltas: dict[int, float]     # δ_assigned of evaluated peers
+    base_rand_loss: float | None          # L(θ_t, D_rand), None when nobody was evaluated
+    mu: dict[int, float]                  # every active peer, after this window
+    loss_ratings: dict[int, float]
+    scores: dict[int, float]              # sign-safe PeerScore
+    weights: dict[int, float]             # sums to 1, or all zeros
+    top_g: list[int]                      # the list in effect from window + 1
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-friendly (non-finite floats as strings)."""
+        def clean(x: Any) -> Any:
+            if isinstance(x, float) and not math.isfinite(x):
+                return str(x)
+            if isinstance(x, dict):
+                return {str(k): clean(v) for k, v in x.items()}
+            if isinstance(x, list):
+                return [clean(v) for v in x]
+            return x
+        return clean(asdict(self))
+
+
+def plan_fast_set(state: ValidatorState, hp: HParams, window: int, active: Iterable[int]) -> list[int]:
+    """F_t, for a validator that wants to download only those payloads.  Same answer as inside
+    :func:`score_window` as long as ``state`` has not changed in between."""
+    active = sorted(set(active))
+    return selection.fast_set(state.top_g, active, lambda uid: _peer_or_new(state, uid).last_fast_window,
+                              hp.fast_peers, state.rng(window, PURPOSE_FAST))
+
+
+def score_window(state: ValidatorState, model: torch.nn.Module, codec: Any, dataset: Any, hp: HParams,
+                 window: int, payloads: Mapping[int, tuple[Any, torch.Tensor]],
+                 rejections: Mapping[int, Rejection], active: Mapping[int, str] | Iterable[int],
+                 randomness: bytes) -> WindowReport:
+    """Score window ``window``; ``active`` is the registered uids (or uid → hotkey, which also resets a
+    uid whose hotkey changed); ``randomness`` is the chain randomness of the window (sync positions)."""
+    if window <= state.window:
+        raise WindowAlreadyScored(f"window {window} is not after the last scored window {state.window}")
+    active_uids = _register(state, active)
+    notes: list[str] = []
+
+    # --- 1. fast checks on F_t
+    fast = plan_fast_set(state, hp, window, active_uids)
+    shapes = parameter_shapes(model)
+    lr = learning_rate(hp, window)
+    positions = sync_positions(randomness, shapes, hp.sync_samples)
+    reference = sample_parameters(dict(model.named_parameters()), positions).tolist()
+    failures: dict[int, Rejection] = {}
+    sync_scores: dict[int, float] = {}
+    passed: list[int] = []
+    for uid in fast:
+        state.peers[uid].last_fast_window = window
+        failure = _fast_check(uid, payloads, rejections, reference, lr, hp, sync_scores)
+        if failure is None:
+            passed.append(uid)
+        else:
+            failures[uid] = failure
+    for uid, failure in failures.items():
+        _penalise(state.peers[uid], failure, hp.fast_penalty)
+
+    # --- 2. primary evaluation on S_t
+    chosen = selection.eval_set(passed, lambda uid: state.peers[uid].last_eval_window, hp.eval_peers,
+                                state.rng(window, PURPOSE_EVAL))
+    losses, base_rand = _evaluate(state, model, codec, dataset, hp, window, chosen, payloads, shapes, lr,
+                                  failures, notes)
+    for uid, peer_losses in losses.items():
+        peer = state.peers[uid]
+        peer.loss_score, peer.delta_assigned = peer_losses.delta_rand, peer_losses.delta_assigned
+        peer.mu = formulas.poc_update(peer.mu, peer.delta_assigned, peer.loss_score, hp.poc_gamma)
+        peer.eval_count += 1
+    new_ratings = rate_match({uid: state.peers[uid].rating for uid in losses},
+                             {uid: l.delta_rand for uid, l in losses.items()})
+    for uid, (mu, sigma) in new_ratings.items():
+        state.peers[uid].rating_mu, state.peers[uid].rating_sigma = mu, sigma
+
+    # --- 3. scores, weights, next top-G
+    scores = {uid: formulas.peer_score(state.peers[uid].mu, state.peers[uid].loss_rating) for uid in active_uids}
+    weights = formulas.normalise_weights(scores, hp.weight_power)
+    top = selection.next_top_g(scores, passed, hp.topg)
+    state.window, state.fast, state.evaluated = window, fast, sorted(losses)
+    state.top_g, state.weights = top, weights
+    return WindowReport(
+        window=window, fast=fast, evaluated=sorted(losses),
+        rejections={uid: str(r) for uid, r in sorted(failures.items())}, sync_scores=sync_scores,
+        loss_scores={uid: l.delta_rand for uid, l in sorted(losses.items())},
+        assigned_deltas={uid: l.delta_assigned for uid, l in sorted(losses.items())},
+        base_rand_loss=base_rand, mu={uid: state.peers[uid].mu for uid in active_uids},
+        loss_ratings={uid: state.peers[uid].loss_rating for uid in active_uids},
+        scores=scores, weights=weights, top_g=top, notes=notes)
+
+
+# ------------------------------------------------------------------ steps
+def _peer_or_new(state: ValidatorState, uid: int) -> PeerState:
+    return state.peers.get(uid) or PeerState()
+
+
+def _register(state: ValidatorState, active: Mapping[int, str] | Iterable[int]) -> list[int]:
+    """Create state for new uids; a uid now held by another hotkey starts from scratch."""
+    hotkeys = dict(active) if isinstance(active, Mapping) else {uid: "" for uid in active}
+    for uid, hotkey in hotkeys.items():
+        peer = state.peer(uid)
+        if hotkey and peer.hotkey and peer.hotkey != hotkey:
+            state.peers[uid] = PeerState(hotkey=hotkey)
+        elif hotkey:
+            peer.hotkey = hotkey
+    return sorted(hotkeys)
+
+
+def _fast_check(uid: int, payloads: Mapping, rejections: Mapping[int, Rejection], reference: list[float],
+                lr: float, hp: HParams, sync_scores: dict[int, float]) -> Rejection | None:
+    if uid in rejections:
+        return rejections[uid]
+    payload = payloads.get(uid)
+    if payload is None:
+        return Rejection(Reason.MISSING, "no payload this window")
+    if not (isinstance(payload, tuple) and len(payload) == 2):
+        return Rejection(Reason.MALFORMED, "payload is not (update, sync samples)")
+    bad = check_sync_vector(payload[1], hp.sync_samples)
+    if bad is not None:
+        return bad
+    score = formulas.sync_score(reference, payload[1].tolist(), lr)
+    sync_scores[uid] = score
+    if not score <= hp.sync_threshold:
+        return Rejection(Reason.OUT_OF_SYNC, f"SyncScore {score:.3g} > {hp.sync_threshold:g}")
+    return None
+
+
+def _penalise(peer: PeerState, failure: Rejection, phi: float) -> None:
+    peer.mu = formulas.penalise(peer.mu, phi)
+    peer.offences[failure.category] = peer.offences.get(failure.category, 0) + 1
+    peer.last_offence = str(failure)
+
+
+def _evaluate(state: ValidatorState, model: torch.nn.Module, codec: Any, dataset: Any, hp: HParams, window: int,
+              chosen: list[int], payloads: Mapping, shapes: Mapping[str, tuple[int, ...]], lr: float,
+              failures: dict[int, Rejection], notes: list[str]) -> tuple[dict, float | None]:
+    """Losses of every peer in ``chosen`` whose update decodes (the others are penalised here)."""
+    if not chosen:
+        return {}, None
+    rng = state.rng(window, PURPOSE_DATA)
+    assigned: dict[int, torch.Tensor] = {}
+    for uid in chosen:  # uid order: the rng draws must not depend on dict order
+        batch = dataset.assigned(uid, window, hp.batch_size)
+        pick = np.sort(rng.choice(batch.shape[0], size=min(hp.eval_sequences, batch.shape[0]), replace=False))
+        assigned[uid] = batch[torch.from_numpy(pick)]
+    exclude = np.concatenate([dataset.assigned_rows(uid, window, hp.batch_size) for uid in chosen])
+    rand = dataset.unassigned(rng, exclude, hp.eval_sequences)
+    base_rand = evaluate(model, rand, hp.micro_batch, next(model.parameters()).device)
+    if not math.isfinite(base_rand):
+        notes.append(f"validator loss on D_rand is {base_rand}: evaluation skipped this window")
+        return {}, base_rand
+    snapshot = ParameterSnapshot(model)
+    step = hp.eval_scale * lr
+    losses = {}
+    for uid in chosen:
+        state.peers[uid].last_eval_window = window
+        signs = update_signs(codec.decompress, payloads[uid][0], shapes)
+        if isinstance(signs, Rejection):
+            if uid not in failures:  # at most one penalty per peer per window
+                failures[uid] = signs
+                _penalise(state.peers[uid], signs, hp.fast_penalty)
+            continue
+        losses[uid] = evaluate_peer(model, snapshot, signs, step, assigned[uid], rand, base_rand, hp.micro_batch)
+        del signs
+    return losses, base_rand

@@ -1,0 +1,69 @@
+"""Codec section: encode/decode time, bytes per kept coefficient against the bound, ratio to fp32."""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from benchmarks.common import median_ms
+from dso.codec import DeMoCodec
+from dso.config import HParams, ModelConfig
+from dso.data import Dataset
+from dso.model import build_model, parameter_shapes
+from dso.train import compute_gradients
+
+TEMPLAR_BYTES_PER_KEPT = 2.5  # 12-bit index + 1-byte value
+
+
+def shapes_100m() -> dict[str, tuple[int, ...]]:
+    """LLaMA-style tensor shapes of ~109 M parameters (GPT-2 vocabulary, which needs padding to chunk)."""
+    cfg = ModelConfig(vocab_size=50257, d_model=768, n_layers=10, n_heads=12, ffn_hidden=2048)
+    shapes = {"embed.weight": (cfg.vocab_size, cfg.d_model), "norm.weight": (cfg.d_model,)}
+    for i in range(cfg.n_layers):
+        for w in ("wq", "wk", "wv", "wo"):
+            shapes[f"blocks.{i}.attn.{w}.weight"] = (cfg.d_model, cfg.d_model)
+        shapes[f"blocks.{i}.ffn.w_gate.weight"] = (cfg.ffn_hidden, cfg.d_model)
+        shapes[f"blocks.{i}.ffn.w_up.weight"] = (cfg.ffn_hidden, cfg.d_model)
+        shapes[f"blocks.{i}.ffn.w_down.weight"] = (cfg.d_model, cfg.ffn_hidden)
+        shapes[f"blocks.{i}.attn_norm.weight"] = (cfg.d_model,)
+        shapes[f"blocks.{i}.ffn_norm.weight"] = (cfg.d_model,)
+    return shapes
+
+
+def measure(codec: DeMoCodec, tensors: dict[str, torch.Tensor], repeats: int) -> dict:
+    numel = sum(math.prod(s) for s in codec.shapes.values())
+    payload = codec.payload_bytes()
+    out = {
+        "parameters": numel,
+        "kept": codec.kept(),
+        "payload_bytes": payload,
+        "bytes_per_kept": payload / codec.kept(),
+        "bound_bytes_per_kept": codec.bound_bytes_per_kept(),
+        "ratio_vs_fp32": 4 * numel / payload,
+    }
+    out["within_bound_pct"] = 100 * (out["bytes_per_kept"] / out["bound_bytes_per_kept"] - 1)
+    out["vs_templar_2_5_bytes"] = TEMPLAR_BYTES_PER_KEPT / out["bytes_per_kept"]
+    if repeats:
+        wire = codec.to_wire(codec.compress(tensors))
+        out["encode_ms"] = median_ms(lambda: codec.to_wire(codec.compress(tensors)), repeats)
+        out["decode_ms"] = median_ms(lambda: codec.decompress(codec.from_wire(wire)), repeats)
+    return out
+
+
+def run(quick: bool) -> dict:
+    hp = HParams()
+    model = build_model(hp.model, hp.seed)
+    codec = DeMoCodec.from_hparams(parameter_shapes(model), hp)
+    ds = Dataset.from_config("shakespeare", "~/.cache/dso", hp.model.seq_len, hp.seed, hp.val_fraction)
+    batch = ds.assigned(0, 0, hp.batch_size)
+    grads, _ = compute_gradients(model, batch, hp.micro_batch)
+    result = measure(codec, grads, repeats=3 if quick else 9)
+    window_ms = median_ms(lambda: compute_gradients(model, batch, hp.micro_batch), 2 if quick else 5)
+    result["miner_gradient_ms"] = window_ms
+    result["compression_share_of_window"] = (result["encode_ms"] + result["decode_ms"]) / (
+        window_ms + result["encode_ms"] + result["decode_ms"])
+
+    big = DeMoCodec(shapes_100m(), chunk=hp.chunk, topk=hp.topk, value_bits=hp.value_bits)
+    big_tensors = {n: torch.randn(s) for n, s in big.shapes.items()} if not quick else {}
+    result["model_100m"] = measure(big, big_tensors, repeats=0 if quick else 1)
+    return result

@@ -1,0 +1,167 @@
+"""Model checkpoints: safetensors of the named parameters, a "latest" pointer, verified loading.
+
+Object ``checkpoint/{window}-v{v}.safetensors`` holds every parameter
+(float32, model order) and metadata: ``format``, ``protocol_version``,
+``window``, ``model_hash`` (:func:`dso.model.state_hash` of the tensors in
+model order), ``data_hash``, ``hparams``.  ``checkpoint/latest-v{v}.json`` points
+at the newest one and repeats its hash.  Loading checks the container, the
+exact parameter set and shapes, finiteness, the metadata, and recomputes the
+hash — a single flipped byte is a Rejection, never a silently wrong model.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Iterable
+
+import numpy as np
+import safetensors.numpy
+import torch
+
+from dso.model import state_hash
+from dso.rejections import Reason, Rejection
+from storage import keys
+from storage.client import S3Client, StorageError
+from storage.jsonobj import get_json, put_json, rejection_for
+from storage.tensorfile import check_spec, header_allowance, load_arrays, parse_uint, read_header
+
+FORMAT = "dso-checkpoint"
+
+
+@dataclass
+class Checkpoint:
+    window: int
+    model_hash: str
+    data_hash: str
+    hparams_digest: str
+    tensors: dict[str, torch.Tensor]   # model order
+
+    def load_into(self, model: torch.nn.Module) -> None:
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                p.copy_(self.tensors[name].to(p.device))
+
+
+@dataclass(frozen=True)
+class LatestPointer:
+    window: int
+    version: int
+    key: str
+    model_hash: str
+
+
+def checkpoint_size_cap(shapes: dict[str, tuple[int, ...]]) -> int:
+    return 8 + header_allowance(len(shapes)) + 4 * sum(math.prod(s) for s in shapes.values())
+
+
+def encode_checkpoint(named: Iterable[tuple[str, torch.Tensor]], window: int, protocol_version: int,
+                      hparams_digest: str, data_hash: str = "") -> tuple[bytes, str]:
+    """(safetensors bytes, model hash) of named tensors in the given (model) order."""
+    tensors = {n: t.detach().to("cpu", torch.float32).contiguous() for n, t in named}
+    model_hash = state_hash(tensors.items())
+    metadata = {"format": FORMAT, "protocol_version": str(protocol_version), "window": str(window),
+                "model_hash": model_hash, "data_hash": data_hash, "hparams": hparams_digest}
+    data = safetensors.numpy.save({n: t.numpy() for n, t in tensors.items()}, metadata=metadata)
+    return data, model_hash
+
+
+def decode_checkpoint(data: bytes, shapes: dict[str, tuple[int, ...]], protocol_version: int,
+                      hparams_digest: str | None = None, expect_window: int | None = None,
+                      expect_hash: str | None = None) -> Checkpoint | Rejection:
+    """Strictly validate checkpoint bytes against the model's ``shapes`` (model order); never raises."""
+    try:
+        return _decode(data, shapes, protocol_version, hparams_digest, expect_window, expect_hash)
+    except Exception as e:  # noqa: BLE001
+        return Rejection(Reason.MALFORMED, f"unexpected {type(e).__name__}: {str(e)[:120]}")
+
+
+def _decode(data, shapes, protocol_version, hparams_digest, expect_window, expect_hash):
+    cap = checkpoint_size_cap(shapes)
+    if len(data) > cap:
+        return Rejection(Reason.TOO_LARGE, f"{len(data)} bytes, cap {cap}")
+    header = read_header(data, header_allowance(len(shapes)))
+    if isinstance(header, Rejection):
+        return header
+    md = header.metadata
+    want = {"format", "protocol_version", "window", "model_hash", "data_hash", "hparams"}
+    if set(md) != want:
+        return Rejection(Reason.METADATA_MISMATCH, f"metadata keys {sorted(md)[:8]}")
+    window = parse_uint(md["window"])
+    checks = [("format", md["format"], FORMAT), ("protocol_version", md["protocol_version"], str(protocol_version))]
+    if hparams_digest is not None:
+        checks.append(("hparams", md["hparams"], hparams_digest))
+    if expect_window is not None:
+        checks.append(("window", md["window"], str(expect_window)))
+    if expect_hash is not None:
+        checks.append(("model_hash", md["model_hash"], expect_hash))
+    for name, got, wanted in checks:
+        if got != wanted:
+            return Rejection(Reason.METADATA_MISMATCH, f"{name}: got {got[:64]!r}, expected {wanted[:64]!r}")
+    if window is None:
+        return Rejection(Reason.METADATA_MISMATCH, "window is not a canonical integer")
+    bad = check_spec(header, {n: ("float32", tuple(s)) for n, s in shapes.items()})
+    if bad:
+        return bad
+    arrays = load_arrays(data)
+    if isinstance(arrays, Rejection):
+        return arrays
+    tensors = {n: torch.from_numpy(np.array(arrays[n], dtype=np.float32)) for n in shapes}
+    for n, t in tensors.items():
+        if not bool(torch.isfinite(t).all()):
+            return Rejection(Reason.NON_FINITE, f"{n}: non-finite parameter")
+    actual = state_hash(tensors.items())
+    if actual != md["model_hash"]:
+        return Rejection(Reason.METADATA_MISMATCH,
+                         f"model hash mismatch: content {actual[:16]}…, metadata {md['model_hash'][:16]}…")
+    return Checkpoint(window, actual, md["data_hash"], md["hparams"], tensors)
+
+
+# ------------------------------------------------------------------ S3
+def save_checkpoint(client: S3Client, bucket: str, model: torch.nn.Module, window: int, hp) -> LatestPointer:
+    """Upload the model's checkpoint for ``window``, then move the latest pointer to it."""
+    data, model_hash = encode_checkpoint(model.named_parameters(), window, hp.protocol_version, hp.digest(),
+                                         hp.data_hash)
+    key = keys.checkpoint(window, hp.protocol_version)
+    client.put(bucket, key, data)
+    pointer = LatestPointer(window, hp.protocol_version, key, model_hash)
+    put_json(client, bucket, keys.latest_checkpoint(hp.protocol_version),
+             {"window": window, "version": hp.protocol_version, "key": key, "model_hash": model_hash})
+    return pointer
+
+
+def read_latest(client: S3Client, bucket: str, version: int) -> LatestPointer | Rejection:
+    obj = get_json(client, bucket, keys.latest_checkpoint(version), max_bytes=4096)
+    if isinstance(obj, Rejection):
+        return obj
+    if set(obj) != {"window", "version", "key", "model_hash"}:
+        return Rejection(Reason.MALFORMED, f"latest pointer keys {sorted(obj)[:6]}")
+    window, ver, key, h = obj["window"], obj["version"], obj["key"], obj["model_hash"]
+    if isinstance(window, bool) or not isinstance(window, int) or window < 0 or ver != version:
+        return Rejection(Reason.METADATA_MISMATCH, "latest pointer: bad window or version")
+    if key != keys.checkpoint(window, version):  # never follow an arbitrary key
+        return Rejection(Reason.MALFORMED, "latest pointer: key does not match its window")
+    if not isinstance(h, str) or len(h) != 64:
+        return Rejection(Reason.MALFORMED, "latest pointer: model_hash is not a sha256 hex digest")
+    return LatestPointer(window, version, key, h)
+
+
+def load_checkpoint(client: S3Client, bucket: str, window: int, shapes: dict[str, tuple[int, ...]], hp,
+                    expect_hash: str | None = None) -> Checkpoint | Rejection:
+    cap = checkpoint_size_cap(shapes)
+    key = keys.checkpoint(window, hp.protocol_version)
+    try:
+        if client.head(bucket, key).size > cap:
+            return Rejection(Reason.TOO_LARGE, f"checkpoint larger than cap {cap}")
+        data = client.get(bucket, key, max_bytes=cap)
+    except StorageError as e:
+        return rejection_for(e)
+    return decode_checkpoint(data, shapes, hp.protocol_version, hp.digest(), window, expect_hash)
+
+
+def load_latest_checkpoint(client: S3Client, bucket: str, shapes: dict[str, tuple[int, ...]],
+                           hp) -> Checkpoint | Rejection:
+    """Follow the latest pointer; the checkpoint must hash to what the pointer says."""
+    pointer = read_latest(client, bucket, hp.protocol_version)
+    if isinstance(pointer, Rejection):
+        return pointer
+    return load_checkpoint(client, bucket, pointer.window, shapes, hp, expect_hash=pointer.model_hash)

@@ -1,0 +1,316 @@
+"""Embedded S3 for the local network and tests: a moto server on loopback with IAM authentication on.
+
+It runs in its own process (``python -m storage.server``), so its in-memory
+state and moto's process-wide auth switch never leak into the caller.  Start
+up: serve with auth off but only for a one-off bootstrap key, create an
+``dso-admin`` IAM user (``*`` on ``*``), switch IAM enforcement on, verify that
+an unknown key is refused, then write the admin credentials file (mode 0600).
+From then on every request must be SigV4-signed by a known IAM key and is
+checked against that user's policies; moto's unauthenticated control API
+(``/moto-api``, which could switch auth off) is blocked.
+
+Peers are provisioned over HTTP with the admin key (:func:`provision_peer`), so
+it works after auth is on and from any process: bucket ``dso-<name>``, a write
+user (``s3:*`` on that bucket only) and a read-only user (``s3:GetObject`` and
+``s3:ListBucket`` on it).  State lives in memory and ends with the process.
+
+    python -m storage.server --port 9090 --admin-file ~/.dso/localnet/s3-admin.json
+    python -m storage.server provision alice --admin-file ~/.dso/localnet/s3-admin.json
+"""
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import os
+import re
+import secrets
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import boto3
+from botocore.config import Config as BotoConfig
+
+from storage.client import S3Client, StorageError
+from storage.commitment import BucketInfo, format_commitment
+
+ADMIN_USER = "dso-admin"
+BUCKET_PREFIX = "dso-"
+DEFAULT_ADMIN_FILE = "~/.dso/localnet/s3-admin.json"
+REGION = "us-east-1"
+_PEER_NAME = re.compile(r"[a-z0-9](?:[a-z0-9-]{0,38}[a-z0-9])?")
+_ALLOWED_SERVICES = {"s3", "iam"}
+
+
+@dataclass(frozen=True)
+class AdminCredentials:
+    endpoint: str
+    region: str
+    access_key_id: str
+    secret_access_key: str
+
+    @classmethod
+    def load(cls, path: str | Path) -> "AdminCredentials":
+        data = json.loads(Path(path).expanduser().read_text())
+        return cls(**{k: str(data[k]) for k in ("endpoint", "region", "access_key_id", "secret_access_key")})
+
+    def save(self, path: str | Path) -> None:
+        path = Path(path).expanduser()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            json.dump(asdict(self), f)
+        os.replace(tmp, path)  # readers never see a half-written file
+
+
+@dataclass(frozen=True)
+class PeerCredentials:
+    name: str
+    endpoint: str
+    region: str
+    bucket: str
+    write_key_id: str
+    write_secret: str
+    read_key_id: str
+    read_secret: str
+
+    def read_info(self) -> BucketInfo:
+        return BucketInfo(self.endpoint, self.region, self.bucket, self.read_key_id, self.read_secret)
+
+    def commitment(self) -> str:
+        return format_commitment(self.read_info())
+
+    def write_client(self, **kw) -> S3Client:
+        return S3Client(self.endpoint, self.region, self.write_key_id, self.write_secret, **kw)
+
+    def read_client(self, **kw) -> S3Client:
+        return S3Client(self.endpoint, self.region, self.read_key_id, self.read_secret, **kw)
+
+    def __repr__(self) -> str:
+        return f"PeerCredentials(name={self.name!r}, endpoint={self.endpoint!r}, bucket={self.bucket!r})"
+
+
+def _policy(actions: list[str], bucket: str) -> str:
+    return json.dumps({"Version": "2012-10-17", "Statement": [{
+        "Effect": "Allow", "Action": actions,
+        "Resource": [f"arn:aws:s3:::{bucket}", f"arn:aws:s3:::{bucket}/*"]}]})
+
+
+@functools.lru_cache(maxsize=8)
+def _iam(endpoint: str, key: str, secret: str):
+    """IAM client (cached: building one loads the service model, ~0.1 s)."""
+    return boto3.session.Session().client(
+        "iam", endpoint_url=endpoint, region_name=REGION, aws_access_key_id=key, aws_secret_access_key=secret,
+        config=BotoConfig(connect_timeout=10, read_timeout=30, retries={"max_attempts": 3, "mode": "standard"}))
+
+
+def _user_with_fresh_key(iam, user: str, policy_name: str, policy: str) -> tuple[str, str]:
+    """Create (or reuse) an IAM user, set its only policy, and issue a fresh key (old keys revoked)."""
+    try:
+        iam.create_user(UserName=user)
+    except iam.exceptions.EntityAlreadyExistsException:
+        for key in iam.list_access_keys(UserName=user)["AccessKeyMetadata"]:
+            iam.delete_access_key(UserName=user, AccessKeyId=key["AccessKeyId"])
+    iam.put_user_policy(UserName=user, PolicyName=policy_name, PolicyDocument=policy)
+    key = iam.create_access_key(UserName=user)["AccessKey"]
+    return key["AccessKeyId"], key["SecretAccessKey"]
+
+
+def provision_peer(admin: AdminCredentials, name: str, create_bucket: bool = True) -> PeerCredentials:
+    """Bucket ``dso-<name>`` + write and read-only users.  Re-provisioning a name revokes its old keys."""
+    if not isinstance(name, str) or not _PEER_NAME.fullmatch(name) or "--" in name:
+        raise ValueError(f"peer name {name!r}: 1-40 characters of a-z, 0-9 and single '-', not at the ends")
+    bucket = BUCKET_PREFIX + name
+    iam = _iam(admin.endpoint, admin.access_key_id, admin.secret_access_key)
+    write = _user_with_fresh_key(iam, f"dso-{name}-write", "bucket-owner", _policy(["s3:*"], bucket))
+    read = _user_with_fresh_key(iam, f"dso-{name}-read", "bucket-reader",
+                                _policy(["s3:GetObject", "s3:ListBucket"], bucket))
+    creds = PeerCredentials(name, admin.endpoint, admin.region, bucket, *write, *read)
+    if create_bucket:
+        creds.write_client().ensure_bucket(bucket)
+    return creds
+
+
+# ------------------------------------------------------------ parent side
+class EmbeddedS3:
+    """Handle on an embedded S3 server process started by :meth:`start`."""
+
+    def __init__(self, admin: AdminCredentials, process: subprocess.Popen | None = None,
+                 state_dir: str | None = None):
+        self.admin = admin
+        self._process = process
+        self._state_dir = state_dir
+
+    @property
+    def endpoint(self) -> str:
+        return self.admin.endpoint
+
+    @classmethod
+    def start(cls, port: int = 0, host: str = "127.0.0.1", timeout: float = 60.0,
+              verbose: bool = False) -> "EmbeddedS3":
+        """Start a server process (port 0 = any free port) and wait until auth is on."""
+        state_dir = tempfile.mkdtemp(prefix="dso-s3-")
+        admin_file = Path(state_dir) / "admin.json"
+        log_path = Path(state_dir) / "server.log"
+        env = dict(os.environ)
+        root = str(Path(__file__).resolve().parents[1])
+        env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        cmd = [sys.executable, "-m", "storage.server", "--host", host, "--port", str(port),
+               "--admin-file", str(admin_file), "--parent-pid", str(os.getpid())] + (["--verbose"] if verbose else [])
+        with open(log_path, "wb") as log:
+            process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                       env=env, cwd=root)
+        deadline = time.monotonic() + timeout
+        while not admin_file.exists():
+            if process.poll() is not None or time.monotonic() > deadline:
+                process.kill()
+                process.wait()
+                tail = log_path.read_text(errors="replace")[-2000:]
+                shutil.rmtree(state_dir, ignore_errors=True)
+                raise RuntimeError(f"embedded S3 server did not start (exit {process.returncode}):\n{tail}")
+            time.sleep(0.05)
+        return cls(AdminCredentials.load(admin_file), process, state_dir)
+
+    @classmethod
+    def attach(cls, admin_file: str | Path = DEFAULT_ADMIN_FILE) -> "EmbeddedS3":
+        """Use a server someone else started (e.g. ``python -m storage.server``)."""
+        return cls(AdminCredentials.load(admin_file))
+
+    def provision(self, name: str, create_bucket: bool = True) -> PeerCredentials:
+        return provision_peer(self.admin, name, create_bucket)
+
+    def stop(self) -> None:
+        if self._process is not None and self._process.poll() is None:
+            self._process.terminate()
+            try:
+                self._process.wait(10)
+            except subprocess.TimeoutExpired:
+                self._process.kill()
+                self._process.wait()
+        if self._state_dir:
+            shutil.rmtree(self._state_dir, ignore_errors=True)
+
+    def __enter__(self) -> "EmbeddedS3":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+# ------------------------------------------------------------- child side
+class _Guard:
+    """WSGI filter in front of moto: only SigV4-signed S3/IAM calls; no moto control API.
+
+    Until ``ready`` only the bootstrap key may call (closes the window before auth is on)."""
+
+    def __init__(self, app, bootstrap_key: str):
+        self.app, self.bootstrap_key, self.ready = app, bootstrap_key, False
+
+    def __call__(self, environ, start_response):
+        path = environ.get("PATH_INFO", "")
+        auth = environ.get("HTTP_AUTHORIZATION", "")
+        m = re.match(r"AWS4-HMAC-SHA256 Credential=([^/,\s]+)/[0-9]{8}/[^/]+/([^/]+)/aws4_request", auth)
+        problem = None
+        if path.startswith(("/moto-api", "/latest/")) or path == "/favicon.ico":
+            problem = "moto control API is disabled"
+        elif not m:
+            problem = "only SigV4-signed requests are accepted"
+        elif m.group(2) not in _ALLOWED_SERVICES:
+            problem = f"service {m.group(2)} is not offered"
+        elif not self.ready and m.group(1) != self.bootstrap_key:
+            problem = "server is starting"
+        if problem is None:
+            return self.app(environ, start_response)
+        body = f"<Error><Code>AccessDenied</Code><Message>{problem}</Message></Error>".encode()
+        start_response("403 Forbidden", [("Content-Type", "application/xml"), ("Content-Length", str(len(body)))])
+        return [body]
+
+
+def serve(host: str, port: int, admin_file: str, verbose: bool = False, parent_pid: int | None = None,
+          stop: threading.Event | None = None) -> None:
+    from moto import settings
+    from moto.core.responses import ActionAuthenticatorMixin
+    from moto.moto_server.werkzeug_app import DomainDispatcherApplication, MotoRequestHandler, create_backend_app
+    from werkzeug.serving import make_server
+
+    class Handler(MotoRequestHandler):
+        def log_request(self, *args, **kw):
+            if verbose:
+                super().log_request(*args, **kw)
+
+    Path(admin_file).expanduser().unlink(missing_ok=True)  # a stale file must not look like "ready"
+    settings.INITIAL_NO_AUTH_ACTION_COUNT = float("inf")
+    bootstrap_key, bootstrap_secret = "AKIDBOOT" + secrets.token_hex(6).upper(), secrets.token_hex(20)
+    guard = _Guard(DomainDispatcherApplication(create_backend_app), bootstrap_key)
+    server = make_server(host, port, guard, threaded=True, request_handler=Handler)
+    threading.Thread(target=server.serve_forever, daemon=True, name="moto-server").start()
+    endpoint = f"http://{host}:{server.server_address[1]}"
+
+    iam = _iam(endpoint, bootstrap_key, bootstrap_secret)
+    iam.create_user(UserName=ADMIN_USER)
+    iam.put_user_policy(UserName=ADMIN_USER, PolicyName="admin", PolicyDocument=json.dumps(
+        {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "*", "Resource": "*"}]}))
+    key = iam.create_access_key(UserName=ADMIN_USER)["AccessKey"]
+    settings.INITIAL_NO_AUTH_ACTION_COUNT = 0       # from now on every request is authenticated
+    ActionAuthenticatorMixin.request_count = 0
+    guard.ready = True
+    _self_check(endpoint)
+    admin = AdminCredentials(endpoint, REGION, key["AccessKeyId"], key["SecretAccessKey"])
+    admin.save(admin_file)
+    print(f"embedded S3 (moto, IAM auth on) at {endpoint}\nadmin credentials: {admin_file}", flush=True)
+    stop = stop or threading.Event()
+    while not stop.wait(0.5):
+        if parent_pid is not None and os.getppid() != parent_pid:
+            break  # the process that started us is gone: do not linger
+    server.shutdown()
+
+
+def _self_check(endpoint: str) -> None:
+    """Refuse to run if a key nobody was given can read: auth is then not really on."""
+    probe = S3Client(endpoint, REGION, "AKIAPROBE" + secrets.token_hex(6).upper(), secrets.token_hex(20),
+                     timeout=10, max_attempts=1)
+    try:
+        probe.list("dso-auth-probe")
+    except StorageError as e:
+        if e.kind == "denied":
+            return
+        raise RuntimeError(f"auth self-check failed unexpectedly: {e}") from None
+    raise RuntimeError("auth self-check failed: an unknown key was accepted")
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == "provision":
+        p = argparse.ArgumentParser(prog="python -m storage.server provision",
+                                    description="Create bucket dso-NAME with a write and a read-only key pair.")
+        p.add_argument("name")
+        p.add_argument("--admin-file", default=DEFAULT_ADMIN_FILE)
+        a = p.parse_args(argv[1:])
+        creds = provision_peer(AdminCredentials.load(a.admin_file), a.name)
+        print(json.dumps({**asdict(creds), "commitment": creds.commitment()}, indent=2))
+        return 0
+    p = argparse.ArgumentParser(prog="python -m storage.server", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--host", default="127.0.0.1", help="bind address (keep it on loopback)")
+    p.add_argument("--port", type=int, default=9090, help="0 = any free port")
+    p.add_argument("--admin-file", default=DEFAULT_ADMIN_FILE, help="where to write the admin credentials")
+    p.add_argument("--parent-pid", type=int, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--verbose", action="store_true", help="log every request")
+    a = p.parse_args(argv)
+    import signal
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    serve(a.host, a.port, a.admin_file, a.verbose, a.parent_pid, stop)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,185 @@
+"""A miner's gradient payload on the wire: safetensors with a strict validator (DESIGN §3).
+
+Tensors: exactly ``codec.wire_spec()`` (the compressed update, whatever the
+codec) plus ``sync.values`` (float32, ``sync_samples`` long: θ_t at the
+positions chosen for SyncScore).  ``__metadata__`` (all strings): ``format``,
+``protocol_version``, ``uid``, ``window``, ``hparams`` (HParams digest),
+``data_hash``, ``model_hash`` (θ the miner trained from) and the codec
+settings as ``codec.<name>``.
+
+:func:`decode_payload` never raises: it returns a :class:`Payload` or a
+:class:`~dso.rejections.Rejection`.  Order of checks: size cap → container
+(header) → metadata → key set → dtypes → shapes → codec content (index range,
+count per chunk, encoding, finiteness) → sync values.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+import numpy as np
+import safetensors.numpy
+import torch
+
+from dso.packing import PackingError
+from dso.rejections import Reason, Rejection
+from storage.tensorfile import header_allowance, parse_uint, read_header, check_spec, load_arrays
+
+FORMAT = "dso-update"
+SYNC_KEY = "sync.values"
+_HASH_CHARS = set("0123456789abcdef")
+
+
+@dataclass(frozen=True)
+class PayloadMeta:
+    uid: int
+    window: int
+    protocol_version: int
+    hparams_digest: str
+    data_hash: str = ""
+    model_hash: str = ""
+
+
+@dataclass(frozen=True)
+class Expect:
+    """What a reader requires of a payload.  ``None`` fields are not checked."""
+
+    window: int
+    protocol_version: int
+    hparams_digest: str
+    sync_samples: int
+    uid: int | None = None
+    data_hash: str | None = None
+    model_hash: str | None = None
+
+    @classmethod
+    def from_hparams(cls, hp, window: int, **kw) -> "Expect":
+        return cls(window=window, protocol_version=hp.protocol_version, hparams_digest=hp.digest(),
+                   sync_samples=hp.sync_samples, **kw)
+
+    def for_uid(self, uid: int) -> "Expect":
+        return replace(self, uid=uid)
+
+
+@dataclass
+class Payload:
+    meta: PayloadMeta
+    update: object                 # the codec's CompressedUpdate
+    sync_values: torch.Tensor      # float32 (sync_samples,)
+    nbytes: int
+    last_modified: float | None = None  # server time, set by gather
+
+
+def full_spec(codec, sync_samples: int) -> dict[str, tuple[str, tuple[int, ...]]]:
+    spec = dict(codec.wire_spec())
+    if SYNC_KEY in spec:
+        raise ValueError(f"codec wire spec must not use the key {SYNC_KEY!r}")
+    spec[SYNC_KEY] = ("float32", (sync_samples,))
+    return spec
+
+
+def payload_size_cap(codec, sync_samples: int) -> int:
+    """Largest acceptable payload in bytes: exact tensor bytes + a header allowance."""
+    spec = full_spec(codec, sync_samples)
+    data = sum(math.prod(shape) * np.dtype(dtype).itemsize for dtype, shape in spec.values())
+    return 8 + header_allowance(len(spec)) + data
+
+
+def _metadata(meta: PayloadMeta, codec) -> dict[str, str]:
+    md = {"format": FORMAT, "protocol_version": str(meta.protocol_version), "uid": str(meta.uid),
+          "window": str(meta.window), "hparams": meta.hparams_digest, "data_hash": meta.data_hash,
+          "model_hash": meta.model_hash}
+    md.update({f"codec.{k}": str(v) for k, v in codec.settings().items()})
+    return md
+
+
+def encode_payload(codec, update, sync_values: torch.Tensor, meta: PayloadMeta) -> bytes:
+    """Serialise our own update.  Raises ValueError if it would not pass our own validator's shape checks."""
+    tensors = {k: np.ascontiguousarray(v) for k, v in codec.to_wire(update).items()}
+    sync = sync_values.detach().to("cpu", torch.float32).contiguous().reshape(-1).numpy()
+    tensors[SYNC_KEY] = sync
+    spec = full_spec(codec, sync.size)
+    for key, (dtype, shape) in spec.items():
+        arr = tensors.get(key)
+        if arr is None or arr.dtype != np.dtype(dtype) or tuple(arr.shape) != tuple(shape):
+            raise ValueError(f"encode: tensor {key} does not match the codec's wire spec {dtype}{list(shape)}")
+    if set(tensors) != set(spec):
+        raise ValueError(f"encode: unexpected tensors {sorted(set(tensors) - set(spec))[:4]}")
+    return safetensors.numpy.save(tensors, metadata=_metadata(meta, codec))
+
+
+def _parse_meta(md: dict[str, str], codec) -> PayloadMeta | Rejection:
+    want = set(_metadata(PayloadMeta(0, 0, 0, ""), codec))
+    if set(md) != want:
+        missing, extra = sorted(want - set(md)), sorted(set(md) - want)
+        return Rejection(Reason.METADATA_MISMATCH, f"metadata keys: missing {missing[:4]}, extra {extra[:4]}")
+    if md["format"] != FORMAT:
+        return Rejection(Reason.METADATA_MISMATCH, f"format {md['format'][:32]!r}, expected {FORMAT!r}")
+    nums = {k: parse_uint(md[k]) for k in ("protocol_version", "uid", "window")}
+    for k, v in nums.items():
+        if v is None:
+            return Rejection(Reason.METADATA_MISMATCH, f"{k}: {md[k][:32]!r} is not a canonical integer")
+    for k in ("hparams", "data_hash", "model_hash"):
+        if len(md[k]) > 128 or not set(md[k]) <= _HASH_CHARS:
+            return Rejection(Reason.METADATA_MISMATCH, f"{k}: not a lowercase hex digest")
+    return PayloadMeta(uid=nums["uid"], window=nums["window"], protocol_version=nums["protocol_version"],
+                       hparams_digest=md["hparams"], data_hash=md["data_hash"], model_hash=md["model_hash"])
+
+
+def _compare(meta: PayloadMeta, md: dict[str, str], codec, expect: Expect) -> Rejection | None:
+    checks = [("protocol_version", meta.protocol_version, expect.protocol_version),
+              ("window", meta.window, expect.window),
+              ("hparams", meta.hparams_digest, expect.hparams_digest)]
+    if expect.uid is not None:
+        checks.append(("uid", meta.uid, expect.uid))
+    if expect.data_hash is not None:
+        checks.append(("data_hash", meta.data_hash, expect.data_hash))
+    if expect.model_hash is not None:
+        checks.append(("model_hash", meta.model_hash, expect.model_hash))
+    checks += [(f"codec.{k}", md[f"codec.{k}"], str(v)) for k, v in codec.settings().items()]
+    for name, got, want in checks:
+        if got != want:
+            return Rejection(Reason.METADATA_MISMATCH, f"{name}: got {str(got)[:64]!r}, expected {str(want)[:64]!r}")
+    return None
+
+
+def _packing_reason(e: PackingError) -> Reason:
+    try:
+        return Reason(e.reason)
+    except ValueError:
+        return Reason.BAD_ENCODING
+
+
+def decode_payload(data: bytes, codec, expect: Expect) -> Payload | Rejection:
+    """Validate and decode another peer's payload bytes; never raises."""
+    try:
+        return _decode(data, codec, expect)
+    except Exception as e:  # noqa: BLE001 — last line of defence: a bug must not stop a validator
+        return Rejection(Reason.MALFORMED, f"unexpected {type(e).__name__}: {str(e)[:120]}")
+
+
+def _decode(data: bytes, codec, expect: Expect) -> Payload | Rejection:
+    spec = full_spec(codec, expect.sync_samples)
+    cap = payload_size_cap(codec, expect.sync_samples)
+    if len(data) > cap:
+        return Rejection(Reason.TOO_LARGE, f"{len(data)} bytes, cap {cap}")
+    header = read_header(data, header_allowance(len(spec)))
+    if isinstance(header, Rejection):
+        return header
+    meta = _parse_meta(header.metadata, codec)
+    if isinstance(meta, Rejection):
+        return meta
+    bad = _compare(meta, header.metadata, codec, expect) or check_spec(header, spec)
+    if bad:
+        return bad
+    arrays = load_arrays(data)
+    if isinstance(arrays, Rejection):
+        return arrays
+    sync = arrays.pop(SYNC_KEY)
+    try:
+        update = codec.from_wire(arrays)
+    except PackingError as e:
+        return Rejection(_packing_reason(e), str(e)[:200])
+    if not np.isfinite(sync).all():
+        return Rejection(Reason.NON_FINITE, f"{SYNC_KEY}: non-finite sample")
+    return Payload(meta, update, torch.from_numpy(np.array(sync, dtype=np.float32)), len(data))

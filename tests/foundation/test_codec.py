@@ -1,0 +1,157 @@
+import math
+
+import numpy as np
+import pytest
+import scipy.fft
+import torch
+
+from dso.codec import DeMoCodec, ErrorFeedback, LogGridQuantiser
+from dso.dct import ChunkPlan, choose_edge, dct_basis
+from dso.packing import EliasFano, PackingError, index_bound_bits, pack_codes, unpack_codes
+
+
+@pytest.mark.parametrize("n", [1, 7, 16, 64])
+def test_dct_basis_matches_scipy(n):
+    x = np.random.default_rng(n).standard_normal((5, n)).astype(np.float32)
+    ours = (torch.from_numpy(x) @ dct_basis(n).T).numpy()
+    np.testing.assert_allclose(ours, scipy.fft.dct(x, norm="ortho", axis=-1), atol=1e-5)
+    back = (torch.from_numpy(ours) @ dct_basis(n)).numpy()
+    np.testing.assert_allclose(back, scipy.fft.idct(ours, norm="ortho", axis=-1), atol=1e-5)
+
+
+def test_2d_chunk_is_separable_scipy_dct():
+    x = np.random.default_rng(0).standard_normal((128, 192)).astype(np.float32)
+    plan = ChunkPlan.for_shape((128, 192), 64)
+    coeffs = plan.encode(torch.from_numpy(x)).numpy()
+    block = x[64:128, 128:192]  # chunk (1, 2) of a 2×3 grid
+    want = scipy.fft.dctn(block, norm="ortho")
+    np.testing.assert_allclose(coeffs[1 * 3 + 2].reshape(64, 64), want, atol=1e-4)
+
+
+@pytest.mark.parametrize("dim, target, edge, padded", [
+    (256, 64, 64, 256), (704, 64, 64, 704), (48, 64, 48, 48), (96, 64, 48, 96),
+    (257, 64, 64, 320), (50257, 64, 64, 50304), (1, 64, 1, 1),
+])
+def test_chunk_edges(dim, target, edge, padded):
+    assert choose_edge(dim, target) == (edge, padded)
+
+
+@pytest.mark.parametrize("shape", [(257,), (96, 130), (33, 257), (4, 3, 5)])
+def test_encode_decode_identity_without_topk(shape):
+    x = torch.randn(shape)
+    plan = ChunkPlan.for_shape(shape, 64)
+    assert torch.allclose(plan.decode(plan.encode(x)), x, atol=1e-5)
+
+
+def test_topk_keeps_exactly_the_largest_magnitudes_per_chunk():
+    codec = DeMoCodec({"w": (128, 128)}, chunk=64, topk=32, value_bits=32)
+    x = torch.randn(128, 128)
+    u = codec.compress_tensor("w", x)
+    coeffs = codec.plans["w"].encode(x)
+    assert u.idx.shape == (4, 32)
+    for row in range(4):
+        kept = set(u.idx[row].tolist())
+        assert len(kept) == 32 and torch.all(u.idx[row, 1:] > u.idx[row, :-1])
+        order = coeffs[row].abs().argsort(descending=True)
+        assert kept == set(order[:32].tolist())
+        assert torch.equal(u.codes[row], coeffs[row][u.idx[row]])
+
+
+def test_error_feedback_invariant():
+    """What was sent (decoded) plus the residual equals the β-weighted sum of gradients."""
+    beta = 0.9
+    codec = DeMoCodec({"a": (64, 96), "b": (70,)}, chunk=32, topk=8, value_bits=4)
+    ef = ErrorFeedback(codec, beta)
+    gen = torch.Generator().manual_seed(0)
+    sent = {n: torch.zeros(s, dtype=torch.float64) for n, s in codec.shapes.items()}
+    total = {n: torch.zeros(s, dtype=torch.float64) for n, s in codec.shapes.items()}
+    for _ in range(6):
+        grads = {n: torch.randn(s, generator=gen) for n, s in codec.shapes.items()}
+        update = ef.step(grads)
+        for n in codec.shapes:
+            sent[n] = beta * sent[n] + codec.to_dense(n, update[n]).double()
+            total[n] = beta * total[n] + grads[n].double()
+    for n in codec.shapes:
+        assert torch.allclose(sent[n] + ef.buffers[n].double(), total[n], atol=1e-4)
+        assert ef.buffers[n].abs().sum() > 0  # top-k really dropped something
+
+
+def test_log_grid_quantiser_error_is_bounded():
+    q = LogGridQuantiser(4)
+    v = torch.tensor([0.01, -0.02, 0.05, -0.3, 1.0, -1e-6])
+    codes, scale = q.quantise(v)
+    back = q.dequantise(codes, scale)
+    assert torch.equal(back.sign(), v.sign())
+    assert back.abs().max() == pytest.approx(1.0) and back.abs().min() == pytest.approx(1e-6)
+    ratio = (1.0 / 1e-6) ** (1 / 7)  # one grid step
+    rel = (back.abs() / v.abs()).log().abs()
+    assert (rel <= math.log(ratio) / 2 + 1e-5).all()
+
+
+def test_wire_round_trip_is_bit_exact():
+    codec = DeMoCodec({"w": (96, 130), "n": (257,)}, chunk=64, topk=32, value_bits=4)
+    update = codec.compress({n: torch.randn(s) for n, s in codec.shapes.items()})
+    wire = codec.to_wire(update)
+    spec = codec.wire_spec()
+    assert {k: (str(v.dtype), v.shape) for k, v in wire.items()} == spec
+    again = codec.from_wire(wire)
+    for n in update:
+        assert torch.equal(again[n].idx, update[n].idx)
+        assert torch.equal(again[n].codes, update[n].codes)
+        assert torch.equal(again[n].scale, update[n].scale)
+        assert torch.equal(codec.to_dense(n, again[n]), codec.to_dense(n, update[n]))
+
+
+def test_elias_fano_size_near_bound_and_rejections():
+    ef = EliasFano(4096, 32)
+    assert ef.bits_per_chunk / 32 <= index_bound_bits(4096, 32) + 1.0
+    idx = np.sort(np.random.default_rng(1).choice(4096, size=(3, 32), replace=False), axis=1)
+    buf = ef.pack(idx)
+    np.testing.assert_array_equal(ef.unpack(buf, 3), idx)
+    with pytest.raises(PackingError) as e:
+        ef.unpack(buf[:-1], 3)
+    assert e.value.reason == "bad_shape"
+    bad = np.unpackbits(buf, bitorder="little")
+    bad[32 * ef.low_bits + 5] ^= 1  # flip an upper bit of chunk 0: count changes
+    with pytest.raises(PackingError) as e:
+        ef.unpack(np.packbits(bad, bitorder="little"), 3)
+    assert e.value.reason == "wrong_count"
+
+
+def test_elias_fano_rejects_out_of_range_and_unsorted():
+    ef = EliasFano(100, 4)  # the last upper bucket covers 96..111, past the universe of 100
+    np.testing.assert_array_equal(ef.unpack(_craft(ef, [10, 20, 30, 99]), 1), [[10, 20, 30, 99]])
+    with pytest.raises(PackingError) as e:
+        ef.unpack(_craft(ef, [10, 20, 30, 105]), 1)
+    assert e.value.reason == "index_out_of_range"
+    with pytest.raises(PackingError) as e:
+        ef.unpack(_craft(ef, [10, 9, 30, 40]), 1)
+    assert e.value.reason == "bad_encoding"
+
+
+def _craft(ef: EliasFano, values):
+    """Encode possibly invalid indices bit by bit, bypassing pack()'s assumptions."""
+    L, k = ef.low_bits, ef.k
+    bits = np.zeros(ef.bits_per_chunk, dtype=np.uint8)
+    for i, v in enumerate(values):
+        for b in range(L):
+            bits[i * L + b] = (v >> b) & 1
+        bits[k * L + (v >> L) + i] = 1
+    return np.packbits(bits, bitorder="little")
+
+
+@pytest.mark.parametrize("bits", [2, 3, 4, 8])
+def test_code_packing_round_trip(bits):
+    codes = np.random.default_rng(bits).integers(0, 2 ** bits, size=101).astype(np.uint8)
+    np.testing.assert_array_equal(unpack_codes(pack_codes(codes, bits), 101, bits), codes)
+
+
+def test_default_model_payload_is_near_the_bound():
+    from dso.config import HParams
+    from dso.model import build_model, parameter_shapes
+
+    hp = HParams()
+    codec = DeMoCodec.from_hparams(parameter_shapes(build_model(hp.model, 0)), hp)
+    per_kept = codec.payload_bytes() / codec.kept()
+    assert per_kept <= 1.15 * codec.bound_bytes_per_kept()
+    assert per_kept * 1.5 <= 2.5

@@ -1,0 +1,75 @@
+import json
+
+import pytest
+
+from dso.config import Config, ConfigError, HParams, build_parser, from_dict, load_file, parse_args
+
+
+def test_defaults_validate_and_digest_is_stable():
+    cfg = Config().validate()
+    assert cfg.hparams.digest() == HParams().digest()
+    other = HParams(topk=16)
+    assert other.digest() != cfg.hparams.digest()
+
+
+def test_cli_flags_override_file(tmp_path):
+    f = tmp_path / "run.toml"
+    f.write_text('netuid = 7\n[hparams]\ntopk = 16\n[hparams.model]\nd_model = 128\n')
+    cfg, _ = parse_args(["--config", str(f), "--hparams.topk", "8", "--wallet.name", "alice"])
+    assert (cfg.netuid, cfg.hparams.topk, cfg.hparams.model.d_model, cfg.wallet.name) == (7, 8, 128, "alice")
+
+
+def test_json_file_and_bool_flags(tmp_path):
+    f = tmp_path / "run.json"
+    f.write_text(json.dumps({"hparams": {"commit_reveal": True, "dp": {"enabled": True}}}))
+    cfg, _ = parse_args(["--config", str(f), "--hparams.dp.enabled", "false"])
+    assert cfg.hparams.commit_reveal is True and cfg.hparams.dp.enabled is False
+
+
+@pytest.mark.parametrize("data, key", [
+    ({"hparams": {"topkk": 3}}, "hparams.topkk: unknown key"),
+    ({"hparams": {"topk": "many"}}, "hparams.topk: expected an integer"),
+    ({"hparams": {"topk": 1.5}}, "hparams.topk: expected an integer"),
+    ({"hparams": {"learning_rate": "nan"}}, "hparams.learning_rate: must be finite"),
+    ({"hparams": {"aggregation": "vote"}}, "hparams.aggregation: must be one of"),
+    ({"hparams": {"topk": 0}}, "hparams.topk: must be > 0"),
+    ({"hparams": {"model": {"n_heads": 3}}}, "hparams.model.n_heads"),
+    ({"wallet": "alice"}, "wallet: expected a table"),
+    ({"netuid": True}, "netuid: expected an integer"),
+])
+def test_bad_values_name_the_key(data, key):
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        from_dict(data)
+
+
+def test_cli_rejects_bad_file_with_message(tmp_path, capsys):
+    f = tmp_path / "bad.toml"
+    f.write_text("[hparams]\nnot_a_key = 1\n")
+    with pytest.raises(SystemExit) as exc:
+        parse_args(["--config", str(f)])
+    assert exc.value.code == 2
+    assert "hparams.not_a_key: unknown key" in capsys.readouterr().err
+
+
+def test_unparsable_file(tmp_path):
+    f = tmp_path / "bad.json"
+    f.write_text("{not json")
+    with pytest.raises(ConfigError, match="not valid json"):
+        load_file(f)
+
+
+def test_print_config_prints_everything(capsys):
+    with pytest.raises(SystemExit) as exc:
+        parse_args(["--print-config", "--hparams.topk", "12"])
+    assert exc.value.code == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["hparams"]["topk"] == 12 and printed["wallet"]["name"] == "default"
+    assert set(printed) == set(Config().to_dict())
+
+
+def test_every_leaf_has_a_flag_and_a_doc():
+    parser = build_parser()
+    flags = {a.option_strings[0] for a in parser._actions if a.option_strings}
+    for key in ("--netuid", "--wallet.name", "--storage.endpoint", "--hparams.topk", "--hparams.dp.delta"):
+        assert key in flags
+    assert all(a.help for a in parser._actions)

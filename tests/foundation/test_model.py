@@ -1,0 +1,41 @@
+import torch
+
+from dso.config import ModelConfig
+from dso.model import build_model, model_hash, parameter_count
+
+
+def test_default_size_and_tied_embeddings():
+    model = build_model(ModelConfig(), seed=1)
+    assert 3_000_000 <= parameter_count(model) <= 5_000_000
+    assert "head" not in " ".join(n for n, _ in model.named_parameters())  # output reuses embed.weight
+    std = model.embed.weight.std().item()
+    assert abs(std - 0.02) < 0.001
+
+
+def test_same_seed_same_hash_and_forward_shape():
+    cfg = ModelConfig(d_model=32, n_layers=2, n_heads=2, ffn_hidden=64, seq_len=16)
+    a, b, c = build_model(cfg, 5), build_model(cfg, 5), build_model(cfg, 6)
+    assert model_hash(a) == model_hash(b) != model_hash(c)
+    tokens = torch.randint(0, 256, (3, 16))
+    assert a(tokens).shape == (3, 16, 256)
+    with torch.no_grad():
+        a.embed.weight[0, 0] += 1e-7
+    assert model_hash(a) != model_hash(b)
+
+
+def test_causal_future_tokens_do_not_change_past_logits():
+    cfg = ModelConfig(d_model=32, n_layers=2, n_heads=2, ffn_hidden=64, seq_len=16)
+    model = build_model(cfg, 3)
+    x = torch.randint(0, 256, (1, 16))
+    y = x.clone()
+    y[0, 10:] = (y[0, 10:] + 1) % 256
+    with torch.no_grad():
+        assert torch.allclose(model(x)[0, :10], model(y)[0, :10], atol=1e-6)
+        assert not torch.allclose(model(x)[0, 10:], model(y)[0, 10:])
+
+
+def test_initial_loss_is_near_uniform():
+    cfg = ModelConfig(d_model=32, n_layers=1, n_heads=2, ffn_hidden=64, seq_len=16)
+    model = build_model(cfg, 0)
+    batch = torch.randint(0, 256, (4, 17))
+    assert abs(model.loss(batch).item() - torch.log(torch.tensor(256.0)).item()) < 0.1

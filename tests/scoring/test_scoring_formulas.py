@@ -1,0 +1,162 @@
+"""Every Gauntlet formula against hand-computed values (and numpy/scipy where they apply)."""
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+from scipy.stats import rankdata
+
+from scoring.formulas import (competition_ranks, loss_delta, normalise_weights, peer_score, penalise, poc_update,
+                              sync_score, top_g)
+
+
+# ------------------------------------------------------------- proof of computation
+def test_poc_update_hand_values():
+    mu = poc_update(0.0, delta_assigned=0.3, delta_rand=0.1, gamma=0.95)
+    assert mu == pytest.approx(0.05, abs=1e-15)
+    mu = poc_update(mu, 0.2, 0.1, 0.95)                   # 0.95·0.05 + 0.05
+    assert mu == pytest.approx(0.0975, abs=1e-15)
+    mu = poc_update(mu, 0.1, 0.2, 0.95)                   # 0.95·0.0975 − 0.05
+    assert mu == pytest.approx(0.042625, abs=1e-15)
+    assert poc_update(0.4, 0.1, 0.1, 0.95) == pytest.approx(0.38)   # equal deltas: pure decay
+
+
+def test_poc_update_magnitude_does_not_matter_only_sign():
+    assert poc_update(0.2, 1e-9, 0.0, 0.9) == poc_update(0.2, 5.0, 0.0, 0.9)
+
+
+def test_poc_update_non_finite_difference_earns_no_credit():
+    assert poc_update(0.0, -math.inf, -math.inf, 0.95) == pytest.approx(-0.05)
+    assert poc_update(0.0, math.nan, 0.1, 0.95) == pytest.approx(-0.05)
+
+
+def test_loss_delta():
+    assert loss_delta(3.0, 2.5) == 0.5
+    assert loss_delta(3.0, math.inf) == -math.inf        # the step blew the model up: worst possible
+    assert loss_delta(3.0, math.nan) == -math.inf
+    assert math.isnan(loss_delta(math.nan, 2.0))          # validator's own loss undefined
+
+
+# ------------------------------------------------------------------ penalty
+@pytest.mark.parametrize("mu, expected", [(0.4, 0.3), (0.0, 0.0), (-0.4, -0.5), (1.0, 0.75), (-1.0, -1.25)])
+def test_penalise_hand_values(mu, expected):
+    assert penalise(mu, 0.75) == pytest.approx(expected, abs=1e-15)
+
+
+def test_penalise_is_phi_times_mu_for_non_negative_and_never_raises():
+    for mu in np.linspace(-2, 2, 81):
+        out = penalise(float(mu), 0.75)
+        assert out <= mu
+        if mu >= 0:
+            assert out == pytest.approx(0.75 * mu, abs=1e-15)
+
+
+# ---------------------------------------------------------------- sync score
+def test_sync_score_hand_value():
+    # |0.1-0.1| + |0.2-0.18| + |-0.3-(-0.36)| = 0.08 over N=3 and α=0.01 → 0.08/0.03 = 2.666…
+    assert sync_score([0.1, 0.2, -0.3], [0.1, 0.18, -0.36], 0.01) == pytest.approx(8 / 3)
+
+
+def test_sync_score_matches_numpy():
+    rng = np.random.default_rng(0)
+    a, b = rng.normal(size=64), rng.normal(size=64)
+    assert sync_score(a.tolist(), b.tolist(), 2e-3) == pytest.approx(np.abs(a - b).mean() / 2e-3, rel=1e-12)
+
+
+def test_sync_score_k_steps_behind_scores_k():
+    theta = [0.5, -0.25, 1.0, 0.0]
+    behind = [t + 3 * 0.002 * s for t, s in zip(theta, (1, -1, 1, -1))]
+    assert sync_score(theta, behind, 0.002) == pytest.approx(3.0)
+
+
+def test_sync_score_non_finite_peer_value_fails_and_bad_inputs_raise():
+    assert sync_score([0.0, 0.0], [0.0, math.nan], 0.01) == math.inf
+    with pytest.raises(ValueError):
+        sync_score([0.0], [0.0, 1.0], 0.01)
+    with pytest.raises(ValueError):
+        sync_score([0.0], [0.0], 0.0)
+
+
+# ---------------------------------------------------------------- peer score
+def test_peer_score_is_the_product_when_both_positive():
+    assert peer_score(0.5, 4.0) == 2.0
+    assert peer_score(0.05, 3.0) == pytest.approx(0.15)
+
+
+@pytest.mark.parametrize("mu, rating", [(-0.5, -4.0), (-0.05, -20.0), (0.5, -4.0), (-0.5, 4.0), (0.0, 5.0),
+                                        (0.3, 0.0), (0.0, 0.0)])
+def test_peer_score_never_positive_unless_both_factors_are(mu, rating):
+    assert peer_score(mu, rating) <= 0
+    assert peer_score(mu, rating) == min(mu, rating)
+
+
+def test_two_negatives_never_make_a_reward():
+    naive = -0.3 * -18.9
+    assert naive > 5                              # what the published formula pays
+    assert peer_score(-0.3, -18.9) < 0
+    weights = normalise_weights({1: peer_score(0.2, 10.0), 2: peer_score(-0.3, -18.9), 3: 0.0}, 2.0)
+    assert weights[2] == 0.0 and weights[1] == 1.0
+
+
+def test_peer_score_is_monotone_so_a_penalty_never_raises_it():
+    grid = np.linspace(-3, 3, 25)
+    for mu, rating in itertools.product(grid, grid):
+        mu, rating = float(mu), float(rating)
+        s = peer_score(mu, rating)
+        assert peer_score(mu + 0.1, rating) >= s
+        assert peer_score(mu, rating + 0.1) >= s
+        assert peer_score(penalise(mu, 0.75), rating) <= s
+
+
+def test_peer_score_non_finite_is_worst():
+    assert peer_score(math.nan, 1.0) == -math.inf
+
+
+# ------------------------------------------------------------- normalisation
+def test_normalise_hand_values_with_non_positive_peers():
+    # clamped (3, 1, 0, 0), min 0, squares (9, 1, 0, 0) / 10
+    w = normalise_weights({1: 3.0, 2: 1.0, 3: -2.0, 4: 0.0}, 2.0)
+    assert w == pytest.approx({1: 0.9, 2: 0.1, 3: 0.0, 4: 0.0})
+
+
+def test_normalise_hand_values_all_positive_lowest_gets_zero():
+    # min shift as published: (2, 3, 4) → (0, 1, 2) → squares (0, 1, 4) / 5
+    assert normalise_weights({5: 2.0, 6: 3.0, 7: 4.0}, 2.0) == pytest.approx({5: 0.0, 6: 0.2, 7: 0.8})
+
+
+def test_normalise_power_one_and_three_against_numpy():
+    scores = {1: 0.7, 2: 0.1, 3: 2.5, 4: -1.0, 5: 1.2}
+    for c in (1.0, 3.0):
+        s = np.maximum(np.array(list(scores.values())), 0)
+        expected = (s - s.min()) ** c / ((s - s.min()) ** c).sum()
+        got = normalise_weights(scores, c)
+        assert [got[u] for u in scores] == pytest.approx(expected.tolist(), rel=1e-12)
+        assert math.fsum(got.values()) == pytest.approx(1.0, abs=1e-12)
+
+
+def test_normalise_nobody_to_pay_gives_all_zeros():
+    assert normalise_weights({1: -1.0, 2: 0.0, 3: -5.0}, 2.0) == {1: 0.0, 2: 0.0, 3: 0.0}
+    assert normalise_weights({1: 0.4}, 2.0) == {1: 0.0}         # one peer: min shift leaves nothing
+    assert normalise_weights({1: math.nan, 2: 0.5, 3: 0.0}, 2.0) == {1: 0.0, 2: 1.0, 3: 0.0}
+    assert normalise_weights({}, 2.0) == {}
+
+
+# ------------------------------------------------------------------- top-G
+def test_top_g_ties_go_to_lower_uid_and_only_positive_scores():
+    scores = {5: 1.0, 3: 1.0, 7: 2.0, 9: 0.0, 1: -1.0, 4: 1.0}
+    assert top_g(scores, 2) == [7, 3]
+    assert top_g(scores, 3) == [7, 3, 4]
+    assert top_g(scores, 10) == [7, 3, 4, 5]      # 9 (zero) and 1 (negative) never qualify
+    assert top_g({1: 0.0, 2: -3.0}, 15) == []
+
+
+# ------------------------------------------------------------------- ranks
+def test_competition_ranks_match_scipy_min_ranking():
+    values = {10: 0.3, 11: -0.1, 12: 0.3, 13: 0.05, 14: math.nan, 15: -math.inf}
+    ranks = competition_ranks(values)
+    finite = [v if v == v else -math.inf for v in values.values()]
+    expected = rankdata([-v for v in finite], method="min") - 1
+    assert [ranks[u] for u in values] == expected.tolist()
+    assert ranks[10] == ranks[12] == 0 and ranks[13] == 2

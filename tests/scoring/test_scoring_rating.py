@@ -1,0 +1,83 @@
+"""LossRating: the OpenSkill match is fed the right order (checked against Weng & Lin's formulas)."""
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from scoring.rating import initial_rating, ordinal, rate_match
+
+BETA, TAU, KAPPA = 25 / 6, 25 / 300, 1e-4
+
+
+def plackett_luce_oracle(ratings: list[tuple[float, float]], ranks: list[int]) -> list[tuple[float, float]]:
+    """Weng & Lin (2011) Algorithm 4, one player per team, distinct ranks, after the τ dynamics step."""
+    var = [s * s + TAU * TAU for _, s in ratings]
+    c = math.sqrt(sum(v + BETA * BETA for v in var))
+    e = [math.exp(mu / c) for mu, _ in ratings]
+    n = len(ratings)
+    sum_q = [sum(e[i] for i in range(n) if ranks[i] >= ranks[q]) for q in range(n)]
+    out = []
+    for i in range(n):
+        omega = delta = 0.0
+        for q in range(n):
+            if ranks[q] <= ranks[i]:
+                p = e[i] / sum_q[q]
+                omega += (1 - p) if q == i else -p
+                delta += p * (1 - p)
+        gamma = math.sqrt(var[i]) / c
+        mu = ratings[i][0] + var[i] / c * omega
+        sigma = math.sqrt(var[i] * max(1 - gamma * var[i] / c ** 2 * delta, KAPPA))
+        out.append((mu, sigma))
+    return out
+
+
+def test_fresh_peer_has_zero_loss_rating():
+    assert initial_rating() == pytest.approx((25.0, 25 / 3))
+    assert ordinal(initial_rating()) == pytest.approx(0.0, abs=1e-12)
+
+
+def test_match_matches_weng_lin_oracle():
+    before = {4: (25.0, 25 / 3), 9: (27.0, 6.0), 2: (22.0, 7.5)}
+    scores = {4: 0.02, 9: -0.01, 2: 0.05}          # best: uid 2, then 4, then 9
+    after = rate_match(before, scores)
+    uids = [2, 4, 9]
+    expected = plackett_luce_oracle([before[u] for u in uids], [0, 1, 2])
+    for uid, (mu, sigma) in zip(uids, expected):
+        assert after[uid][0] == pytest.approx(mu, rel=1e-12)
+        assert after[uid][1] == pytest.approx(sigma, rel=1e-12)
+    assert after[2][0] > before[2][0] and after[9][0] < before[9][0]
+
+
+def test_winner_rating_rises_loser_falls_from_fresh():
+    after = rate_match({}, {1: 0.3, 2: 0.1, 3: -0.2, 4: 0.0})
+    ratings = {uid: ordinal(r) for uid, r in after.items()}
+    assert ratings[1] > ratings[2] > ratings[4] > ratings[3]
+    assert ratings[1] > 0 > ratings[3]
+
+
+def test_equal_loss_scores_are_a_draw():
+    after = rate_match({}, {1: 0.0, 2: 0.0, 3: 0.0})
+    assert after[1] == after[2] == after[3]
+    assert after[1][0] == pytest.approx(25.0)        # means do not move in a draw
+    assert after[1][1] < 25 / 3                      # but the rating grows more certain
+
+
+def test_nan_loss_score_ranks_last():
+    after = rate_match({}, {1: math.nan, 2: -5.0})
+    assert ordinal(after[2]) > ordinal(after[1])
+
+
+def test_fewer_than_two_players_leaves_ratings_unchanged_and_inputs_are_not_mutated():
+    start = {7: (30.0, 4.0)}
+    assert rate_match(start, {7: 0.5}) == {7: (30.0, 4.0)}
+    assert rate_match(start, {}) == {}
+    both = {7: (30.0, 4.0), 8: (20.0, 5.0)}
+    rate_match(both, {7: 0.1, 8: 0.2})
+    assert both == {7: (30.0, 4.0), 8: (20.0, 5.0)}
+
+
+def test_result_does_not_depend_on_dict_order():
+    a = rate_match({1: (26.0, 7.0), 2: (24.0, 8.0)}, {2: 0.4, 1: 0.1, 3: 0.2})
+    b = rate_match({2: (24.0, 8.0), 1: (26.0, 7.0)}, {3: 0.2, 1: 0.1, 2: 0.4})
+    assert a == b

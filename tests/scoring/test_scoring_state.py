@@ -1,0 +1,112 @@
+"""Validator state: exact JSON round trip, atomic save, strict load, restart-proof randomness."""
+from __future__ import annotations
+
+import json
+import math
+import os
+
+import pytest
+
+from scoring.state import PeerState, StateError, ValidatorState, load, load_or_new
+
+
+def sample_state() -> ValidatorState:
+    state = ValidatorState.new(run_digest="abc123", secret="0f" * 16)
+    state.window = 41
+    state.peers[3] = PeerState(hotkey="5Fhot", mu=0.1 + 0.2, rating_mu=27.123456789012345, rating_sigma=7.9,
+                               loss_score=-math.inf, delta_assigned=1e-300, sync_score=math.inf, eval_count=4,
+                               last_eval_window=40, last_fast_window=41, offences={"sync": 2, "timing": 1},
+                               last_offence="too_late: 12 s after close")
+    state.peers[11] = PeerState(mu=-0.049999999999999996)
+    state.top_g, state.evaluated, state.fast = [3], [3, 11], [3, 11]
+    state.weights = {3: 1 / 3, 11: 2 / 3}
+    return state
+
+
+def test_round_trip_is_exact(tmp_path):
+    state = sample_state()
+    path = tmp_path / "v" / "state.json"
+    state.save(path)
+    again = load(path, run_digest="abc123")
+    assert again == state
+    assert again.peers[3].mu == 0.1 + 0.2                       # the exact double, not 0.3
+    assert again.peers[3].loss_score == -math.inf and again.peers[3].sync_score == math.inf
+    assert again.weights[3] == 1 / 3
+    json.loads(path.read_text())                                # standard JSON (no Infinity/NaN tokens)
+    assert "Infinity" not in path.read_text()
+
+
+def test_save_is_atomic_and_leaves_no_temp_files(tmp_path, monkeypatch):
+    path = tmp_path / "state.json"
+    first = sample_state()
+    first.save(path)
+    before = path.read_bytes()
+    changed = sample_state()
+    changed.window = 99
+
+    def broken_replace(src, dst):
+        raise OSError("disk on fire")
+
+    monkeypatch.setattr(os, "replace", broken_replace)
+    with pytest.raises(OSError):
+        changed.save(path)
+    monkeypatch.undo()
+    assert path.read_bytes() == before                          # the old state survives a failed save
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["state.json"]
+    changed.save(path)
+    assert load(path).window == 99
+
+
+@pytest.mark.parametrize("mutate, message", [
+    (lambda d: d.pop("peers"), "missing fields"),
+    (lambda d: d.update(extra=1), "unknown fields"),
+    (lambda d: d.update(version=2), "version"),
+    (lambda d: d.update(window="41"), "window"),
+    (lambda d: d.update(secret="xyz"), "secret"),
+    (lambda d: d["peers"]["3"].update(mu="lots"), "peers.3.mu"),
+    (lambda d: d["peers"]["3"].update(mu="inf"), "finite"),
+    (lambda d: d["peers"]["3"].update(eval_count=True), "eval_count"),
+    (lambda d: d["peers"]["3"].update(rating_sigma=0.0), "rating_sigma"),
+    (lambda d: d["peers"]["3"]["offences"].update(bribery=1), "bribery"),
+    (lambda d: d["peers"].update({"x": d["peers"]["3"]}), "not a uid"),
+    (lambda d: d.update(top_g=[1, -2]), "top_g"),
+])
+def test_load_rejects_every_malformed_field_with_its_name(tmp_path, mutate, message):
+    data = sample_state().to_dict()
+    mutate(data)
+    path = tmp_path / "state.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(StateError, match=message):
+        load(path)
+
+
+def test_load_errors_for_missing_corrupt_and_foreign_files(tmp_path):
+    with pytest.raises(StateError, match="no such file"):
+        load(tmp_path / "absent.json")
+    (tmp_path / "bad.json").write_bytes(b"{\"version\": 1, \"secr")
+    with pytest.raises(StateError, match="bad.json"):
+        load(tmp_path / "bad.json")
+    (tmp_path / "bin.json").write_bytes(b"\xff\xfe\x00")
+    with pytest.raises(StateError):
+        load(tmp_path / "bin.json")
+    sample_state().save(tmp_path / "other.json")
+    with pytest.raises(StateError, match="saved for run abc123"):
+        load(tmp_path / "other.json", run_digest="def456")
+
+
+def test_load_or_new(tmp_path):
+    fresh = load_or_new(tmp_path / "none.json", run_digest="r1")
+    assert fresh.window == -1 and fresh.peers == {} and len(fresh.secret) == 32 and fresh.run_digest == "r1"
+    assert load_or_new(tmp_path / "none.json").secret != fresh.secret     # a new secret per new validator
+    sample_state().save(tmp_path / "s.json")
+    assert load_or_new(tmp_path / "s.json").window == 41
+
+
+def test_private_randomness_depends_on_secret_window_and_purpose_only(tmp_path):
+    state = sample_state()
+    state.save(tmp_path / "s.json")
+    again = load(tmp_path / "s.json")
+    assert state.rng(7, 1).integers(1 << 62) == again.rng(7, 1).integers(1 << 62)
+    draws = {state.rng(7, 1).integers(1 << 62), state.rng(8, 1).integers(1 << 62),
+             state.rng(7, 2).integers(1 << 62), ValidatorState.new(secret="10" * 16).rng(7, 1).integers(1 << 62)}
+    assert len(draws) == 4
