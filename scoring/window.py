@@ -3,8 +3,8 @@
 :func:`score_window` is the single entry point the validator process calls per
 window, after gathering the window's payloads and *before* applying the
 window's aggregate (``model`` must hold θ_t, the model the miners trained on).
-It mutates ``state`` (the caller saves it afterwards) and returns a
-:class:`WindowReport`.  Order, as in the paper's Algorithm 1:
+It updates ``state`` all-or-nothing (the caller saves it afterwards) and
+returns a :class:`WindowReport`.  Order, as in the paper's Algorithm 1:
 
 1. F_t: current top-G + least recently checked peers.  Each gets the fast
    checks — a rejection from the gatherer, no payload, a malformed sync vector,
@@ -21,6 +21,7 @@ Model access: ``named_parameters`` (snapshot, in-place step, restore) and
 """
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable, Mapping
@@ -92,6 +93,7 @@ def score_window(state: ValidatorState, model: torch.nn.Module, codec: Any, data
     uid whose hotkey changed); ``randomness`` is the chain randomness of the window (sync positions)."""
     if window <= state.window:
         raise WindowAlreadyScored(f"window {window} is not after the last scored window {state.window}")
+    committed, state = state, copy.deepcopy(state)  # all-or-nothing: an exception leaves the state untouched
     active_uids = _register(state, active)
     notes: list[str] = []
 
@@ -132,9 +134,10 @@ def score_window(state: ValidatorState, model: torch.nn.Module, codec: Any, data
     # --- 3. scores, weights, next top-G
     scores = {uid: formulas.peer_score(state.peers[uid].mu, state.peers[uid].loss_rating) for uid in active_uids}
     weights = formulas.normalise_weights(scores, hp.weight_power)
-    top = selection.next_top_g(scores, passed, hp.topg)
+    top = selection.next_top_g(scores, [uid for uid in passed if uid not in failures], hp.topg)
     state.window, state.fast, state.evaluated = window, fast, sorted(losses)
     state.top_g, state.weights = top, weights
+    committed.__dict__.update(state.__dict__)
     return WindowReport(
         window=window, fast=fast, evaluated=sorted(losses),
         rejections={uid: str(r) for uid, r in sorted(failures.items())}, sync_scores=sync_scores,
@@ -165,7 +168,8 @@ def _register(state: ValidatorState, active: Mapping[int, str] | Iterable[int]) 
 def _fast_check(uid: int, payloads: Mapping, rejections: Mapping[int, Rejection], reference: list[float],
                 lr: float, hp: HParams, sync_scores: dict[int, float]) -> Rejection | None:
     if uid in rejections:
-        return rejections[uid]
+        given = rejections[uid]
+        return given if isinstance(given, Rejection) else Rejection(Reason.MALFORMED, str(given))
     payload = payloads.get(uid)
     if payload is None:
         return Rejection(Reason.MISSING, "no payload this window")

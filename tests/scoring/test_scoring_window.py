@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import copy
+import json
 
 import pytest
 import torch
@@ -105,6 +106,7 @@ def test_fast_failures_are_penalised_once_and_counted_by_category(hp, dataset):
     assert state.peers[0].offences == {} and state.peers[0].mu == pytest.approx(
         poc_update(0.4, report.assigned_deltas[0], report.loss_scores[0], hp.poc_gamma))
     assert str(Reason.BAD_KEYS.value) in report.rejections[6] and "malformed" in report.rejections[5]
+    json.dumps(report.to_dict(), allow_nan=False)                              # loggable as one JSON line
 
 
 def test_penalties_persist_across_windows_and_scores_are_recomputed_from_them(hp, dataset):
@@ -146,8 +148,11 @@ def test_exploit_zeros_then_anti_training_then_noise_never_earns_weight(hp, data
         assert total == 0.0 or total == pytest.approx(1.0)          # 0 only when nobody has a positive score
     attacker = state.peers[2]
     assert attacker.mu < 0 and attacker.loss_rating < 0                 # both factors negative …
-    naive = attacker.mu * attacker.loss_rating
-    assert naive > max(report.scores[0], report.scores[1])              # … the published product would pay it most
+    # … so the published PeerScore = μ·rating with the plain min-shift normalisation would pay it.
+    naive = {uid: p.mu * p.loss_rating for uid, p in state.peers.items()}
+    low = min(naive.values())
+    naive_weight = (naive[2] - low) ** 2 / sum((v - low) ** 2 for v in naive.values())
+    assert naive[2] > 0 and naive_weight > 0.01
     assert report.weights[0] > 0 and report.weights[1] > 0
 
 
@@ -171,7 +176,7 @@ def test_restart_mid_run_gives_identical_weights(hp, dataset, tmp_path):
     restarted, end_b = simulate(2)
     assert restarted == continuous
     assert end_a == end_b
-    assert any(w for w, *_ in continuous[3:])                          # the comparison is not vacuous
+    assert any(v > 0 for w, *_ in continuous[3:] for v in w.values())  # the comparison is not vacuous
 
 
 # -------------------------------------------------------------------- bookkeeping
@@ -219,3 +224,23 @@ def test_new_hotkey_on_a_uid_starts_from_scratch_and_inactive_uids_get_no_weight
     assert state.peers[1].eval_count <= 1
     report = run(net, state, 3, active={0: "hk-a"})
     assert set(report.weights) == {0} and 1 in state.peers               # kept, but not paid while absent
+
+
+def test_a_failing_window_leaves_the_state_untouched(hp, dataset):
+    net = MiniNet(hp, dataset, {0: "honest", 1: "honest"})
+    state = ValidatorState.new(secret=SECRET)
+    state.peer(1).mu = 0.4
+    payloads = net.payloads(0)
+    del payloads[1]                                                   # would be penalised …
+    before = state.to_dict()
+
+    class BrokenDataset:                                              # … but evaluation then fails
+        def __getattr__(self, name):
+            raise RuntimeError("disk gone")
+
+    with pytest.raises(RuntimeError):
+        score_window(state, net.model, net.codec, BrokenDataset(), hp, 0, payloads, {}, [0, 1], chain_randomness(0))
+    assert state.to_dict() == before
+    report = run(net, state, 0, payloads)                             # the retry penalises exactly once
+    assert state.peers[1].mu == pytest.approx(0.3) and state.peers[1].offences == {"missing": 1}
+    assert report.window == 0 and state.window == 0
