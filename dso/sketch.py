@@ -261,6 +261,14 @@ class SketchCodec:
         return sum(math.prod(shape) * np.dtype(dtype).itemsize for dtype, shape in self.wire_spec().values())
 
 
+def make_codec(shapes: dict[str, tuple[int, ...]], hp):
+    """The run's codec: DeMo or the sketch, as ``hp.codec`` says."""
+    if hp.codec == "sketch":
+        return SketchCodec.from_hparams(shapes, hp)
+    from dso.codec import DeMoCodec
+    return DeMoCodec.from_hparams(shapes, hp)
+
+
 # ------------------------------------------------------------ quantiser
 def stochastic_quantise(y: torch.Tensor, bits: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
     """Unbiased stochastic rounding onto 2^bits uniform levels spanning [−s, s], s = max|y|.

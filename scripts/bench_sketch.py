@@ -94,21 +94,26 @@ def bench_sketch_vs_demo(quick: bool) -> dict:
         losses.append(loss)
     demo = DeMoCodec.from_hparams(shapes, hp)
     sketch = SketchCodec.from_hparams(shapes, hp)
+    # the sketch again with its dimension scaled down to DeMo's byte budget (a like-for-like point)
+    dim = int(hp.sketch_dim * demo.payload_bytes() / sketch.payload_bytes())
+    sketch_eq = SketchCodec(shapes, dim=dim, clip=hp.sketch_clip, bits=hp.value_bits, seed=hp.seed)
     params = sum(math.prod(s) for s in shapes.values())
     return {"model_parameters": params, "float32_bytes": params * 4, "text": source,
             "sequences_per_window": batches[0].shape[0], "windows": windows, "loss": losses[0],
             "ef_beta": hp.ef_beta,
             "demo": _measure("demo", demo, grads, hp.ef_beta),
-            "sketch": _measure("sketch", sketch, grads, hp.ef_beta)}
+            "sketch": _measure("sketch", sketch, grads, hp.ef_beta),
+            "sketch_demo_bytes": _measure("sketch", sketch_eq, grads, hp.ef_beta)}
 
 
 def markdown(result: dict) -> str:
+    cols = ("demo", "sketch", "sketch_demo_bytes")
     keys = [k for k in result["demo"] if k not in ("codec", "settings")]
-    lines = ["| metric | DeMo | sketch |", "|---|---:|---:|"]
+    lines = [f"| metric | DeMo | sketch (dim {result['sketch']['settings']['sketch_dim']}) | sketch at DeMo's bytes "
+             f"(dim {result['sketch_demo_bytes']['settings']['sketch_dim']}) |", "|---|---:|---:|---:|"]
     for k in keys:
-        d, s = result["demo"][k], result["sketch"][k]
-        fmt = (lambda v: f"{v:.4f}") if isinstance(d, float) else str
-        lines.append(f"| {k} | {fmt(d)} | {fmt(s)} |")
+        vals = [result[c][k] for c in cols]
+        lines.append("| " + " | ".join([k] + [f"{v:.4f}" if isinstance(v, float) else str(v) for v in vals]) + " |")
     return "\n".join(lines)
 
 

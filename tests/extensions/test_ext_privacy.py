@@ -1,0 +1,167 @@
+"""Clip + Gaussian noise and the Rényi-DP accountant."""
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+from scipy import stats
+
+from dso.config import DPConfig
+from dso.privacy import (PrivacyStateError, RdpAccountant, clip_and_noise, gaussian_rdp, global_norm,
+                         rdp_to_epsilon)
+from dso.rejections import Reason
+
+torch.set_num_threads(1)
+
+
+def oracle_epsilon(z: float, rounds: int, delta: float, orders=range(2, 128)) -> tuple[float, int]:
+    """Independent numpy evaluation of the Balle et al. (2020) conversion over the same orders."""
+    a = np.array(list(orders), dtype=float)
+    eps = rounds * a / (2 * z * z) + np.log((a - 1) / a) - (np.log(delta) + np.log(a)) / (a - 1)
+    i = int(np.argmin(eps))
+    return float(eps[i]), int(a[i])
+
+
+def test_known_epsilon_one_round_z1():
+    acc = RdpAccountant(1.0, 1e-6)
+    acc.step()
+    eps, order = acc.epsilon()
+    assert eps == pytest.approx(5.2224, abs=5e-5) and order == 6
+    # by hand at α = 6: 3 + ln(5/6) − (ln 1e-6 + ln 6)/5
+    assert eps == pytest.approx(3 + math.log(5 / 6) - (math.log(1e-6) + math.log(6)) / 5, rel=1e-12)
+
+
+def test_known_epsilon_hundred_rounds_z2():
+    acc = RdpAccountant(2.0, 1e-6)
+    acc.step(100)
+    eps, order = acc.epsilon()
+    assert eps == pytest.approx(37.43, abs=5e-3) and order == 2
+    assert (eps, order) == pytest.approx(oracle_epsilon(2.0, 100, 1e-6), rel=1e-12)
+
+
+@pytest.mark.parametrize("z,rounds,delta", [(0.8, 3, 1e-5), (1.5, 40, 1e-6), (5.0, 1000, 1e-8)])
+def test_epsilon_matches_oracle(z, rounds, delta):
+    acc = RdpAccountant(z, delta)
+    for _ in range(rounds):
+        acc.step()
+    assert acc.epsilon() == pytest.approx(oracle_epsilon(z, rounds, delta), rel=1e-9)
+    assert acc.rounds == rounds
+
+
+def test_rdp_is_linear_and_epsilon_grows_with_rounds():
+    assert gaussian_rdp([2, 10], 2.0) == [0.25, 1.25]
+    acc = RdpAccountant(1.0)
+    assert acc.epsilon() == (0.0, None)  # nothing spent yet
+    previous = 0.0
+    for _ in range(5):
+        after = acc.epsilon_after(1)[0]
+        acc.step()
+        assert acc.epsilon()[0] == pytest.approx(after) and after > previous
+        previous = after
+
+
+def test_would_exceed_and_budget_rejection():
+    acc = RdpAccountant(1.0, 1e-6)
+    budget = 10.0
+    rounds = 0
+    while not acc.would_exceed(budget):
+        assert acc.budget_rejection(budget) is None
+        acc.step()
+        rounds += 1
+    assert acc.epsilon()[0] <= budget < acc.epsilon_after(1)[0]
+    # the number of rounds agrees with the oracle
+    assert oracle_epsilon(1.0, rounds, 1e-6)[0] <= budget < oracle_epsilon(1.0, rounds + 1, 1e-6)[0]
+    rejection = acc.budget_rejection(budget)
+    assert rejection.reason is Reason.DP_BUDGET and "budget" in rejection.detail
+
+
+def test_state_survives_restart(tmp_path):
+    path = tmp_path / "dp" / "accountant.json"
+    acc = RdpAccountant.from_config(DPConfig(noise_multiplier=1.3, delta=1e-6, max_order=64))
+    acc.step(7)
+    acc.save(path)
+    again = RdpAccountant.load(path)
+    assert again.epsilon() == acc.epsilon() and again.rounds == 7 and again.orders == list(range(2, 65))
+    resumed = RdpAccountant.load_or_create(path, 2.0, 1e-5, range(2, 65))  # new z applies to future rounds
+    assert resumed.rdp == acc.rdp and resumed.noise_multiplier == 2.0 and resumed.delta == 1e-5
+    fresh = RdpAccountant.load_or_create(tmp_path / "none.json", 1.0, 1e-6, range(2, 65))
+    assert fresh.rounds == 0
+    assert not list(path.parent.glob("*.tmp"))  # the atomic write left no temporary behind
+    with pytest.raises(PrivacyStateError, match="orders"):
+        RdpAccountant.load_or_create(path, 1.0, 1e-6, range(2, 128))
+
+
+@pytest.mark.parametrize("mutate", [
+    lambda d: d.pop("rdp"),
+    lambda d: d.update(rdp=d["rdp"][:-1]),
+    lambda d: d.update(rdp=[-1.0] * len(d["orders"])),
+    lambda d: d.update(rounds=-2),
+    lambda d: d.update(rounds=True),
+    lambda d: d.update(format="other"),
+    lambda d: d.update(noise_multiplier="1.0"),
+    lambda d: d.update(extra=1),
+    lambda d: d.update(orders=[1] + d["orders"][1:]),
+])
+def test_load_is_strict(tmp_path, mutate):
+    path = tmp_path / "acc.json"
+    acc = RdpAccountant(1.0, orders=range(2, 10))
+    acc.step(2)
+    acc.save(path)
+    data = json.loads(path.read_text())
+    mutate(data)
+    path.write_text(json.dumps(data))
+    with pytest.raises(PrivacyStateError):
+        RdpAccountant.load(path)
+
+
+def test_load_rejects_garbage_and_nan(tmp_path):
+    path = tmp_path / "acc.json"
+    path.write_text("{not json")
+    with pytest.raises(PrivacyStateError):
+        RdpAccountant.load(path)
+    acc = RdpAccountant(1.0, orders=range(2, 4))
+    acc.save(path)
+    path.write_text(path.read_text().replace("0.0", "NaN", 1))
+    with pytest.raises(PrivacyStateError):
+        RdpAccountant.load(path)
+    with pytest.raises(PrivacyStateError):
+        RdpAccountant.load(tmp_path / "missing.json")
+
+
+def test_clip_scales_the_whole_update_to_the_clip_norm():
+    gen = torch.Generator().manual_seed(0)
+    update = {"a": torch.full((3, 4), 2.0), "b": torch.full((5,), -1.0)}
+    norm = math.sqrt(12 * 4 + 5)
+    assert global_norm(update) == pytest.approx(norm)
+    out = clip_and_noise(update, clip_norm=1.0, noise_multiplier=0.0, generator=gen)
+    assert global_norm(out) == pytest.approx(1.0, rel=1e-6)
+    assert torch.allclose(out["a"], update["a"] / norm) and torch.allclose(out["b"], update["b"] / norm)
+    small = {"a": torch.full((2,), 0.1)}
+    assert torch.equal(clip_and_noise(small, 1.0, 0.0, gen)["a"], small["a"])  # below the clip: unchanged
+    assert list(clip_and_noise({"z": torch.ones(1), "a": torch.ones(1)}, 1.0, 0.0, gen)) == ["z", "a"]
+
+
+def test_noise_has_the_calibrated_std_and_is_reproducible():
+    update = {"w": torch.zeros(200, 100), "b": torch.zeros(1000)}
+    out = clip_and_noise(update, clip_norm=0.5, noise_multiplier=1.2, generator=torch.Generator().manual_seed(3))
+    samples = torch.cat([t.reshape(-1) for t in out.values()]).double().numpy()
+    # std should be z·C = 0.6: a Kolmogorov–Smirnov test against N(0, 0.6²)
+    assert stats.kstest(samples, "norm", args=(0.0, 0.6)).pvalue > 1e-3
+    assert samples.std() == pytest.approx(0.6, rel=0.02)
+    again = clip_and_noise(update, 0.5, 1.2, torch.Generator().manual_seed(3))
+    assert all(torch.equal(out[k], again[k]) for k in out)
+
+
+def test_clip_and_noise_refuses_non_finite_updates():
+    with pytest.raises(ValueError, match="NaN"):
+        clip_and_noise({"a": torch.tensor([math.nan])}, 1.0, 1.0, torch.Generator())
+    with pytest.raises(ValueError):
+        clip_and_noise({"a": torch.ones(2)}, 0.0, 1.0, torch.Generator())
+
+
+def test_rdp_to_epsilon_rejects_nothing_and_handles_single_order():
+    eps, order = rdp_to_epsilon([0.5], [2], 1e-6)
+    assert order == 2 and eps == pytest.approx(0.5 + math.log(0.5) - (math.log(1e-6) + math.log(2)))
