@@ -33,9 +33,10 @@ _DENIED_CODES = {"AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", 
 class StorageError(Exception):
     """An S3 call failed.  ``kind``: missing | denied | unavailable | timeout | too_large."""
 
-    def __init__(self, kind: str, message: str):
+    def __init__(self, kind: str, message: str, status: int | None = None):
         super().__init__(f"{kind}: {message}")
         self.kind = kind
+        self.status = status  # HTTP status when the server answered
 
 
 @dataclass(frozen=True)
@@ -55,10 +56,10 @@ def translate(exc: BaseException, what: str) -> StorageError:
         code = str(err.get("Code", ""))
         status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
         if code in _MISSING_CODES or status == 404:
-            return StorageError("missing", f"{what}: not found ({code or status})")
+            return StorageError("missing", f"{what}: not found ({code or status})", status)
         if code in _DENIED_CODES or status in (401, 403):
-            return StorageError("denied", f"{what}: access denied ({code or status})")
-        return StorageError("unavailable", f"{what}: {code or status} {err.get('Message', '')}".strip())
+            return StorageError("denied", f"{what}: access denied ({code or status})", status)
+        return StorageError("unavailable", f"{what}: {code or status} {err.get('Message', '')}".strip(), status)
     if isinstance(exc, (ReadTimeoutError, ConnectTimeoutError, TimeoutError)):
         return StorageError("timeout", f"{what}: {type(exc).__name__}")
     if isinstance(exc, BotoCoreError):
@@ -87,7 +88,8 @@ class S3Client:
     """Thread-safe S3 client for one endpoint and one key pair.
 
     Credentials come from the arguments, else from ``AWS_ACCESS_KEY_ID`` /
-    ``AWS_SECRET_ACCESS_KEY``; with neither, requests are sent unsigned
+    ``AWS_SECRET_ACCESS_KEY`` (region: ``AWS_REGION``; an empty endpoint lets botocore use
+    ``AWS_ENDPOINT_URL_S3`` or AWS itself); with neither, requests are sent unsigned
     (anonymous reads of public buckets).  The shared-credentials file and
     instance metadata are deliberately not consulted: a peer's identity must be
     explicit."""
@@ -104,6 +106,7 @@ class S3Client:
             raise ValueError("timeout must be > 0 and max_attempts >= 1")
         if retry_mode not in ("standard", "adaptive", "legacy"):
             raise ValueError(f"retry_mode must be standard, adaptive or legacy, got {retry_mode!r}")
+        region = region or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
         self.endpoint, self.region, self.access_key_id = endpoint, region, key
         config = BotoConfig(
             connect_timeout=timeout, read_timeout=timeout,
@@ -126,6 +129,9 @@ class S3Client:
         """Build from a :class:`dso.config.StorageConfig` (write keys, or the published read keys)."""
         key = storage_cfg.read_access_key_id if read_only else storage_cfg.access_key_id
         secret = storage_cfg.read_secret_access_key if read_only else storage_cfg.secret_access_key
+        if read_only and not (key and secret):
+            # never fall back to the environment here: that would be the write key
+            raise ValueError("storage.read_access_key_id and storage.read_secret_access_key are not set")
         return cls(storage_cfg.endpoint, storage_cfg.region, key, secret, storage_cfg.timeout_seconds)
 
     def _count(self, up: int = 0, down: int = 0) -> None:
@@ -158,6 +164,12 @@ class S3Client:
             except Exception as e:  # noqa: BLE001
                 raise translate(e, f"DELETE {bucket}") from None
             deleted += len(resp.get("Deleted", []))
+            errors = resp.get("Errors", [])
+            if errors:  # bulk delete reports per-key failures inside a 200 response
+                code = str(errors[0].get("Code", ""))
+                denied = code in _DENIED_CODES
+                raise StorageError("denied" if denied else "unavailable",
+                                   f"DELETE {bucket}: {len(errors)} keys not deleted ({code})", 403 if denied else None)
         return deleted
 
     def ensure_bucket(self, bucket: str) -> bool:

@@ -20,7 +20,7 @@ from dso.rejections import Reason, Rejection
 
 TAG = "dso1"
 SEPARATOR = "|"
-MAX_LENGTH = 512
+MAX_LENGTH = 384  # what the real chain holds (3 raw fields of 128 bytes); LocalChain enforces the same
 
 _REGION = re.compile(r"[a-z0-9][a-z0-9-]{0,31}")
 _KEY_ID = re.compile(r"[A-Za-z0-9._~+/=-]{1,128}")

@@ -10,6 +10,7 @@ import json
 
 from dso.rejections import Reason, Rejection
 from storage.client import S3Client, StorageError
+from storage.tensorfile import strict_json
 
 MAX_JSON_BYTES = 64 * 1024
 MAX_DEPTH = 16
@@ -21,19 +22,6 @@ _KIND_TO_REASON = {"missing": Reason.MISSING, "denied": Reason.UNREACHABLE, "una
 def rejection_for(e: StorageError) -> Rejection:
     """The shared rejection reason for an S3 failure."""
     return Rejection(_KIND_TO_REASON.get(e.kind, Reason.UNREACHABLE), str(e)[:200])
-
-
-def _pairs(pairs: list) -> dict:
-    out = {}
-    for k, v in pairs:
-        if k in out:
-            raise ValueError(f"duplicate key {k[:64]!r}")
-        out[k] = v
-    return out
-
-
-def _constant(name: str):
-    raise ValueError(f"{name} is not valid JSON")
 
 
 def _depth(obj, level: int = 0) -> int:
@@ -50,7 +38,7 @@ def parse_json_object(data: bytes, max_bytes: int = MAX_JSON_BYTES) -> dict | Re
     if len(data) > max_bytes:
         return Rejection(Reason.TOO_LARGE, f"{len(data)} bytes, cap {max_bytes}")
     try:
-        obj = json.loads(data.decode("utf-8"), object_pairs_hook=_pairs, parse_constant=_constant)
+        obj = strict_json(data.decode("utf-8"))
     except (UnicodeDecodeError, ValueError, RecursionError) as e:
         return Rejection(Reason.MALFORMED, f"not valid JSON ({str(e)[:120]})")
     if not isinstance(obj, dict):

@@ -245,11 +245,12 @@ def serve(host: str, port: int, admin_file: str, verbose: bool = False, parent_p
             if verbose:
                 super().log_request(*args, **kw)
 
-    Path(admin_file).expanduser().unlink(missing_ok=True)  # a stale file must not look like "ready"
     settings.INITIAL_NO_AUTH_ACTION_COUNT = float("inf")
     bootstrap_key, bootstrap_secret = "AKIDBOOT" + secrets.token_hex(6).upper(), secrets.token_hex(20)
     guard = _Guard(DomainDispatcherApplication(create_backend_app), bootstrap_key)
     server = make_server(host, port, guard, threaded=True, request_handler=Handler)
+    # only once the port is ours: a stale admin file must not look like "ready"
+    Path(admin_file).expanduser().unlink(missing_ok=True)
     threading.Thread(target=server.serve_forever, daemon=True, name="moto-server").start()
     endpoint = f"http://{host}:{server.server_address[1]}"
 
@@ -308,7 +309,11 @@ def main(argv: list[str] | None = None) -> int:
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
-    serve(a.host, a.port, a.admin_file, a.verbose, a.parent_pid, stop)
+    try:
+        serve(a.host, a.port, a.admin_file, a.verbose, a.parent_pid, stop)
+    except OSError as e:
+        print(f"storage.server: cannot serve on {a.host}:{a.port}: {e}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -63,6 +63,11 @@ def _reject_constant(name: str):
     raise ValueError(f"{name} is not valid JSON")
 
 
+def strict_json(text: str):
+    """json.loads that refuses duplicate keys and NaN/Infinity (raises ValueError/RecursionError)."""
+    return json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_reject_constant)
+
+
 def _is_nat(x) -> bool:
     return isinstance(x, int) and not isinstance(x, bool) and x >= 0
 
@@ -76,8 +81,7 @@ def read_header(data: bytes, max_header_bytes: int) -> Header | Rejection:
     if 8 + n > len(data):
         return _malformed(f"header length {n} runs past the end of the {len(data)}-byte file")
     try:
-        raw = json.loads(data[8:8 + n].decode("utf-8"), object_pairs_hook=_no_duplicates,
-                         parse_constant=_reject_constant)
+        raw = strict_json(data[8:8 + n].decode("utf-8"))
     except (UnicodeDecodeError, ValueError, RecursionError) as e:
         return _malformed(f"header is not valid JSON ({str(e)[:120]})")
     if not isinstance(raw, dict):
@@ -137,21 +141,6 @@ def load_arrays(data: bytes) -> dict[str, np.ndarray] | Rejection:
         return safetensors.numpy.load(data)
     except Exception as e:  # noqa: BLE001 — the library's own checks: still a format rejection
         return _malformed(f"safetensors refused the file ({str(e)[:120]})")
-
-
-def read_checked(data: bytes, spec: Spec, max_header_bytes: int
-                 ) -> tuple[Header, dict[str, np.ndarray]] | Rejection:
-    """Header + spec + arrays in one go (metadata is left to the caller)."""
-    header = read_header(data, max_header_bytes)
-    if isinstance(header, Rejection):
-        return header
-    bad = check_spec(header, spec)
-    if bad:
-        return bad
-    arrays = load_arrays(data)
-    if isinstance(arrays, Rejection):
-        return arrays
-    return header, arrays
 
 
 def header_allowance(n_tensors: int) -> int:

@@ -91,3 +91,16 @@ class Chain(ABC):
 
     def close(self) -> None:
         """Release connections; the default has none."""
+
+    # ------------------------------------------ provenance ledger (optional)
+    def append_ledger(self, wallet: Any, record: dict) -> str:
+        """Append a signed, hash-linked provenance record; returns its hash."""
+        raise ChainError("unsupported", f"{type(self).__name__} keeps no provenance ledger")
+
+    def ledger(self) -> list[dict]:
+        """Valid records in order: {seq, block, hotkey, prev_hash, hash, record}."""
+        raise ChainError("unsupported", f"{type(self).__name__} keeps no provenance ledger")
+
+    def verify_ledger(self) -> list[str]:
+        """Problems in the hash chain; an empty list means intact."""
+        raise ChainError("unsupported", f"{type(self).__name__} keeps no provenance ledger")

@@ -15,6 +15,7 @@ Rules and their reasons are in docs/chain.md.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import secrets
@@ -59,7 +60,8 @@ class LocalChain(LedgerMixin, Chain):
         """
         path = Path(path).expanduser()
         if not (exist_ok and path.exists()):
-            settings.setdefault("genesis", clock())
+            if settings.get("genesis") is None:
+                settings["genesis"] = clock()
             try:
                 create_file(path, params_from(settings))
             except ChainError as e:
@@ -111,7 +113,7 @@ class LocalChain(LedgerMixin, Chain):
         return _DOMAIN + rules.canonical_json(body)
 
     def _valid(self, hotkey: str, message: bytes, signature: str) -> bool:
-        key = (hotkey, message, signature)
+        key = (hotkey, hashlib.sha256(message).digest(), signature)
         if key not in self._verified:
             self._verified[key] = verify(hotkey, message, signature)
             if len(self._verified) > 20_000:
@@ -146,7 +148,7 @@ class LocalChain(LedgerMixin, Chain):
         rows = conn.execute("SELECT uid, hotkey, block, signature FROM registrations WHERE block <= ? "
                             "ORDER BY id", (upto,))
         for uid, hotkey, block, signature in rows:
-            if not 0 <= uid < self.params.max_uids or \
+            if not (isinstance(uid, int) and 0 <= uid < self.params.max_uids and isinstance(signature, str)) or \
                     not self._valid(hotkey, self._message("register", hotkey, block, uid=uid), signature):
                 continue
             if uid in occupant:

@@ -64,6 +64,12 @@ class LocalChainParams:
     ledger_max_bytes: int = 262_144    # canonical JSON size of one ledger record
 
     def validate(self) -> "LocalChainParams":
+        for f in dataclasses.fields(self):
+            value, wanted = getattr(self, f.name), type(f.default)
+            if not (rules.is_int(value) if wanted is int else rules.is_real(value)) or \
+                    (wanted is float and not math.isfinite(value)):
+                raise ChainError(rules.BAD_INPUT, f"{f.name} must be {'an integer' if wanted is int else 'a finite number'}"
+                                                  f", got {value!r}")
         for name in ("block_time", "max_uids", "tempo", "commit_max_bytes", "max_validators",
                      "ledger_max_bytes"):
             if not getattr(self, name) > 0:
@@ -71,8 +77,8 @@ class LocalChainParams:
         for name in ("immunity_blocks", "commit_interval_blocks", "min_validator_stake", "emission_per_block"):
             if not getattr(self, name) >= 0:
                 raise ChainError(rules.BAD_INPUT, f"{name} must be >= 0, got {getattr(self, name)!r}")
-        if not 0 < self.kappa < 1 or not math.isfinite(self.genesis):
-            raise ChainError(rules.BAD_INPUT, "kappa must be in (0, 1) and genesis finite")
+        if not 0 < self.kappa < 1:
+            raise ChainError(rules.BAD_INPUT, f"kappa must be in (0, 1), got {self.kappa}")
         return self
 
 

@@ -1,0 +1,284 @@
+"""Formats without a server: keys, commitments, wire payloads, checkpoints, aggregates, peers lists, cleanup."""
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from dso.clock import PutWindow
+from dso.model import model_hash, state_hash
+from dso.rejections import Reason, Rejection
+from st_craft import build, hostile, honest, metadata_variants, split
+from storage import keys
+from storage.aggregate import apply_aggregate, decode_aggregate, encode_aggregate
+from storage.checkpoint import decode_checkpoint, encode_checkpoint
+from storage.cleanup import expired_keys
+from storage.commitment import BucketInfo, bucket_name_problem, format_commitment, parse_commitment
+from storage.gather import check_time
+from storage.peers import PeersList, encode_peers, parse_peers
+from storage.tensorfile import read_header
+from storage.wire import Expect, Payload, decode_payload, payload_size_cap
+
+
+# ------------------------------------------------------------------ keys
+def test_keys_follow_the_design_layout_and_parse_back():
+    assert keys.gradient(12, 3, 1) == "gradient/12/3-v1.safetensors"
+    assert keys.checkpoint(40, 2) == "checkpoint/40-v2.safetensors"
+    assert keys.latest_checkpoint(1) == "checkpoint/latest-v1.json"
+    assert keys.peers(7, 1) == "peers/7-v1.json"
+    assert keys.aggregate(7, 1) == "aggregate/7-v1.safetensors"
+    assert keys.ledger(7, 1) == "ledger/7-v1.json"
+    assert keys.commit(7, 5, 1) == "commit/7/5-v1.json"
+    parsed = keys.parse(keys.gradient(12, 3, 1))
+    assert (parsed.kind, parsed.window, parsed.uid, parsed.version) == ("gradient", 12, 3, 1)
+    assert keys.parse(keys.ledger(9, 4)).window == 9
+    for other in ("checkpoint/latest-v1.json", "gradient/01/3-v1.safetensors", "notes.txt", "peers/7-v1.json.bak"):
+        assert keys.parse(other) is None
+    with pytest.raises(ValueError):
+        keys.gradient(-1, 0, 1)
+    with pytest.raises(ValueError):
+        keys.gradient(True, 0, 1)
+
+
+# ----------------------------------------------------------- commitments
+INFO = BucketInfo("http://127.0.0.1:9090", "us-east-1", "dso-alice", "AKIAEXAMPLE123", "abc/DEF+ghi=")
+
+
+def test_commitment_round_trip_and_secret_not_in_repr():
+    text = format_commitment(INFO)
+    assert text == "dso1|http://127.0.0.1:9090|us-east-1|dso-alice|AKIAEXAMPLE123|abc/DEF+ghi="
+    assert parse_commitment(text) == INFO
+    assert "ghi" not in repr(INFO)
+    r2 = BucketInfo("https://acc.r2.cloudflarestorage.com", "auto", "my.bucket-1", "a" * 32, "f" * 64)
+    assert parse_commitment(format_commitment(r2)) == r2
+
+
+@pytest.mark.parametrize("text", [
+    None, 42, "", "dso1", "dso2|http://h|us-east-1|dso-a|K|S",
+    "dso1|http://h|us-east-1|dso-a|K",                       # 5 fields
+    "dso1|http://h|us-east-1|dso-a|K|S|extra",
+    "dso1|ftp://h|us-east-1|dso-a|K|S",                      # scheme
+    "dso1|http://|us-east-1|dso-a|K|S",                      # no host
+    "dso1|http://u:p@h|us-east-1|dso-a|K|S",                 # user info
+    "dso1|http://h/path|us-east-1|dso-a|K|S",                # path
+    "dso1|http://h:99999|us-east-1|dso-a|K|S",               # port
+    "dso1|http://h|US_EAST|dso-a|K|S",                       # region
+    "dso1|http://h|us-east-1|Bad_Bucket|K|S",                # bucket chars
+    "dso1|http://h|us-east-1|ab|K|S",                        # bucket too short
+    "dso1|http://h|us-east-1|192.168.1.1|K|S",               # bucket like an IP
+    "dso1|http://h|us-east-1|dso..a|K|S",
+    "dso1|http://h|us-east-1|dso-a||S",                      # empty key id
+    "dso1|http://h|us-east-1|dso-a|K|",                      # empty secret
+    "dso1|http://h|us-east-1|dso-a|K|sec ret",
+    "dso1|http://h|us-east-1|dso-a|K|s\u00e9cret",
+    "dso1|http://h|us-east-1|dso-a|K|" + "s" * 600,          # length bound
+])
+def test_malformed_commitments_are_rejections(text):
+    result = parse_commitment(text)
+    assert isinstance(result, Rejection) and result.reason is Reason.BAD_COMMITMENT
+
+
+def test_bucket_name_rules():
+    assert bucket_name_problem("dso-alice") is None
+    assert bucket_name_problem("a" * 63) is None
+    for bad in ("a" * 64, "-abc", "abc-", "xn--abc", "abc-s3alias", "a.-b", "ABC"):
+        assert bucket_name_problem(bad) is not None
+    with pytest.raises(ValueError):
+        format_commitment(BucketInfo("http://h", "us-east-1", "Bad", "K", "S"))
+
+
+# ------------------------------------------------------------ wire format
+def test_payload_round_trip_is_bit_exact(codec, make_update, hp):
+    update = make_update(1)
+    sync = torch.randn(hp.sync_samples)
+    data = honest(codec, update, hp, uid=3, window=9, sync=sync)
+    assert len(data) <= payload_size_cap(codec, hp.sync_samples)
+    got = decode_payload(data, codec, Expect.from_hparams(hp, 9, uid=3))
+    assert isinstance(got, Payload), got
+    assert (got.meta.uid, got.meta.window, got.meta.hparams_digest) == (3, 9, hp.digest())
+    assert torch.equal(got.sync_values, sync)
+    for name, u in update.items():
+        assert torch.equal(got.update[name].idx, u.idx)
+        assert torch.equal(got.update[name].codes, u.codes)
+        assert torch.equal(got.update[name].scale, u.scale)
+    # decoded update decompresses to the same dense tensors
+    dense_a, dense_b = codec.decompress(update), codec.decompress(got.update)
+    assert all(torch.equal(dense_a[n], dense_b[n]) for n in dense_a)
+
+
+def test_size_cap_equals_tensor_bytes_plus_header_allowance(codec, hp):
+    data_bytes = sum(math.prod(s) * np.dtype(d).itemsize for d, s in codec.wire_spec().values())
+    n_tensors = len(codec.wire_spec()) + 1
+    assert payload_size_cap(codec, hp.sync_samples) == 8 + 4096 + 256 * n_tensors + data_bytes + 4 * hp.sync_samples
+
+
+@pytest.mark.parametrize("reason", [r.value for r in (
+    Reason.MALFORMED, Reason.TOO_LARGE, Reason.BAD_KEYS, Reason.BAD_DTYPE, Reason.BAD_SHAPE,
+    Reason.INDEX_OUT_OF_RANGE, Reason.WRONG_COUNT, Reason.BAD_ENCODING, Reason.NON_FINITE,
+    Reason.METADATA_MISMATCH)])
+def test_each_crafted_payload_is_rejected_with_its_reason(reason, codec, make_update, hp):
+    data = hostile(codec, make_update(2), hp, uid=5, window=11)[reason]
+    got = decode_payload(data, codec, Expect.from_hparams(hp, 11, uid=5))
+    assert isinstance(got, Rejection), f"{reason} accepted"
+    assert got.reason.value == reason, got
+
+
+def test_every_metadata_disagreement_is_a_mismatch(codec, make_update, hp):
+    for what, data in metadata_variants(codec, make_update(3), hp, uid=5, window=11).items():
+        got = decode_payload(data, codec, Expect.from_hparams(hp, 11, uid=5))
+        assert isinstance(got, Rejection) and got.reason is Reason.METADATA_MISMATCH, (what, got)
+
+
+def test_optional_expectations_data_and_model_hash(codec, make_update, hp):
+    data = honest(codec, make_update(4), hp, uid=1, window=2)
+    assert isinstance(decode_payload(data, codec, Expect.from_hparams(hp, 2)), Payload)  # uid unchecked
+    got = decode_payload(data, codec, Expect.from_hparams(hp, 2, model_hash="ab" * 32))
+    assert isinstance(got, Rejection) and got.reason is Reason.METADATA_MISMATCH
+
+
+@pytest.mark.parametrize("mutate", [
+    lambda d: d[:7],                                          # shorter than the length prefix
+    lambda d: (10 ** 9).to_bytes(8, "little") + d[8:],        # header length absurd
+    lambda d: len(d).to_bytes(8, "little") + d[8:],           # header runs past the end
+    lambda d: d[:-1],                                         # truncated data
+    lambda d: d + b"\0",                                      # trailing bytes
+    lambda d: d[:8] + b"[" + d[9:],                           # header not an object / invalid JSON
+    lambda d: d[:8] + d[8:].replace(b'"data_offsets":[0,', b'"data_offsets":[1,', 1),  # gap
+    lambda d: d[:8] + d[8:].replace(b'"dtype":"U8"', b'"dtype":"Q8"', 1),            # unknown dtype
+])
+def test_container_corruption_is_malformed_never_an_exception(mutate, codec, make_update, hp):
+    data = mutate(honest(codec, make_update(5), hp, uid=1, window=2))
+    got = decode_payload(data, codec, Expect.from_hparams(hp, 2, uid=1))
+    assert isinstance(got, Rejection) and got.reason is Reason.MALFORMED, got
+
+
+def test_duplicate_header_keys_and_nan_literals_are_malformed():
+    dup = b'{"a":{"dtype":"U8","shape":[1],"data_offsets":[0,1]},"a":{"dtype":"U8","shape":[1],"data_offsets":[0,1]}}'
+    data = len(dup).to_bytes(8, "little") + dup + b"\0"
+    assert read_header(data, 4096).reason is Reason.MALFORMED
+    nan = b'{"__metadata__":{"x":"y"},"a":{"dtype":"F32","shape":[NaN],"data_offsets":[0,4]}}'
+    assert read_header(len(nan).to_bytes(8, "little") + nan + b"\0" * 4, 4096).reason is Reason.MALFORMED
+
+
+def test_random_garbage_never_raises(codec, hp):
+    rng = np.random.default_rng(0)
+    expect = Expect.from_hparams(hp, 0)
+    for size in (0, 1, 8, 9, 100, 5000):
+        for _ in range(5):
+            assert isinstance(decode_payload(rng.bytes(size), codec, expect), Rejection)
+
+
+def test_put_window_edges_with_one_second_tolerance():
+    pw = PutWindow(window=4, open=1000.0, close=1003.0)
+    assert check_time(pw, 999.0) is None                        # open - 1 s: still inside
+    assert check_time(pw, 998.999).reason is Reason.TOO_EARLY
+    assert check_time(pw, 1003.0) is None                       # close: inside
+    assert check_time(pw, 1003.001).reason is Reason.TOO_LATE
+    assert check_time(None, 0.0) is None
+
+
+# -------------------------------------------------------------- checkpoints
+def test_checkpoint_round_trip_and_hash(model, shapes, hp):
+    data, h = encode_checkpoint(model.named_parameters(), 7, hp.protocol_version, hp.digest(), "d" * 8)
+    assert h == model_hash(model)
+    ckpt = decode_checkpoint(data, shapes, hp.protocol_version, hp.digest(), expect_window=7, expect_hash=h)
+    assert not isinstance(ckpt, Rejection), ckpt
+    assert (ckpt.window, ckpt.model_hash, ckpt.data_hash) == (7, h, "d" * 8)
+    assert list(ckpt.tensors) == list(shapes)
+    assert state_hash(ckpt.tensors.items()) == h
+
+
+def test_checkpoint_with_one_tampered_byte_fails_its_hash(model, shapes, hp):
+    data, h = encode_checkpoint(model.named_parameters(), 7, hp.protocol_version, hp.digest())
+    entries, md = split(data)
+    name = next(iter(entries))
+    dtype, shape, raw = entries[name]
+    tampered = dict(entries)
+    tampered[name] = (dtype, shape, bytes([raw[0] ^ 1]) + raw[1:])  # lowest mantissa bit: still finite
+    got = decode_checkpoint(build(tampered, md), shapes, hp.protocol_version)
+    assert isinstance(got, Rejection) and got.reason is Reason.METADATA_MISMATCH and "hash" in got.detail
+
+
+def test_checkpoint_shape_and_finiteness_checks(model, shapes, hp):
+    wrong = dict(shapes)
+    first = next(iter(wrong))
+    wrong[first] = (shapes[first][0] + 1, *shapes[first][1:])
+    data, _ = encode_checkpoint(model.named_parameters(), 1, hp.protocol_version, hp.digest())
+    assert decode_checkpoint(data, wrong, hp.protocol_version).reason is Reason.BAD_SHAPE
+    nan = {n: p.detach().clone() for n, p in model.named_parameters()}
+    nan[first][0] = float("nan")
+    data, _ = encode_checkpoint(nan.items(), 1, hp.protocol_version, hp.digest())
+    assert decode_checkpoint(data, shapes, hp.protocol_version).reason is Reason.NON_FINITE
+    assert decode_checkpoint(data, shapes, hp.protocol_version + 1).reason is Reason.METADATA_MISMATCH
+
+
+# --------------------------------------------------------------- aggregates
+def test_aggregate_round_trip_packs_two_bits_per_parameter(shapes, hp):
+    gen = torch.Generator().manual_seed(0)
+    signs = {n: torch.randint(-1, 2, s, generator=gen).float() for n, s in shapes.items()}
+    data = encode_aggregate(signs, 3, "a" * 64, "b" * 64, 1.5e-3, hp.protocol_version, hp.digest())
+    n_params = sum(math.prod(s) for s in shapes.values())
+    body = sum(-(-math.prod(s) * 2 // 8) for s in shapes.values())
+    assert len(data) - 8 - int.from_bytes(data[:8], "little") == body
+    assert body <= n_params // 4 + len(shapes)
+    agg = decode_aggregate(data, shapes, hp.protocol_version, expect_window=3, hparams_digest=hp.digest())
+    assert not isinstance(agg, Rejection), agg
+    assert agg.learning_rate == 1.5e-3 and agg.model_hash_after == "b" * 64
+    assert all(torch.equal(agg.signs[n], signs[n]) for n in shapes)
+
+
+def test_aggregate_invalid_code_and_window(shapes, hp):
+    signs = {n: torch.zeros(s) for n, s in shapes.items()}
+    data = encode_aggregate(signs, 3, "a" * 64, "b" * 64, 1e-3, hp.protocol_version, hp.digest())
+    entries, md = split(data)
+    name = next(iter(entries))
+    dtype, shape, raw = entries[name]
+    entries[name] = (dtype, shape, b"\xff" + raw[1:])  # four codes of 3
+    assert decode_aggregate(build(entries, md), shapes, hp.protocol_version).reason is Reason.BAD_ENCODING
+    assert decode_aggregate(data, shapes, hp.protocol_version, expect_window=4).reason is Reason.METADATA_MISMATCH
+    with pytest.raises(ValueError):
+        encode_aggregate({name: torch.full(shapes[name], 0.5)}, 3, "a" * 64, "b" * 64, 1e-3, 1, "x")
+
+
+def test_aggregate_replay_reaches_the_published_hash(hp):
+    from dso.aggregation import signed_step
+    from dso.model import build_model
+
+    a, b = build_model(hp.model, hp.seed), build_model(hp.model, hp.seed)
+    gen = torch.Generator().manual_seed(1)
+    signs = {n: torch.randint(-1, 2, p.shape, generator=gen).float() for n, p in a.named_parameters()}
+    before = model_hash(a)
+    signed_step(a, signs, 2e-3)
+    data = encode_aggregate(signs, 0, before, model_hash(a), 2e-3, hp.protocol_version, hp.digest())
+    agg = decode_aggregate(data, {n: tuple(p.shape) for n, p in b.named_parameters()}, hp.protocol_version)
+    assert apply_aggregate(b, agg) is None and model_hash(b) == model_hash(a)
+    assert apply_aggregate(b, agg).reason is Reason.METADATA_MISMATCH  # b is no longer at "before"
+
+
+# --------------------------------------------------------------- peers list
+def test_peers_list_round_trip_and_strictness():
+    pl = PeersList(window=5, version=1, uids=(4, 2, 9), extra={"validator": 0})
+    back = parse_peers(encode_peers(pl), expect_window=5, version=1)
+    assert back == pl
+    bad = [b"[]", b"{", b'{"window": 5, "version": 1}', b'{"window": 5, "version": 1, "uids": [1, 1]}',
+           b'{"window": 5, "version": 1, "uids": [-1]}', b'{"window": 5, "version": 1, "uids": [true]}',
+           b'{"window": "5", "version": 1, "uids": []}', b'{"window": 5, "version": 1, "uids": [NaN]}',
+           json.dumps({"window": 5, "version": 1, "uids": list(range(5000))}).encode(),
+           b"[" * 100000]
+    for data in bad:
+        got = parse_peers(data)
+        assert isinstance(got, Rejection) and got.reason in (Reason.MALFORMED, Reason.TOO_LARGE), data[:40]
+    assert parse_peers(encode_peers(pl), expect_window=6).reason is Reason.METADATA_MISMATCH
+
+
+# ------------------------------------------------------------------ cleanup
+def test_expired_keys_keep_recent_windows_and_newest_checkpoint():
+    all_keys = [keys.gradient(w, 1, 1) for w in range(10)] + [keys.checkpoint(w, 1) for w in (0, 5)] + [
+        keys.latest_checkpoint(1), keys.aggregate(2, 1), keys.peers(6, 1), "unrelated/file.bin"]
+    doomed = expired_keys(all_keys, current_window=10, retention_windows=3)
+    assert doomed == sorted([keys.gradient(w, 1, 1) for w in range(7)] + [keys.checkpoint(0, 1),
+                                                                           keys.aggregate(2, 1), keys.peers(6, 1)])
+    assert expired_keys(all_keys, 10, 100) == []
