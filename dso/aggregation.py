@@ -10,10 +10,17 @@ from __future__ import annotations
 
 import torch
 
+from dso.robust import AggregationInfo, robust_delta
 
-def aggregate_signs(codec, updates: list, device="cpu") -> dict[str, torch.Tensor]:
-    """sign(decode(mean of normalised updates)) per parameter; all zeros when there are no updates."""
-    return {n: torch.sign(d) for n, d in codec.mean_delta(updates, device).items()}
+
+def aggregate_signs(codec, updates: list, hp, ids: list[int] | None = None,
+                    device="cpu") -> tuple[dict[str, torch.Tensor], AggregationInfo]:
+    """sign(Δ) per parameter under the run's rule (``hp.aggregation``, coherence gate); Δ = 0 without updates.
+
+    The Gauntlet rule is the decoded mean of L2-normalised updates; the robust rules run on the
+    per-peer decoded updates (dso.robust)."""
+    delta, info = robust_delta(codec, updates, hp, ids, device)
+    return {n: torch.sign(d) for n, d in delta.items()}, info
 
 
 @torch.no_grad()

@@ -86,6 +86,9 @@ class DeMoCodec:
     def index_coder(self, name: str) -> EliasFano:
         return EliasFano(self.plans[name].chunk_size, self.k(name))
 
+    def set_window(self, window: int, uid: int = 0) -> None:
+        """DeMo's transform does not change per window (the sketch codec's does); nothing to do."""
+
     def settings(self) -> dict[str, str]:
         """What a receiver must agree on to read an update (goes into payload metadata)."""
         return {"codec": "demo", "chunk": str(self.chunk), "topk": str(self.topk), "value_bits": str(self.value_bits)}
@@ -171,7 +174,7 @@ class DeMoCodec:
                 out[f"{n}.val"] = u.codes.numpy().reshape(-1).astype(np.float32)
         return out
 
-    def from_wire(self, tensors: dict[str, np.ndarray]) -> CompressedUpdate:
+    def from_wire(self, tensors: dict[str, np.ndarray], window: int | None = None) -> CompressedUpdate:
         """Inverse of :meth:`to_wire` for tensors already matching :meth:`wire_spec`.
 
         Raises :class:`PackingError` (reason = a Reason value) on any content violation."""

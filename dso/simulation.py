@@ -86,7 +86,7 @@ def run_honest(hp: HParams, dataset: Dataset, n_peers: int, windows: int, *, com
             grads, loss = compute_gradients(model, dataset.assigned(uid, t, hp.batch_size), hp.micro_batch, device)
             updates.append(feedback[uid].step(grads))
             losses.append(loss)
-        signed_step(model, aggregate_signs(codec, updates, device), learning_rate(hp, t), hp.weight_decay)
+        signed_step(model, aggregate_signs(codec, updates, hp, device=device)[0], learning_rate(hp, t), hp.weight_decay)
         record(t, sum(losses) / len(losses))
     hist.seconds = time.perf_counter() - start
     return hist

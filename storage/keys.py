@@ -33,6 +33,11 @@ def latest_checkpoint(version: int) -> str:
     return f"checkpoint/latest-v{_nat('version', version)}.json"
 
 
+def manifest(version: int) -> str:
+    """The run's protocol settings, published by a validator so nodes can refuse a mismatch."""
+    return f"run/manifest-v{_nat('version', version)}.json"
+
+
 def peers(window: int, version: int) -> str:
     return f"peers/{_nat('window', window)}-v{_nat('version', version)}.json"
 

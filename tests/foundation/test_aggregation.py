@@ -2,6 +2,7 @@ import torch
 
 from dso.aggregation import aggregate_signs, signed_step
 from dso.codec import DeMoCodec
+from dso.config import HParams
 from dso.config import ModelConfig
 from dso.model import build_model, parameter_shapes
 
@@ -18,7 +19,7 @@ def _grads(seed):
 def test_identical_updates_aggregate_to_the_sign_of_that_update():
     codec = _codec()
     u = codec.compress(_grads(0))
-    agg = aggregate_signs(codec, [u, u, u])
+    agg = aggregate_signs(codec, [u, u, u], HParams())[0]
     for n in u:
         assert torch.equal(agg[n], torch.sign(codec.to_dense(n, u[n])))
 
@@ -28,8 +29,8 @@ def test_l2_normalisation_makes_scaling_irrelevant():
     honest = [codec.compress(_grads(s)) for s in range(3)]
     scaled = codec.compress({n: 1000 * t for n, t in _grads(9).items()})
     plain = codec.compress(_grads(9))
-    a = aggregate_signs(codec, honest + [scaled])
-    b = aggregate_signs(codec, honest + [plain])
+    a = aggregate_signs(codec, honest + [scaled], HParams())[0]
+    b = aggregate_signs(codec, honest + [plain], HParams())[0]
     for n in a:
         assert torch.equal(a[n], b[n])
     # without normalisation the scaled peer would dictate the sign everywhere it has mass
@@ -39,7 +40,7 @@ def test_l2_normalisation_makes_scaling_irrelevant():
 
 def test_no_updates_means_no_step():
     codec = _codec()
-    agg = aggregate_signs(codec, [])
+    agg, _ = aggregate_signs(codec, [], HParams())
     assert all(torch.count_nonzero(t) == 0 for t in agg.values())
 
 

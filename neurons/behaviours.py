@@ -1,0 +1,166 @@
+"""Miner behaviours: the honest protocol and the attacks the network must withstand.
+
+A behaviour changes three things of an honest miner: how much it trains, what
+update it uploads (a transform of its own update, or something built from the
+updates of others it can read during the put window), and when it uploads.
+Everything is codec-generic: updates are decoded, changed in parameter space and
+compressed again with the run's codec.
+
+| name | what it does |
+|---|---|
+| honest | trains on its assigned data, uploads at the put window |
+| diligent | trains on twice the assigned data (assigned + a second batch) |
+| freerider | uploads an all-zero update |
+| absent | uploads nothing |
+| noise | uploads random values |
+| scaler | uploads its honest update ×1000 |
+| signflip | uploads its honest update negated |
+| copier | waits for another miner's upload in the put window and re-uploads it as its own |
+| sybil | two uids upload the same update (one trains, both upload) |
+| desync | stops applying aggregates for a few windows, then catches up |
+| late | uploads after the put window closes |
+| malformed | garbage bytes, out-of-range indices, NaN values (rotating by window) |
+| alie | "a little is enough": mean − z·std of the honest updates it can read |
+| ipm | inner-product manipulation: −ε · mean of the honest updates it can read |
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import safetensors.numpy
+import torch
+
+from storage.tensorfile import load_arrays, read_header
+
+BEHAVIOURS = ("honest", "diligent", "freerider", "absent", "noise", "scaler", "signflip", "copier", "sybil",
+              "desync", "late", "malformed", "alie", "ipm")
+GOOD = ("honest", "diligent")
+
+ALIE_Z = 1.0        # std multiples subtracted by ALIE
+IPM_EPSILON = 0.5   # scale of the negated mean
+SCALE = 1000.0
+DESYNC_EVERY, DESYNC_LENGTH = 8, 3   # desync skips aggregates for 3 windows out of every 8
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What a behaviour does in one window."""
+
+    train: bool = True             # compute the honest update on assigned data
+    data_batches: int = 1          # batches of assigned size to train on
+    upload: bool = True
+    reads_peers: bool = False      # builds its update from others' uploads (copier, alie, ipm)
+    late: bool = False             # upload after the put window closed
+    apply_aggregate: bool = True
+
+
+def plan(behaviour: str, window: int) -> Plan:
+    if behaviour not in BEHAVIOURS:
+        raise ValueError(f"unknown behaviour {behaviour!r}; choose from {', '.join(BEHAVIOURS)}")
+    if behaviour == "diligent":
+        return Plan(data_batches=2)
+    if behaviour == "absent":
+        return Plan(train=False, upload=False)
+    if behaviour in ("freerider", "noise", "malformed"):
+        return Plan(train=False)
+    if behaviour in ("copier", "alie", "ipm"):
+        return Plan(train=False, reads_peers=True)
+    if behaviour == "late":
+        return Plan(late=True)
+    if behaviour == "desync":
+        return Plan(apply_aggregate=window % DESYNC_EVERY >= DESYNC_LENGTH)
+    return Plan()
+
+
+def zeros(codec) -> dict:
+    return codec.compress({n: torch.zeros(s) for n, s in codec.shapes.items()})
+
+
+def noise(codec, generator: torch.Generator, scale: float = 1e-3) -> dict:
+    return codec.compress({n: scale * torch.randn(s, generator=generator) for n, s in codec.shapes.items()})
+
+
+def scaled(codec, update, factor: float) -> dict:
+    return codec.compress({n: factor * t for n, t in codec.decompress(update).items()})
+
+
+def alie(codec, others: list, z: float = ALIE_Z) -> dict | None:
+    """μ − z·σ per coordinate of the readable honest updates (needs at least two)."""
+    if len(others) < 2:
+        return None
+    dense = [codec.decompress(u) for u in others]
+    out = {}
+    for n in codec.shapes:
+        stack = torch.stack([d[n] for d in dense])
+        out[n] = stack.mean(0) - z * stack.std(0)
+    return codec.compress(out)
+
+
+def ipm(codec, others: list, epsilon: float = IPM_EPSILON) -> dict | None:
+    if not others:
+        return None
+    dense = [codec.decompress(u) for u in others]
+    return codec.compress({n: -epsilon * torch.stack([d[n] for d in dense]).mean(0) for n in codec.shapes})
+
+
+def transform(behaviour: str, codec, own, window: int, generator: torch.Generator, others: list | None = None):
+    """The update this behaviour uploads (None = nothing to upload this window)."""
+    if behaviour in ("honest", "diligent", "late", "desync", "sybil"):
+        return own
+    if behaviour == "freerider":
+        return zeros(codec)
+    if behaviour == "noise":
+        return noise(codec, generator)
+    if behaviour == "scaler":
+        return scaled(codec, own, SCALE)
+    if behaviour == "signflip":
+        return scaled(codec, own, -1.0)
+    if behaviour == "alie":
+        return alie(codec, others or [])
+    if behaviour == "ipm":
+        return ipm(codec, others or [])
+    if behaviour == "copier":
+        return others[0] if others else None
+    if behaviour == "absent":
+        return None
+    raise ValueError(f"behaviour {behaviour!r} has no update transform")  # malformed works on bytes
+
+
+def malformed_bytes(good: bytes, window: int) -> bytes:
+    """A broken payload, rotating by window: garbage, out-of-range indices, NaN values, truncation."""
+    kind = ("garbage", "bad_indices", "nan_values", "truncated")[window % 4]
+    if kind == "garbage":
+        return bytes((window * 7919 + i * 104729) % 256 for i in range(max(64, len(good) // 4)))
+    if kind == "truncated":
+        return good[: len(good) // 2]
+    header, arrays = read_header(good, len(good)), load_arrays(good)
+    for key, array in arrays.items():
+        if kind == "bad_indices" and key.endswith(".idx"):
+            array[:] = 0xFF  # every upper bit set: wrong count of indices in each chunk
+        if kind == "nan_values" and (key.endswith(".scale") or key == "sync.values"):
+            array[:] = np.nan
+    return safetensors.numpy.save(arrays, metadata=header.metadata)
+
+
+def sybil_exchange(group_dir: Path, uid: int, window: int, update_bytes: bytes | None, timeout: float) -> bytes | None:
+    """Sybils share one update through a directory: the lowest uid of the group trains and writes it, the
+    others wait for it (until ``timeout`` seconds from now) and upload those bytes under their own uid."""
+    group_dir.mkdir(parents=True, exist_ok=True)
+    (group_dir / f"member-{uid}").touch()
+    leader = min(int(p.name.split("-")[1]) for p in group_dir.glob("member-*"))
+    shared = group_dir / f"window-{window}.bin"
+    if uid == leader:
+        if update_bytes is not None:
+            tmp = shared.with_suffix(".tmp")
+            tmp.write_bytes(update_bytes)
+            tmp.replace(shared)
+        return update_bytes
+    deadline = time.time() + timeout
+    while not shared.exists():
+        if time.time() > deadline:
+            return None
+        time.sleep(0.05)
+    return shared.read_bytes()
