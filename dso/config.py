@@ -79,7 +79,9 @@ class HParams:
     data_hash: str = _doc("sha256 of tokenizer + token ids; empty = not pinned", default="")
     model: ModelConfig = field(default_factory=ModelConfig)
     # --- training
-    batch_size: int = _doc("sequences assigned to a peer per window", default=16)
+    batch_size: int = _doc("sequences a baseline miner trains on per window (from its assignment)", default=16)
+    assigned_sequences: int = _doc("sequences assigned to a peer per window; a diligent miner trains on more of "
+                                   "them than the baseline", default=32)
     micro_batch: int = _doc("sequences per forward/backward (gradient accumulation)", default=8)
     learning_rate: float = _doc("alpha: size of the signed step", default=2e-3)
     warmup_windows: int = _doc("linear warm-up of alpha over this many windows", default=5)
@@ -95,7 +97,7 @@ class HParams:
     sketch_dim: int = _doc("sketch codec: projected dimension per tensor (cap)", default=4096)
     sketch_clip: float = _doc("sketch codec: L2 clip before projection", default=1.0)
     # --- windows
-    blocks_per_window: int = _doc("chain blocks per training window", default=10)
+    blocks_per_window: int = _doc("chain blocks per training window", default=12)
     put_window_seconds: float = _doc("length of the upload window after a window ends", default=3.0)
     # --- Gauntlet scoring
     eval_scale: float = _doc("c in beta_eval = c * alpha", default=0.2)
@@ -103,9 +105,9 @@ class HParams:
     fast_penalty: float = _doc("phi applied to mu on a failed fast check", default=0.75)
     sync_threshold: float = _doc("SyncScore above this (in signed steps) fails", default=3.0)
     sync_samples: int = _doc("parameter samples per payload for SyncScore", default=64)
-    eval_peers: int = _doc("|S_t|: peers given the primary evaluation per window", default=4)
+    eval_peers: int = _doc("|S_t|: peers given the primary evaluation per window", default=6)
     fast_peers: int = _doc("|F_t|: peers given fast checks per window (top-G always in)", default=32)
-    eval_sequences: int = _doc("sequences of D_rand / D_assigned used per loss", default=4)
+    eval_sequences: int = _doc("sequences of D_rand / D_assigned used per loss (noise of the PoC test)", default=8)
     topg: int = _doc("G: peers aggregated per window", default=15)
     weight_power: float = _doc("c of the power normalisation of scores", default=2.0)
     windows_per_weights: int = _doc("post weights every this many windows", default=1)
@@ -127,6 +129,8 @@ class HParams:
                   "topk", "blocks_per_window", "put_window_seconds", "sync_samples", "eval_peers",
                   "fast_peers", "eval_sequences", "topg", "weight_power", "windows_per_weights",
                   "checkpoint_every", "sketch_dim", "sketch_clip", "protocol_version")
+        if self.assigned_sequences < self.batch_size:
+            raise ConfigError(f"{prefix}.assigned_sequences: must be >= batch_size ({self.batch_size})")
         if self.topk > self.chunk * self.chunk:
             raise ConfigError(f"{prefix}.topk: {self.topk} exceeds a {self.chunk}x{self.chunk} chunk")
         if self.value_bits not in (*range(2, 9), 32):

@@ -6,7 +6,10 @@ sequences of ``seq_len + 1`` ids; a seeded permutation holds out a validation
 split that is never assigned or used for scoring.
 
 * :meth:`Dataset.assigned` is ``SelectData(seed, uid, window)``: deterministic,
-  so a validator rebuilds exactly the batch a miner was given.
+  so a validator rebuilds exactly the sequences a miner was given.  The
+  assignment is larger than what a baseline miner trains on, so a miner that
+  brings more compute trains on more of *its own* data and proof of computation
+  (which samples the whole assignment) credits it as much as a baseline miner.
 * :meth:`Dataset.unassigned` draws training sequences outside a given set with
   a generator the caller owns (a validator seeds it from a secret the miners
   never see), so a miner cannot predict ``D_rand``.
@@ -128,14 +131,19 @@ class Dataset:
     def _batch(self, rows: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(self.sequences[rows].astype(np.int64))
 
-    def assigned_rows(self, uid: int, window: int, n: int, extra: int = 0) -> np.ndarray:
-        """Row indices of SelectData(seed, uid, window); ``extra`` > 0 draws a further, independent batch."""
-        rng = _rng(self.seed, 0xA551, uid, window, extra)
+    def assigned_rows(self, uid: int, window: int, n: int) -> np.ndarray:
+        """Row indices of SelectData(seed, uid, window): the ``n`` sequences assigned to a peer for a window."""
+        rng = _rng(self.seed, 0xA551, uid, window)
         pick = rng.choice(self.train_index.size, size=min(n, self.train_index.size), replace=False)
         return self.train_index[np.sort(pick)]
 
-    def assigned(self, uid: int, window: int, n: int, extra: int = 0) -> torch.Tensor:
-        return self._batch(self.assigned_rows(uid, window, n, extra))
+    def assigned(self, uid: int, window: int, n: int) -> torch.Tensor:
+        return self._batch(self.assigned_rows(uid, window, n))
+
+    def training_batch(self, uid: int, window: int, assigned: int, n: int) -> torch.Tensor:
+        """What a miner trains on: the first ``n`` of its ``assigned`` sequences (a baseline miner takes
+        ``batch_size``, a diligent one more)."""
+        return self.assigned(uid, window, assigned)[:n]
 
     def unassigned(self, rng: np.random.Generator, exclude: np.ndarray, n: int) -> torch.Tensor:
         """Training sequences outside ``exclude`` chosen by ``rng`` (the caller's secret randomness)."""

@@ -83,7 +83,8 @@ def run_honest(hp: HParams, dataset: Dataset, n_peers: int, windows: int, *, com
     for t in range(windows):
         updates, losses = [], []
         for uid in range(n_peers):
-            grads, loss = compute_gradients(model, dataset.assigned(uid, t, hp.batch_size), hp.micro_batch, device)
+            batch = dataset.training_batch(uid, t, hp.assigned_sequences, hp.batch_size)
+            grads, loss = compute_gradients(model, batch, hp.micro_batch, device)
             updates.append(feedback[uid].step(grads))
             losses.append(loss)
         signed_step(model, aggregate_signs(codec, updates, hp, device=device)[0], learning_rate(hp, t), hp.weight_decay)
@@ -105,7 +106,8 @@ def run_adamw(hp: HParams, dataset: Dataset, n_peers: int, windows: int, *, lr: 
     hist.val_loss.append(evaluate(model, val, hp.micro_batch, device))
     hist.train_loss.append(float("nan"))
     for t in range(windows):
-        batch = torch.cat([dataset.assigned(uid, t, hp.batch_size) for uid in range(n_peers)])
+        batch = torch.cat([dataset.training_batch(uid, t, hp.assigned_sequences, hp.batch_size)
+                           for uid in range(n_peers)])
         grads, loss = compute_gradients(model, batch, hp.micro_batch, device)
         for name, p in model.named_parameters():
             p.grad = grads[name]

@@ -9,7 +9,7 @@ compressed again with the run's codec.
 | name | what it does |
 |---|---|
 | honest | trains on its assigned data, uploads at the put window |
-| diligent | trains on twice the assigned data (assigned + a second batch) |
+| diligent | trains on twice the baseline amount of its assigned data |
 | freerider | uploads an all-zero update |
 | absent | uploads nothing |
 | noise | uploads random values |
@@ -55,6 +55,12 @@ class Plan:
     reads_peers: bool = False      # builds its update from others' uploads (copier, alie, ipm)
     late: bool = False             # upload after the put window closed
     apply_aggregate: bool = True
+
+    @property
+    def self_aggregate(self) -> bool:
+        """Trainers gather the top-G updates and aggregate them themselves (as the protocol asks); the
+        others only need θ for their sync samples and replay the leader's published aggregate instead."""
+        return self.train
 
 
 def plan(behaviour: str, window: int) -> Plan:

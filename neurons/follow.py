@@ -31,6 +31,7 @@ class Follower:
         self.node, self.model = node, model
         self.last_list: list[int] = []
         self.pending_checks: dict[int, str] = {}  # window → our model hash after applying it
+        self.diverged = False                     # a ledger record disagreed with our model
         self.bytes = 0
 
     def take_bytes(self) -> int:
@@ -73,7 +74,7 @@ class Follower:
 
     def verify_ledger(self) -> None:
         """Compare our θ after each applied window with the validator's record once it is published;
-        on a mismatch, forget the model so the next window catches up from checkpoint + aggregates."""
+        a mismatch sets :attr:`diverged` (the caller then catches up from checkpoint + aggregates)."""
         source = self.node.leader()
         if source is None or isinstance(source, Rejection):
             return
@@ -86,10 +87,10 @@ class Follower:
             ours = self.pending_checks.pop(window)
             if record.get("new_model_hash") != ours:
                 log.warning("window %d: our model differs from the validator's; catching up", window)
-                self.node.model_window = -1
+                self.diverged = True
 
-    def read_updates(self, t: int, put: PutWindow, wanted: bool, behaviour: str) -> list:
-        """Other miners' updates of window t, read during the put window (copier, alie, ipm)."""
+    def read_payloads(self, t: int, put: PutWindow, wanted: bool, behaviour: str) -> list:
+        """Other miners' payloads of window t, read during the put window (copier, alie, ipm)."""
         if not wanted:
             return []
         node = self.node
@@ -97,6 +98,6 @@ class Follower:
         validators = {n.uid for n in node.chain.metagraph() if n.validator_permit}
         others = [u for u in node.buckets() if u != node.uid and u not in validators]
         result = self.gather(t, others, None, max(0.5, put.close - time.time() - 0.5))
-        updates = [result.payloads[u].update for u in sorted(result.payloads)]
-        log.info("window %d: %s read %d updates of others", t, behaviour, len(updates))
-        return updates
+        payloads = [result.payloads[u] for u in sorted(result.payloads)]
+        log.info("window %d: %s read %d updates of others", t, behaviour, len(payloads))
+        return payloads

@@ -26,6 +26,7 @@ from storage.server import EmbeddedS3
 
 ROOT = Path(__file__).resolve().parents[1]
 VALIDATOR_STAKES = (1000.0, 400.0, 200.0, 100.0)
+MINER_NICE = 10  # on one shared machine the validator (one process, every peer's work) must not be starved
 
 
 @dataclass
@@ -59,6 +60,7 @@ class LocalNet:
         self.block_time, self.corpus, self.cache_dir, self.tempo = block_time, corpus, cache_dir, tempo
         self.s3: EmbeddedS3 | None = None
         self.chain: LocalChain | None = None
+        self._creds: dict = {}
         self.logs = self.run_dir / "logs"
 
     # ------------------------------------------------------------- set-up
@@ -89,14 +91,19 @@ class LocalNet:
                   "hparams": asdict(self.hp)}
         (self.run_dir / "config.json").write_text(json.dumps(config, indent=2))
 
+    def credentials(self, node: NodeSpec):
+        """The node's bucket keys, provisioned once (provisioning again would revoke the old keys)."""
+        if node.name not in self._creds:
+            self._creds[node.name] = self.s3.provision(node.name.replace("_", "-"))
+        return self._creds[node.name]
+
     def env_for(self, node: NodeSpec) -> dict[str, str]:
-        creds = self.s3.provision(node.name.replace("_", "-"))
+        creds = self.credentials(node)
         env = dict(os.environ)
         env.update({"AWS_ACCESS_KEY_ID": creds.write_key_id, "AWS_SECRET_ACCESS_KEY": creds.write_secret,
                     "DSO_READ_ACCESS_KEY_ID": creds.read_key_id, "DSO_READ_SECRET_ACCESS_KEY": creds.read_secret,
                     "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"})
         env["PYTHONPATH"] = str(ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-        self._buckets[node.name] = creds.bucket
         return env
 
     def command(self, node: NodeSpec) -> list[str]:
@@ -108,16 +115,17 @@ class LocalNet:
         return cmd + node.extra_args
 
     def start(self) -> None:
-        self._buckets: dict[str, str] = {}
         for node in sorted(self.nodes, key=lambda n: n.role != "validator"):  # validators first
             self.start_node(node)
 
     def start_node(self, node: NodeSpec) -> None:
         env = self.env_for(node)
-        cmd = self.command(node) + ["--storage.bucket", self._buckets[node.name]]
+        cmd = self.command(node) + ["--storage.bucket", self.credentials(node).bucket]
+        nice = MINER_NICE if node.role == "miner" else 0
         with open(self.logs / f"{node.name}.log", "ab") as out:
             node.process = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                            env=env, cwd=ROOT, start_new_session=True)
+                                            env=env, cwd=ROOT, start_new_session=True,
+                                            preexec_fn=(lambda: os.nice(nice)) if nice else None)
 
     # ------------------------------------------------------------ running
     def validator_lines(self, name: str = "validator0") -> list[dict]:
@@ -129,28 +137,36 @@ class LocalNet:
     def dead(self) -> list[NodeSpec]:
         return [n for n in self.nodes if n.process is not None and n.process.poll() is not None]
 
-    def stop_node(self, node: NodeSpec, sig: int = signal.SIGTERM, timeout: float = 15.0) -> None:
-        proc = node.process
-        if proc is None or proc.poll() is not None:
+    @staticmethod
+    def _signal(node: NodeSpec, sig: int) -> None:
+        if node.process is not None and node.process.poll() is None:
+            try:
+                os.killpg(node.process.pid, sig)
+            except ProcessLookupError:
+                pass
+
+    @staticmethod
+    def _reap(node: NodeSpec, timeout: float) -> None:
+        """Wait for a signalled node; SIGKILL its process group when it does not stop in time."""
+        if node.process is None:
             return
         try:
-            os.killpg(proc.pid, sig)
-            proc.wait(timeout)
+            node.process.wait(max(0.1, timeout))
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        except ProcessLookupError:
-            pass
+            LocalNet._signal(node, signal.SIGKILL)
+            node.process.wait()
 
-    def stop(self) -> None:
-        for node in self.nodes:  # signal everyone first, then wait: stopping takes one pass
-            if node.process is not None and node.process.poll() is None:
-                try:
-                    os.killpg(node.process.pid, signal.SIGTERM)
-                except ProcessLookupError:
-                    pass
+    def stop_node(self, node: NodeSpec, sig: int = signal.SIGTERM, timeout: float = 15.0) -> None:
+        self._signal(node, sig)
+        self._reap(node, timeout)
+
+    def stop(self, timeout: float = 15.0) -> None:
+        """SIGTERM every node once (they finish their step and save), then wait; SIGKILL stragglers."""
         for node in self.nodes:
-            self.stop_node(node)
+            self._signal(node, signal.SIGTERM)
+        deadline = time.time() + timeout
+        for node in self.nodes:
+            self._reap(node, deadline - time.time())
         if self.s3 is not None:
             self.s3.stop()
             self.s3 = None

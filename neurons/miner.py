@@ -41,6 +41,7 @@ from storage.wire import Expect, PayloadMeta, decode_payload, encode_payload  # 
 
 log = logging.getLogger("dso.miner")
 SETTLE_SECONDS = 0.5    # after the put window closes, before reading others' uploads
+LATE_BY = 1.1           # the `late` behaviour uploads this long after the put window closed
 
 
 class Miner(Node):
@@ -106,11 +107,13 @@ class Miner(Node):
         uploaded = self.upload(t, plan, own, put) if plan.upload and in_time else False
         if not self.clock.sleep_until(put.close + SETTLE_SECONDS, self.stop):
             return
-        applied = "not following (desync)"
-        if plan.apply_aggregate and self.model_window == t:
+        applied = "not following (desync)" if not plan.apply_aggregate else "replaying the leader's aggregate"
+        if plan.apply_aggregate and plan.self_aggregate and self.model_window == t:
             applied = self.follower.aggregate(t, put)
-            self.model_window = t + 1
-        save_tensors(self.ef_file, self.feedback.state())
+            self.model_window = -1 if self.follower.diverged else t + 1  # -1: reload from the leader
+            self.follower.diverged = False
+        if own is not None:
+            save_tensors(self.ef_file, self.feedback.state())
         record = {"window": t, "behaviour": self.behaviour, "loss": loss, "uploaded": uploaded,
                   "bytes_up": self.client.bytes_up - up0,
                   "bytes_down": self.client.bytes_down - down0 + self.follower.take_bytes(),
@@ -123,7 +126,7 @@ class Miner(Node):
     # ------------------------------------------------------------ pieces
     def train(self, t: int, batches: int):
         hp = self.hp
-        data = torch.cat([self.dataset.assigned(self.uid, t, hp.batch_size, extra=i) for i in range(batches)])
+        data = self.dataset.training_batch(self.uid, t, hp.assigned_sequences, hp.batch_size * batches)
         grads, loss = compute_gradients(self.model, data, hp.micro_batch, self.device)
         if self.accountant is not None:
             if self.accountant.would_exceed(hp.dp.epsilon_budget):
@@ -145,11 +148,14 @@ class Miner(Node):
             return False
         positions = sync_positions(randomness, self.shapes, self.hp.sync_samples)
         sync = sample_parameters(dict(self.model.named_parameters()), positions)
-        others = self.follower.read_updates(t, put, wanted=plan.reads_peers, behaviour=self.behaviour)
+        others = self.follower.read_payloads(t, put, wanted=plan.reads_peers, behaviour=self.behaviour)
         if self.behaviour == "malformed":
             update = behaviours.zeros(self.codec)
         else:
-            update = behaviours.transform(self.behaviour, self.codec, own, t, self.noise_gen, others)
+            update = behaviours.transform(self.behaviour, self.codec, own, t, self.noise_gen,
+                                          [p.update for p in others])
+        if self.behaviour == "copier" and others:
+            sync = others[0].sync_values  # a careful copier copies the victim's sync samples as well
         if self.behaviour == "sybil":
             update = self.sybil_update(t, update, sync, put)
         if update is None:
@@ -157,7 +163,7 @@ class Miner(Node):
         data = encode_payload(self.codec, update, sync, self.meta(t))
         if self.behaviour == "malformed":
             data = behaviours.malformed_bytes(data, t)
-        if plan.late and not self.clock.sleep_until(put.close + 1.5, self.stop):
+        if plan.late and not self.clock.sleep_until(put.close + LATE_BY, self.stop):
             return False
         try:
             self.client.put(self.bucket, keys.gradient(t, self.uid, self.hp.protocol_version), data)

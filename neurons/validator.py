@@ -6,9 +6,9 @@
 Each window t, after its put window closes (DESIGN §6): gather all active
 peers' payloads (strict checks, per-peer deadline) → copy detection → fast
 checks on F_t ⊇ top-G, primary evaluation on S_t, OpenSkill, μ → weights →
-apply the signed aggregate of the top-G list in effect for t → publish the
-aggregate, the provenance record, the next top-G list and (every N windows) a
-checkpoint → post weights.  State is saved after every window; a restart
+apply the signed aggregate of the top-G list announced for t → publish the
+aggregate, the top-G list for window t+2, the provenance record and (every N
+windows) a checkpoint → post weights.  State is saved after every window; a restart
 continues exactly where it stopped.  Nothing a peer sends can stop it: every
 bad input is a logged rejection.  ``--help`` lists every flag.
 """
@@ -37,6 +37,7 @@ from neurons.follow import Follower  # noqa: E402
 from neurons.node import Fatal, Node, run_main  # noqa: E402
 from scoring import state as scoring_state  # noqa: E402
 from scoring.copies import assigned_gains, find_copies  # noqa: E402
+from scoring.evaluation import ParameterSnapshot  # noqa: E402
 from scoring.window import score_window  # noqa: E402
 from storage import keys  # noqa: E402
 from storage.aggregate import encode_aggregate, put_aggregate  # noqa: E402
@@ -49,7 +50,9 @@ from storage.peers import PeersList, put_peers  # noqa: E402
 from storage.wire import Expect  # noqa: E402
 
 log = logging.getLogger("dso.validator")
-SETTLE_SECONDS = 0.5   # after the put window closes, before gathering
+SETTLE_SECONDS = 1.5   # after the put window closes, before gathering: S3 LastModified has 1 s resolution,
+                       # so an upload is provably late only once it lands > 1 s after the close
+LIST_LEAD = 2          # the top-G list scored in window t governs window t + 2: a full window of slack
 
 
 class Validator(Node):
@@ -102,11 +105,13 @@ class Validator(Node):
     def genesis(self) -> None:
         """First start: θ_w = θ_0 for the current window w; publish what joining miners need."""
         t = self.book.model_window
-        self.book.lists[t] = self.active_uids()[: self.hp.topg]
+        for w in range(t, t + LIST_LEAD):  # lists are announced LIST_LEAD windows ahead: the first ones are cold
+            self.book.lists[w] = self.active_uids()[: self.hp.topg]
         if self.publish and self.leading():
             self.publish_manifest()
             save_checkpoint(self.client, self.bucket, self.model, t, self.hp)
-            put_peers(self.client, self.bucket, PeersList(t, self.hp.protocol_version, self.book.lists[t]))
+            for w in range(t, t + LIST_LEAD):
+                put_peers(self.client, self.bucket, PeersList(w, self.hp.protocol_version, self.book.lists[w]))
         self.save()
         log.info("genesis at window %d with %d peers", t, len(self.book.lists[t]))
 
@@ -117,6 +122,14 @@ class Validator(Node):
     # -------------------------------------------------------------- window
     def process(self, t: int) -> dict:
         started = time.time()
+        timings: dict[str, float] = {}
+        mark = [time.perf_counter()]
+
+        def lap(name: str) -> None:
+            now = time.perf_counter()
+            timings[name] = round(now - mark[0], 3)
+            mark[0] = now
+
         hp, put = self.hp, self.clock.put_window(t)
         metagraph = {n.uid: n.hotkey for n in self.chain.metagraph()
                      if n.uid != self.uid and not n.validator_permit}
@@ -125,40 +138,63 @@ class Validator(Node):
         got = gather(t, {u: buckets.get(u) for u in metagraph}, self.codec, Expect.from_hparams(hp, t), put,
                      self.cfg.storage.gather_deadline_seconds, readers=self.readers)
         updates = {u: p.update for u, p in got.payloads.items()}
+        lap("gather")
         lr = learning_rate(hp, t)
         rejections = dict(got.rejections)
         rejections.update(find_copies(self.codec, updates, {u: p.last_modified for u, p in got.payloads.items()},
-                                      assigned_gains(self.model, self.codec, self.dataset, hp, t, hp.eval_scale * lr)))
+                                      assigned_gains(self.model, self.codec, self.dataset, hp, t, hp.eval_scale * lr,
+                                                     updates)))
         payloads = {u: (p.update, p.sync_values) for u, p in got.payloads.items() if u not in rejections}
-        randomness = self.clock.window_randomness(t)
-        report = score_window(self.scores, self.model, self.codec, self.dataset, hp, t, payloads, rejections,
-                              metagraph, randomness)
+        lap("copies")
 
-        # the aggregate uses the list announced for t and every payload that passed the transport checks —
-        # exactly what miners can verify on their own
+        # 1. the aggregate first — it depends only on the list announced for t and the payloads that passed the
+        #    transport checks (what miners can verify themselves), so followers need not wait for the scoring
         in_list = self.book.lists.get(t, []) if self.leading() else \
             self.follower.peers_list(t, put.close + SETTLE_SECONDS + 3.0)[0]
         used = [u for u in in_list if u in got.payloads]
         delta, info = robust_delta(self.codec, [got.payloads[u].update for u in used], hp, used, self.device)
         signs = {n: torch.sign(d) for n, d in delta.items()}
-        contributions = self.contributions(updates, delta, report)
+        theta_t = ParameterSnapshot(self.model)
         before = model_hash(self.model)
         signed_step(self.model, signs, lr, hp.weight_decay)
         after = model_hash(self.model)
-        self.book.lists[t + 1] = report.top_g
-        self.book.lists = {w: l for w, l in self.book.lists.items() if w >= t - 2}
+        theta_next = ParameterSnapshot(self.model)
+        if self.publish and self.leading():
+            data = encode_aggregate(signs, t, before, after, lr, hp.protocol_version, hp.digest())
+            put_aggregate(self.client, self.bucket, data, t, hp.protocol_version)
+        lap("aggregate")
+
+        # 2. score window t at θ_t
+        theta_t.restore()
+        report = score_window(self.scores, self.model, self.codec, self.dataset, hp, t, payloads, rejections,
+                              metagraph, self.clock.window_randomness(t))
+        theta_next.restore()
+        del theta_t, theta_next
+        lap("score")
+        announce = t + LIST_LEAD
+        self.book.lists[announce] = report.top_g
+        self.book.lists = {w: l for w, l in self.book.lists.items() if w > t}
+        if self.publish and self.leading():
+            put_peers(self.client, self.bucket, PeersList(announce, hp.protocol_version, report.top_g))
+
+        # 3. record, post, save
+        contributions = self.contributions(updates, delta, report)
+        lap("contributions")
         record = make_record(t, before, after, [{"uid": u, "score": report.scores.get(u, 0.0),
                                                  "weight": report.weights.get(u, 0.0),
                                                  "contribution": contributions[u].score} for u in used],
                              self.book.ledger_hash, self.hotkey, extra={"rule": info.rule})
         self.book.ledger_hash = record_hash(record)
         if self.publish:
-            self.publish_window(t, signs, before, after, lr, report, record)
+            self.publish_window(t, report, record)
         self.book.model_window = t + 1
+        lap("publish")
         val_loss = evaluate(self.model, self.val_batch, hp.micro_batch, self.device)
+        lap("val_loss")
         self.save()
+        lap("save")
         line = {"window": t, "val_loss": val_loss, "model_hash": after, "aggregated": used,
-                "rule": info.rule, "seconds": round(time.time() - started, 2), "gather_seconds": round(got.seconds, 2),
+                "rule": info.rule, "seconds": round(time.time() - started, 2), "timings": timings,
                 "rejections": {str(u): str(r.reason.value) for u, r in rejections.items()},
                 "contributions": {str(u): c.score for u, c in contributions.items()},
                 **{k: v for k, v in report.to_dict().items() if k in (
@@ -178,15 +214,13 @@ class Validator(Node):
         aggregate = torch.cat([delta[n].reshape(-1) for n in self.codec.shapes])
         return round_contributions(dict(zip(uids, rows)), aggregate, report.mu, report.loss_scores)
 
-    def publish_window(self, t, signs, before, after, lr, report, record) -> None:
+    def publish_window(self, t, report, record) -> None:
         hp, v = self.hp, self.hp.protocol_version
         if t % hp.windows_per_weights == 0:
             self.post_weights(t, report.weights)
         if not self.leading():  # miners follow the leader's objects only
             return
-        put_aggregate(self.client, self.bucket, encode_aggregate(signs, t, before, after, lr, v, hp.digest()), t, v)
         put_json(self.client, self.bucket, keys.ledger(t, v), record)
-        put_peers(self.client, self.bucket, PeersList(t + 1, v, report.top_g))
         try:
             self.chain.append_ledger(self.wallet, record)
         except ChainError as e:

@@ -7,9 +7,12 @@ identical updates (same content digest):
 1. anyone who uploaded in a later second (S3 ``LastModified``) than the
    earliest member is rejected as a copy — they could have read it;
 2. members tied in the earliest second are told apart by proof of computation:
-   the update was trained on its author's assigned data, so one signed step
-   with it lowers the loss on the author's data more than on anyone else's.
-   The member with the largest ``L(θ, D_p) − L(θ', D_p)`` keeps the update.
+   the update U was trained on its author's assigned data, so a signed step
+   with it helps the author's data more than anyone else's.  How "improvable"
+   a batch is varies a lot from batch to batch, so each member's data is also
+   stepped with a control V — the consensus of the window's other updates —
+   and the member with the largest ``L(θ − s·sign V, D_p) − L(θ − s·sign U, D_p)``
+   keeps the update (the unstepped loss cancels out of the comparison).
 
 Cost: two forward passes per tied member, only when a tie exists.
 """
@@ -37,7 +40,8 @@ def find_copies(codec: Any, updates: Mapping[int, Any], last_modified: Mapping[i
                 ) -> dict[int, Rejection]:
     """uid → DUPLICATE rejection for every member of a copy group but its author.
 
-    ``author_gain(uids, update) -> {uid: gain}`` scores tied members (see :func:`assigned_gains`)."""
+    ``author_gain(tied, update, group) -> {uid: gain}`` scores the tied members of a group (see
+    :func:`assigned_gains`)."""
     digests = {uid: content_digest(codec.to_wire(u)) for uid, u in updates.items()}
     out: dict[int, Rejection] = {}
     for group in copy_groups(digests):
@@ -47,7 +51,7 @@ def find_copies(codec: Any, updates: Mapping[int, Any], last_modified: Mapping[i
             if uid not in tied:
                 out[uid] = Rejection(Reason.DUPLICATE, f"same update as uid {tied[0]}, uploaded later")
         if len(tied) > 1:
-            gains = author_gain(tied, updates[tied[0]])
+            gains = author_gain(tied, updates[tied[0]], group)
             author = max(tied, key=lambda u: (gains.get(u, -math.inf), -u))
             for uid in tied:
                 if uid != author:
@@ -56,26 +60,38 @@ def find_copies(codec: Any, updates: Mapping[int, Any], last_modified: Mapping[i
     return out
 
 
-def assigned_gains(model: torch.nn.Module, codec: Any, dataset: Any, hp: Any, window: int, step: float
-                   ) -> Any:
-    """``author_gain`` for :func:`find_copies`: each tied uid's loss drop on its own assigned data."""
+def _step_losses(model: torch.nn.Module, signs: dict | None, step: float, batches: dict, micro_batch: int
+                 ) -> dict[int, float]:
+    """Loss of each batch at θ − step·signs (θ itself when ``signs`` is None); θ is restored exactly."""
+    device = next(model.parameters()).device
+    if signs is None:
+        return {u: evaluate(model, b, micro_batch, device) for u, b in batches.items()}
+    snapshot = ParameterSnapshot(model)
+    try:
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                p.sub_(signs[name].to(p.device, p.dtype), alpha=step)
+        return {u: evaluate(model, b, micro_batch, device) for u, b in batches.items()}
+    finally:
+        snapshot.restore()
 
-    def gain(uids: list[int], update: Any) -> dict[int, float]:
+
+def assigned_gains(model: torch.nn.Module, codec: Any, dataset: Any, hp: Any, window: int, step: float,
+                   updates: Mapping[int, Any]) -> Any:
+    """``author_gain`` for :func:`find_copies`: for each tied uid, how much more a step with the copied
+    update lowers the loss on the first ``batch_size`` sequences of its assignment (what a baseline miner
+    trains on) than a step with the consensus of the window's other updates does."""
+
+    def gain(tied: list[int], update: Any, group: list[int]) -> dict[int, float]:
         shapes = {n: tuple(p.shape) for n, p in model.named_parameters()}
         signs = update_signs(codec.decompress, update, shapes)
         if isinstance(signs, Rejection):
             return {}
-        device = next(model.parameters()).device
-        batches = {u: dataset.assigned(u, window, hp.batch_size)[: hp.eval_sequences] for u in uids}
-        before = {u: evaluate(model, b, hp.micro_batch, device) for u, b in batches.items()}
-        snapshot = ParameterSnapshot(model)
-        try:
-            with torch.no_grad():
-                for name, p in model.named_parameters():
-                    p.sub_(signs[name].to(p.device, p.dtype), alpha=step)
-            after = {u: evaluate(model, b, hp.micro_batch, device) for u, b in batches.items()}
-        finally:
-            snapshot.restore()
-        return {u: before[u] - after[u] for u in uids}
+        others = [updates[u] for u in sorted(updates) if u not in group]
+        control = {n: torch.sign(d) for n, d in codec.mean_delta(others).items()} if others else None
+        batches = {u: dataset.training_batch(u, window, hp.assigned_sequences, hp.batch_size) for u in tied}
+        with_control = _step_losses(model, control, step, batches, hp.micro_batch)
+        with_update = _step_losses(model, signs, step, batches, hp.micro_batch)
+        return {u: with_control[u] - with_update[u] for u in tied}
 
     return gain

@@ -76,15 +76,14 @@ def peer_score(mu: float, rating: float) -> float:
 
 
 def normalise_weights(scores: Mapping[int, float], power: float) -> dict[int, float]:
-    """``x_p = (s_p − min s)^c / Σ_k (s_k − min s)^c`` over the clamped scores ``s = max(score, 0)``.
+    """``x_p = (s_p − m)^c / Σ_k (s_k − m)^c`` over the clamped scores ``s = max(score, 0)``, with the
+    shift ``m`` taken against the neutral score 0 of a peer that contributed nothing, so ``m = 0``.
 
-    Non-positive (or NaN) scores get exactly 0.  When the sum is 0 — every score
-    equal, e.g. all ≤ 0 — every weight is 0: there is no one to pay."""
-    clamped = {uid: (s if s > 0 and math.isfinite(s) else 0.0) for uid, s in scores.items()}
-    if not clamped:
-        return {}
-    low = min(clamped.values())
-    raised = {uid: (s - low) ** power for uid, s in sorted(clamped.items())}
+    This equals the published min-shift whenever some peer is at or below 0 (the usual case: clamping
+    puts every unhelpful peer at 0).  In a network where every peer scores above 0 the published form
+    would pay the weakest honest peer nothing for no fault of its own; shifting against 0 does not.
+    Non-positive (or NaN) scores get exactly 0; when nobody is positive every weight is 0."""
+    raised = {uid: (s ** power if s > 0 and math.isfinite(s) else 0.0) for uid, s in sorted(scores.items())}
     total = math.fsum(raised.values())
     if total <= 0 or not math.isfinite(total):
         return {uid: 0.0 for uid in raised}

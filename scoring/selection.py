@@ -49,8 +49,15 @@ def eval_set(passed: Iterable[int], last_eval: Callable[[int], int], size: int,
 
 
 def next_top_g(scores: Mapping[int, float], passed: Iterable[int], g: int) -> list[int]:
-    """The top-G list for the next window (no positive score: this window's passing peers, best first)."""
+    """The top-G list for the next window.
+
+    Peers with a positive score, best first; while the list is short of G, peers that passed this window's
+    checks with a score of exactly 0 (not evaluated yet, or neutral) follow, by uid — so a young network
+    does not hang on one or two lucky peers, and a peer with a negative score never enters.  When that
+    leaves nobody (early on μ is noisy for everyone), this window's passing peers, best first."""
     best = top_g(scores, g)
-    if best:
-        return best
+    neutral = sorted(u for u in set(passed) if scores.get(u, 0.0) == 0.0 and u not in best)
+    chosen = (best + neutral)[:g]
+    if chosen:
+        return chosen
     return sorted(set(passed), key=lambda uid: (-scores.get(uid, 0.0), uid))[:g]

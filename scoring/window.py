@@ -200,10 +200,10 @@ def _evaluate(state: ValidatorState, model: torch.nn.Module, codec: Any, dataset
     rng = state.rng(window, PURPOSE_DATA)
     assigned: dict[int, torch.Tensor] = {}
     for uid in chosen:  # uid order: the rng draws must not depend on dict order
-        batch = dataset.assigned(uid, window, hp.batch_size)
+        batch = dataset.assigned(uid, window, hp.assigned_sequences)
         pick = np.sort(rng.choice(batch.shape[0], size=min(hp.eval_sequences, batch.shape[0]), replace=False))
         assigned[uid] = batch[torch.from_numpy(pick)]
-    exclude = np.concatenate([dataset.assigned_rows(uid, window, hp.batch_size) for uid in chosen])
+    exclude = np.concatenate([dataset.assigned_rows(uid, window, hp.assigned_sequences) for uid in chosen])
     rand = dataset.unassigned(rng, exclude, hp.eval_sequences)
     base_rand = evaluate(model, rand, hp.micro_batch, next(model.parameters()).device)
     if not math.isfinite(base_rand):

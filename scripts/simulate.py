@@ -1,10 +1,21 @@
 #!/usr/bin/env python
 """In-process simulations (no S3, no chain processes).
 
-    python scripts/simulate.py honest [--peers 4] [--windows 30] [--out runs/sim-honest]
+    python scripts/simulate.py honest      [--peers 4] [--windows 30]  [--out runs/sim-honest]
+    python scripts/simulate.py figure2     [--windows 20]              [--out runs/sim-figure2]
+    python scripts/simulate.py adversaries [--windows 20]              [--out runs/sim-adversaries]
 
-``honest``: N honest peers train the default model on Shakespeare with DeMo
-compression and signed aggregation; writes ``report.json`` and ``val_loss.png``.
+``honest``: N honest peers train the default model with DeMo compression and
+signed aggregation; the validation loss falls (``report.json``, ``val_loss.png``).
+
+``figure2``: the Gauntlet paper's Figure 2 — a baseline peer, a peer processing
+2× data and a peer desynchronised for 3 windows, scored by the real validator
+code; plots LossScore and LossRating per window (``figure2.png``) and reports
+the final LossRating order.
+
+``adversaries``: 4 honest peers, a diligent one and one peer of every attack in
+``neurons/behaviours.py`` (two sybils); reports each behaviour's weight share
+per window and at the end (``shares.png``).
 """
 from __future__ import annotations
 
@@ -14,6 +25,7 @@ import os
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import torch  # noqa: E402
@@ -21,14 +33,27 @@ import torch  # noqa: E402
 from dso.config import HParams  # noqa: E402
 from dso.data import DataError, Dataset  # noqa: E402
 from dso.simulation import run_honest  # noqa: E402
+from neurons.behaviours import BEHAVIOURS, GOOD  # noqa: E402
+from neurons.report import COLOURS  # noqa: E402
+from neurons.simnet import SimNet, behaviour_shares  # noqa: E402
+
+FIGURE2_ROLES = ["honest", "diligent", "desync"]
+FIGURE2_DESYNC = {4, 5, 6}
+ADVERSARY_ROLES = ["honest"] * 4 + ["diligent"] + [b for b in BEHAVIOURS if b not in GOOD and b != "sybil"] + \
+    ["sybil", "sybil"]
 
 
-def plot_loss(path: Path, series: dict[str, list[dict]], title: str) -> None:
+def _plt():
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    return plt
+
+
+def plot_loss(path: Path, series: dict[str, list[dict]], title: str) -> None:
+    plt = _plt()
     fig, ax = plt.subplots(figsize=(7, 4))
     for label, rows in series.items():
         ax.plot([r["window"] for r in rows], [r["loss"] for r in rows], label=label)
@@ -40,41 +65,110 @@ def plot_loss(path: Path, series: dict[str, list[dict]], title: str) -> None:
     plt.close(fig)
 
 
-def cmd_honest(args: argparse.Namespace) -> int:
-    hp = HParams(seed=args.seed)
+def dataset_for(hp: HParams, args) -> Dataset:
     try:
-        ds = Dataset.from_config(args.corpus, args.cache_dir, hp.model.seq_len, hp.seed, hp.val_fraction)
+        return Dataset.from_config(args.corpus, args.cache_dir, hp.model.seq_len, hp.seed, hp.val_fraction)
     except DataError as e:
-        print(f"simulate: {e}", file=sys.stderr)
-        return 2
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+        raise SystemExit(f"simulate: {e}") from None
+
+
+def cmd_honest(args: argparse.Namespace, hp: HParams, out: Path) -> dict:
+    ds = dataset_for(hp, args)
     print(f"simulate: {args.peers} honest peers, {args.windows} windows, data {ds.data_hash[:12]}")
     hist = run_honest(hp, ds, args.peers, args.windows,
                       on_window=lambda w, loss: print(f"window {w:3d}  val_loss {loss:.4f}", flush=True))
-    report = {"peers": args.peers, "windows": args.windows, "seed": args.seed, "data_hash": ds.data_hash,
-              "val_loss": hist.rows(), "seconds": hist.seconds}
-    (out / "report.json").write_text(json.dumps(report, indent=2))
     plot_loss(out / "val_loss.png", {"DeMo, signed aggregation": hist.rows()},
               f"{args.peers} honest peers, default model")
-    first, last = hist.val_loss[0], hist.val_loss[-1]
-    print(f"simulate: validation loss {first:.3f} → {last:.3f} in {hist.seconds:.0f}s; report in {out}/")
-    return 0
+    print(f"simulate: validation loss {hist.val_loss[0]:.3f} → {hist.val_loss[-1]:.3f} in {hist.seconds:.0f}s")
+    return {"peers": args.peers, "val_loss": hist.rows(), "seconds": hist.seconds, "data_hash": ds.data_hash}
+
+
+def run_sim(hp: HParams, args, roles: list[str], desync: set[int] | None = None) -> list[dict]:
+    net = SimNet(hp, dataset_for(hp, args), roles, desync_windows=desync)
+
+    def show(r) -> None:
+        shares = {k: round(v, 3) for k, v in behaviour_shares(roles, r.weights).items() if v}
+        print(f"window {r.window:3d}  val_loss {r.val_loss:.4f}  evaluated {sorted(r.loss_scores)}  "
+              f"shares {shares}  {r.seconds:.1f}s", flush=True)
+
+    return [r.to_dict() for r in net.run(args.windows, show)]
+
+
+def cmd_figure2(args: argparse.Namespace, hp: HParams, out: Path) -> dict:
+    hp.eval_peers = len(FIGURE2_ROLES)  # every peer evaluated every window, as in the paper's simulation
+    records = run_sim(hp, args, FIGURE2_ROLES, FIGURE2_DESYNC)
+    names = {str(i + 1): role for i, role in enumerate(FIGURE2_ROLES)}
+    final = {names[u]: r for u, r in records[-1]["ratings"].items()}
+    order = sorted(final, key=final.get, reverse=True)
+    plt = _plt()
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for uid, role in names.items():
+        windows = [r["window"] for r in records]
+        axes[0].plot(windows, [r["loss_scores"].get(uid, float("nan")) for r in records], marker=".",
+                     color=COLOURS[role], label=role)
+        axes[1].plot(windows, [r["ratings"].get(uid, float("nan")) for r in records], color=COLOURS[role],
+                     label=role)
+    for ax in axes:
+        ax.axvspan(min(FIGURE2_DESYNC) - 0.5, max(FIGURE2_DESYNC) + 0.5, color="#e08214", alpha=0.12)
+        ax.grid(alpha=0.3)
+        ax.legend()
+    axes[0].set(xlabel="window", ylabel="LossScore δ_rand", title="LossScore per window")
+    axes[1].set(xlabel="window", ylabel="LossRating (ordinal μ−3σ)", title="LossRating per window")
+    fig.suptitle("Baseline, 2× data and desynchronised (shaded: windows out of sync)")
+    fig.tight_layout()
+    fig.savefig(out / "figure2.png", dpi=120)
+    plt.close(fig)
+    print(f"simulate: final LossRating order {' > '.join(order)}")
+    return {"roles": names, "desync_windows": sorted(FIGURE2_DESYNC), "final_ratings": final,
+            "rating_order": order, "expected_order_holds": order == ["diligent", "honest", "desync"],
+            "windows": records}
+
+
+def cmd_adversaries(args: argparse.Namespace, hp: HParams, out: Path) -> dict:
+    roles = ADVERSARY_ROLES
+    records = run_sim(hp, args, roles)
+    history = [behaviour_shares(roles, {int(u): w for u, w in r["weights"].items()}) for r in records]
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for role in dict.fromkeys(roles):
+        ax.plot([r["window"] for r in records], [h[role] for h in history], color=COLOURS[role], label=role)
+    ax.set(xlabel="window", ylabel="weight share", title="Weight share per behaviour (simulated validator)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, ncol=3)
+    fig.tight_layout()
+    fig.savefig(out / "shares.png", dpi=120)
+    plt.close(fig)
+    final = history[-1]
+    print("simulate: final weight shares " + ", ".join(f"{k} {100 * v:.1f}%" for k, v in final.items()))
+    return {"roles": {str(i + 1): r for i, r in enumerate(roles)}, "final_shares": final,
+            "good_share": sum(v for k, v in final.items() if k in GOOD), "shares": history, "windows": records}
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="cmd", required=True)
-    honest = sub.add_parser("honest", help="honest peers only: does the network learn?")
-    honest.add_argument("--peers", type=int, default=4)
-    honest.add_argument("--windows", type=int, default=30)
-    honest.add_argument("--seed", type=int, default=HParams().seed)
-    honest.add_argument("--corpus", default="shakespeare")
-    honest.add_argument("--cache-dir", default="~/.cache/dso")
-    honest.add_argument("--out", default="runs/sim-honest")
+    for name, windows in (("honest", 30), ("figure2", 20), ("adversaries", 20)):
+        p = sub.add_parser(name)
+        p.add_argument("--windows", type=int, default=windows)
+        p.add_argument("--seed", type=int, default=HParams().seed)
+        p.add_argument("--corpus", default="shakespeare")
+        p.add_argument("--cache-dir", default="~/.cache/dso")
+        p.add_argument("--out", default=f"runs/sim-{name}")
+        if name == "honest":
+            p.add_argument("--peers", type=int, default=4)
     args = parser.parse_args(argv)
+    if args.windows < 1:
+        parser.error("--windows must be at least 1")
     torch.set_num_threads(1)
-    return {"honest": cmd_honest}[args.cmd](args)
+    hp = HParams(seed=args.seed)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    result = {"honest": cmd_honest, "figure2": cmd_figure2, "adversaries": cmd_adversaries}[args.cmd](args, hp, out)
+    result.update(command="python scripts/simulate.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+                  windows_run=args.windows, seed=args.seed)
+    (out / "report.json").write_text(json.dumps(result, indent=2))
+    print(f"simulate: report in {out}/report.json")
+    return 0
 
 
 if __name__ == "__main__":

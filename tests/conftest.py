@@ -22,5 +22,25 @@ def tiny_hparams():
     from dso.config import HParams, ModelConfig
 
     hp = HParams(model=ModelConfig(d_model=32, n_layers=1, n_heads=2, ffn_hidden=64, seq_len=16))
-    hp.batch_size, hp.micro_batch, hp.chunk, hp.topk = 4, 4, 16, 8
+    hp.batch_size, hp.assigned_sequences, hp.micro_batch, hp.chunk, hp.topk = 4, 8, 4, 16, 8
     return hp
+
+
+@pytest.fixture(scope="session")
+def network_hparams():
+    """Hyper-parameters for networks of real processes in tests: a small model and 4-second windows
+    (with ``block_time=0.5``).  Returns a factory: each call gives a fresh object."""
+    from dso.config import HParams, ModelConfig
+
+    def make() -> HParams:
+        hp = HParams(model=ModelConfig(d_model=64, n_layers=2, n_heads=2, ffn_hidden=128, seq_len=32))
+        # assignment = batch and all of it evaluated: the strongest proof-of-computation signal, so a
+        # dozen windows are enough for every honest miner's μ to be clearly positive (docs/scoring.md)
+        hp.batch_size, hp.assigned_sequences, hp.micro_batch = 8, 8, 8
+        hp.blocks_per_window, hp.put_window_seconds = 8, 1.5
+        hp.eval_sequences, hp.eval_peers, hp.val_sequences = 8, 3, 16
+        hp.learning_rate, hp.warmup_windows, hp.checkpoint_every = 5e-3, 0, 2
+        hp.chunk, hp.topk = 32, 16
+        return hp
+
+    return make

@@ -14,8 +14,9 @@ def test_assignment_is_deterministic_and_differs_across_uids_and_windows(dataset
     assert np.array_equal(a, dataset.assigned_rows(uid=3, window=10, n=8))
     assert not np.array_equal(a, dataset.assigned_rows(uid=4, window=10, n=8))
     assert not np.array_equal(a, dataset.assigned_rows(uid=3, window=11, n=8))
-    assert not np.array_equal(a, dataset.assigned_rows(uid=3, window=10, n=8, extra=1))
     assert dataset.assigned(3, 10, 8).shape == (8, 33)
+    pool = dataset.assigned(3, 10, 16)
+    assert np.array_equal(dataset.training_batch(3, 10, 16, 8).numpy(), pool[:8].numpy())
 
 
 def test_validation_split_is_disjoint_and_never_assigned(dataset):

@@ -1,77 +1,12 @@
-"""Fixtures for the scoring tests: a tiny network of simulated miners around one validator model."""
+"""Fixtures for the scoring tests (the scripted miners are in mininet.py)."""
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 
-from dso.codec import DeMoCodec, ErrorFeedback
 from dso.data import Dataset
-from dso.model import build_model, parameter_shapes
-from dso.train import compute_gradients, learning_rate
-from scoring.sync import sample_parameters, sync_positions
-
-torch.set_num_threads(1)
-
-
-def chain_randomness(window: int) -> bytes:
-    return hashlib.sha256(f"test-chain-window-{window}".encode()).digest()
-
-
-class MiniNet:
-    """Miners with scripted behaviours, all holding the validator's θ (they are in sync by construction).
-
-    Behaviours: honest (DeMo on its assigned data), zeros, anti (DeMo on the *negated* gradient of its
-    assigned data), noise (random values), stale (honest update, sync samples from θ + 5α)."""
-
-    def __init__(self, hp, dataset: Dataset, behaviours: dict[int, str]):
-        self.hp, self.dataset, self.behaviours = hp, dataset, dict(behaviours)
-        self.model = build_model(hp.model, hp.seed)
-        self.shapes = parameter_shapes(self.model)
-        self.codec = DeMoCodec.from_hparams(self.shapes, hp)
-        self.feedback = {uid: ErrorFeedback(self.codec, hp.ef_beta) for uid in behaviours}
-
-    def payloads(self, window: int) -> dict[int, tuple]:
-        positions = sync_positions(chain_randomness(window), self.shapes, self.hp.sync_samples)
-        named = dict(self.model.named_parameters())
-        in_sync = sample_parameters(named, positions)
-        out = {}
-        for uid, behaviour in sorted(self.behaviours.items()):
-            batch = self.dataset.assigned(uid, window, self.hp.batch_size)
-            sync = in_sync.clone()
-            if behaviour in ("honest", "stale", "anti"):
-                grads, _ = compute_gradients(self.model, batch, self.hp.micro_batch)
-                if behaviour == "anti":
-                    grads = {n: -g for n, g in grads.items()}
-                update = self.feedback[uid].step(grads)
-                if behaviour == "stale":
-                    sync = sync + 5 * learning_rate(self.hp, window)
-            elif behaviour == "zeros":
-                update = self.codec.compress({n: torch.zeros(s) for n, s in self.shapes.items()})
-            elif behaviour == "noise":
-                gen = torch.Generator().manual_seed(uid * 100003 + window)
-                update = self.codec.compress({n: torch.randn(s, generator=gen) for n, s in self.shapes.items()})
-            else:
-                raise ValueError(behaviour)
-            out[uid] = (update, sync)
-        return out
-
-    @torch.no_grad()
-    def apply_aggregate(self, window: int, top_g: list[int], payloads: dict[int, tuple]) -> None:
-        """θ ← θ − α·sign(Σ decoded updates of the top-G) (a stand-in for the real aggregation)."""
-        chosen = [payloads[uid][0] for uid in top_g if uid in payloads]
-        if not chosen:
-            return
-        total = {n: torch.zeros(s) for n, s in self.shapes.items()}
-        for update in chosen:
-            for n, d in self.codec.decompress(update).items():
-                total[n] += d
-        lr = learning_rate(self.hp, window)
-        for n, p in self.model.named_parameters():
-            p.sub_(torch.sign(total[n]), alpha=lr)
 
 
 @pytest.fixture

@@ -121,9 +121,14 @@ def test_normalise_hand_values_with_non_positive_peers():
     assert w == pytest.approx({1: 0.9, 2: 0.1, 3: 0.0, 4: 0.0})
 
 
-def test_normalise_hand_values_all_positive_lowest_gets_zero():
-    # min shift as published: (2, 3, 4) → (0, 1, 2) → squares (0, 1, 4) / 5
-    assert normalise_weights({5: 2.0, 6: 3.0, 7: 4.0}, 2.0) == pytest.approx({5: 0.0, 6: 0.2, 7: 0.8})
+def test_normalise_all_positive_shifts_against_zero_so_every_honest_peer_is_paid():
+    # shift against the neutral score 0: (2, 3, 4) → squares (4, 9, 16) / 29
+    assert normalise_weights({5: 2.0, 6: 3.0, 7: 4.0}, 2.0) == pytest.approx({5: 4 / 29, 6: 9 / 29, 7: 16 / 29})
+    # with a non-positive peer present it is exactly the published min-shift
+    published = {u: (s - 0.0) ** 2 for u, s in {5: 2.0, 6: 3.0, 7: 4.0, 8: 0.0}.items()}
+    total = sum(published.values())
+    assert normalise_weights({5: 2.0, 6: 3.0, 7: 4.0, 8: -1.0}, 2.0) == pytest.approx(
+        {u: v / total for u, v in published.items()})
 
 
 def test_normalise_power_one_and_three_against_numpy():
@@ -138,7 +143,7 @@ def test_normalise_power_one_and_three_against_numpy():
 
 def test_normalise_nobody_to_pay_gives_all_zeros():
     assert normalise_weights({1: -1.0, 2: 0.0, 3: -5.0}, 2.0) == {1: 0.0, 2: 0.0, 3: 0.0}
-    assert normalise_weights({1: 0.4}, 2.0) == {1: 0.0}         # one peer: min shift leaves nothing
+    assert normalise_weights({1: 0.4}, 2.0) == {1: 1.0}         # one positive peer takes it all
     assert normalise_weights({1: math.nan, 2: 0.5, 3: 0.0}, 2.0) == {1: 0.0, 2: 1.0, 3: 0.0}
     assert normalise_weights({}, 2.0) == {}
 

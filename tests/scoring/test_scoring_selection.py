@@ -45,8 +45,10 @@ def test_least_recent_breaks_ties_with_the_given_randomness():
     assert least_recent([], lambda uid: 0, 3, np.random.default_rng(5)) == []
 
 
-def test_next_top_g_positive_scores_else_cold_start():
-    assert next_top_g({1: 0.5, 2: 0.7, 3: 0.0}, passed=[1, 2, 3], g=5) == [2, 1]
+def test_next_top_g_positive_scores_then_neutral_else_cold_start():
+    assert next_top_g({1: 0.5, 2: 0.7, 3: 0.0}, passed=[1, 2, 3], g=5) == [2, 1, 3]   # neutral 3 fills up
+    assert next_top_g({1: 0.5, 2: 0.7, 3: 0.0}, passed=[1, 2, 3], g=2) == [2, 1]
+    assert next_top_g({1: 0.5, 2: -0.1, 3: 0.0, 4: 0.0}, passed=[2, 4], g=5) == [1, 4]  # negative never enters
     assert next_top_g({1: 0.0, 2: -0.1, 3: 0.0, 4: 0.0}, passed=[4, 3, 1], g=2) == [1, 3]   # cold start, by uid
     assert next_top_g({1: 0.0}, passed=[], g=2) == []
     # no positive score mid-run: the passing peers whose worse factor is least bad come first

@@ -6,7 +6,7 @@ import json
 
 import pytest
 import torch
-from conftest import MiniNet, chain_randomness
+from mininet import MiniNet, chain_randomness
 
 from dso.model import model_hash
 from dso.rejections import Reason, Rejection

@@ -1,0 +1,119 @@
+"""A run's report: report.json, report.md and PNG plots, built from the leading validator's per-window lines.
+
+``report.json`` holds ``windows``, ``val_loss`` ([{window, loss}]) and ``peers``
+([{uid, name, behaviour, weight, weight_mean, rejections}]) where ``weight`` is
+the last weight vector the leading validator posted on chain, normalised to sum
+1 over peers, ``weight_mean`` the mean of its per-window weights, and
+``rejections`` counts reasons.  ``summary`` adds the shares the acceptance
+criteria speak about.
+"""
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+from neurons.behaviours import GOOD
+
+COLOURS = {"honest": "#2b8cbe", "diligent": "#1a9850", "freerider": "#fdae61", "absent": "#bdbdbd",
+           "noise": "#d73027", "scaler": "#f46d43", "signflip": "#a50026", "copier": "#762a83", "sybil": "#9970ab",
+           "desync": "#e08214", "late": "#8c510a", "malformed": "#4d4d4d", "alie": "#c51b7d", "ipm": "#de77ae"}
+
+
+def build(lines: list[dict], peers: dict[int, tuple[str, str]], posted: dict[int, float] | None) -> dict:
+    """``lines``: the leading validator's JSON lines; ``peers``: uid → (name, behaviour);
+    ``posted``: its last weights on chain (uid → weight), None when it never posted."""
+    per_window = [{int(u): w for u, w in line.get("weights", {}).items()} for line in lines]
+    last = posted if posted else (per_window[-1] if per_window else {})
+    total = sum(last.get(u, 0.0) for u in peers) or 1.0
+    rejections: dict[int, Counter] = {u: Counter() for u in peers}
+    for line in lines:
+        for uid, reason in line.get("rejections", {}).items():
+            if int(uid) in rejections:
+                rejections[int(uid)][reason] += 1
+    rows = []
+    for uid, (name, behaviour) in sorted(peers.items()):
+        history = [w.get(uid, 0.0) for w in per_window]
+        rows.append({"uid": uid, "name": name, "behaviour": behaviour, "weight": last.get(uid, 0.0) / total,
+                     "weight_mean": sum(history) / len(history) if history else 0.0,
+                     "rejections": dict(rejections[uid])})
+    val = [{"window": line["window"], "loss": line["val_loss"]} for line in lines]
+    return {"windows": len(lines), "val_loss": val, "peers": rows, "summary": summarise(rows, val),
+            "history": {"weights": [{str(u): w for u, w in pw.items()} for pw in per_window],
+                        "ratings": [line.get("loss_ratings", {}) for line in lines],
+                        "windows": [line["window"] for line in lines]}}
+
+
+def summarise(rows: list[dict], val: list[dict]) -> dict:
+    good = sum(r["weight"] for r in rows if r["behaviour"] in GOOD)
+    adversaries = [r for r in rows if r["behaviour"] not in GOOD]
+    honest = [r["weight"] for r in rows if r["behaviour"] == "honest"]
+    diligent = [r["weight"] for r in rows if r["behaviour"] == "diligent"]
+    return {
+        "good_share": good,
+        "max_adversary_share": max((r["weight"] for r in adversaries), default=0.0),
+        "honest_mean": sum(honest) / len(honest) if honest else 0.0,
+        "diligent_mean": sum(diligent) / len(diligent) if diligent else None,
+        "val_loss_first": val[0]["loss"] if val else None,
+        "val_loss_last": val[-1]["loss"] if val else None,
+    }
+
+
+def markdown(report: dict, command: str = "") -> str:
+    s = report["summary"]
+    out = ["# Local network run", ""]
+    if command:
+        out += [f"Command: `{command}`", ""]
+    first, last = s["val_loss_first"], s["val_loss_last"]
+    out += [f"- windows: {report['windows']}",
+            f"- validation loss: {first:.4f} → {last:.4f}" if first is not None else "- validation loss: n/a",
+            f"- honest + diligent weight: {100 * s['good_share']:.1f}%",
+            f"- largest adversary weight: {100 * s['max_adversary_share']:.2f}%",
+            f"- honest mean weight: {100 * s['honest_mean']:.1f}%"
+            + (f", diligent mean: {100 * s['diligent_mean']:.1f}%" if s["diligent_mean"] is not None else ""),
+            "", "| uid | name | behaviour | weight | mean weight | rejections |", "|---:|---|---|---:|---:|---|"]
+    for r in report["peers"]:
+        rej = ", ".join(f"{k} {v}" for k, v in sorted(r["rejections"].items())) or "—"
+        out.append(f"| {r['uid']} | {r['name']} | {r['behaviour']} | {100 * r['weight']:.2f}% | "
+                   f"{100 * r['weight_mean']:.2f}% | {rej} |")
+    out += ["", "![validation loss](val_loss.png)", "", "![weights](weights.png)", "", "![ratings](ratings.png)", ""]
+    return "\n".join(out)
+
+
+def plot(report: dict, out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    windows = report["history"]["windows"]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.plot([v["window"] for v in report["val_loss"]], [v["loss"] for v in report["val_loss"]], marker=".")
+    ax.set(xlabel="window", ylabel="validation loss (nats/byte)", title="Validation loss of the shared model")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(out / "val_loss.png", dpi=120)
+    plt.close(fig)
+
+    for key, ylabel, name, title in (("weights", "weight share", "weights.png", "Weight per peer (validator)"),
+                                     ("ratings", "LossRating (ordinal μ−3σ)", "ratings.png", "LossRating per peer")):
+        fig, ax = plt.subplots(figsize=(8, 4.5))
+        seen = set()
+        for r in report["peers"]:
+            ys = [h.get(str(r["uid"]), 0.0) for h in report["history"][key]]
+            label = r["behaviour"] if r["behaviour"] not in seen else None
+            seen.add(r["behaviour"])
+            ax.plot(windows, ys, color=COLOURS.get(r["behaviour"], "black"), label=label, alpha=0.85)
+        ax.set(xlabel="window", ylabel=ylabel, title=title)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8, ncol=2)
+        fig.tight_layout()
+        fig.savefig(out / name, dpi=120)
+        plt.close(fig)
+
+
+def write(report: dict, out: Path, command: str = "") -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "report.json").write_text(json.dumps(report, indent=2))
+    (out / "report.md").write_text(markdown(report, command))
+    plot(report, out)

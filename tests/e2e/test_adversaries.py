@@ -1,0 +1,58 @@
+"""A short local network with attackers, as in the default run but smaller: the real processes, embedded
+S3 and LocalChain; the weights the validator posts must go to the honest and diligent miners."""
+from __future__ import annotations
+
+import pytest
+
+from neurons import report as run_report
+from neurons.localnet import LocalNet, plan_nodes, wait_for
+
+pytestmark = pytest.mark.slow
+WINDOWS = 12
+ADVERSARIES = [("diligent", 1), ("freerider", 1), ("noise", 1), ("copier", 1), ("malformed", 1)]
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory, stdlib_corpus, network_hparams):
+    root = tmp_path_factory.mktemp("adversaries")
+    hp = network_hparams()
+    hp.eval_peers = 5
+    net = LocalNet(root / "run", hp, plan_nodes(3, ADVERSARIES, 1), block_time=0.5,
+                   corpus=str(stdlib_corpus), cache_dir=str(root / "cache"))
+    with net:
+        net.prepare()
+        net.start()
+        done = wait_for(lambda: len(net.validator_lines()) >= WINDOWS or bool(net.dead()), timeout=300, step=0.5)
+        assert done and not net.dead(), {p.name: p.read_text()[-2000:] for p in net.logs.glob("*.log")}
+        validator = next(n for n in net.nodes if n.role == "validator")
+        posted = net.chain.weights().get(validator.uid)
+    peers = {n.uid: (n.name, n.behaviour) for n in net.nodes if n.role == "miner"}
+    return run_report.build(net.validator_lines(), peers, posted)
+
+
+def test_honest_and_diligent_hold_the_weight(finished):
+    summary = finished["summary"]
+    assert summary["good_share"] >= 0.95, finished["peers"]
+    assert summary["max_adversary_share"] <= 0.01, finished["peers"]
+
+
+def test_every_attack_is_seen(finished):
+    by_name = {p["name"]: p for p in finished["peers"]}
+    assert by_name["malformed0"]["rejections"], "malformed payloads were not rejected"
+    copier = by_name["copier0"]["rejections"]
+    assert copier.get("duplicate", 0) >= 2, copier          # it did copy, and was caught
+    # every window it is either caught copying or failed to copy in time (too little to read in a short
+    # put window); at most one window in which it won a same-second tie-break
+    assert copier.get("duplicate", 0) + copier.get("missing", 0) >= WINDOWS - 1, copier
+
+
+def test_report_has_the_required_fields(finished, tmp_path):
+    assert finished["windows"] >= WINDOWS
+    assert {"window", "loss"} <= set(finished["val_loss"][0])
+    for peer in finished["peers"]:
+        assert {"uid", "behaviour", "weight", "weight_mean", "rejections"} <= set(peer)
+    assert sum(p["weight"] for p in finished["peers"]) == pytest.approx(1.0)
+    assert finished["val_loss"][-1]["loss"] < finished["val_loss"][0]["loss"] - 0.05
+    run_report.write(finished, tmp_path)
+    for name in ("report.json", "report.md", "val_loss.png", "weights.png", "ratings.png"):
+        assert (tmp_path / name).stat().st_size > 0

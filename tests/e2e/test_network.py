@@ -1,0 +1,123 @@
+"""End to end: the embedded S3 server, a LocalChain and the real processes (3 miners, 1 validator).
+
+A small model and fast windows (4 s) keep it under a couple of minutes.  Checks: weights reach the
+chain and pay every honest miner; after every applied window each miner's model hash equals the
+validator's; the validation loss falls; and a restart of the validator changes nothing — a validator
+rebuilt from the state it had saved after window k produces, for window k+1, exactly what the
+uninterrupted process produced — and a killed validator process picks up where it stopped.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+
+import pytest
+
+from dso.config import from_dict
+from neurons.localnet import LocalNet, plan_nodes, wait_for
+
+pytestmark = pytest.mark.slow
+WINDOWS = 12
+RESTART_AFTER = 5  # k: the state saved after this window is the restart point
+
+
+@pytest.fixture(scope="module")
+def network(tmp_path_factory, stdlib_corpus, network_hparams):
+    root = tmp_path_factory.mktemp("localnet")
+    net = LocalNet(root / "run", network_hparams(), plan_nodes(3, [], 1), block_time=0.5,
+                   corpus=str(stdlib_corpus), cache_dir=str(root / "cache"))
+    with net:
+        net.prepare()
+        net.start()
+        validator = next(n for n in net.nodes if n.role == "validator")
+        snapshot = root / "snapshot"
+
+        def copy_restart_point() -> bool:
+            """Copy the validator's state as saved after window k (before it is pruned)."""
+            if snapshot.exists():
+                return True
+            lines = net.validator_lines()
+            if not any(line["window"] == RESTART_AFTER for line in lines):
+                return False
+            state = net.run_dir / "state" / f"{validator.name}-default" / "validator"
+            shutil.copytree(state / f"w{RESTART_AFTER + 1}", snapshot / "validator" / f"w{RESTART_AFTER + 1}")
+            (snapshot / "validator" / "current").write_text(f"w{RESTART_AFTER + 1}")
+            return True
+
+        done = wait_for(lambda: copy_restart_point() and len(net.validator_lines()) >= WINDOWS or bool(net.dead()),
+                        timeout=240, step=0.2)
+        logs = {p.name: p.read_text()[-3000:] for p in net.logs.glob("*.log")}
+        assert done and not net.dead(), f"network did not complete {WINDOWS} windows: {logs}"
+        yield net, snapshot
+
+
+def test_weights_reach_the_chain_and_pay_every_honest_miner(network):
+    net, _ = network
+    validator = next(n for n in net.nodes if n.role == "validator")
+    posted = net.chain.weights().get(validator.uid)
+    assert posted, "the validator posted no weights"
+    for miner in (n for n in net.nodes if n.role == "miner"):
+        assert posted.get(miner.uid, 0.0) > 0, f"honest {miner.name} got no weight: {posted}"
+    assert sum(posted.values()) == pytest.approx(1.0)
+
+
+def test_miners_hold_the_validators_model_after_every_window(network):
+    net, _ = network
+    reference = {line["window"]: line["model_hash"] for line in net.validator_lines()}
+    for name, lines in net.miner_lines().items():
+        compared = [line["window"] for line in lines if line["window"] in reference]
+        assert len(compared) >= WINDOWS - 3, f"{name} followed too few windows: {compared}"
+        for line in lines:
+            if line["window"] in reference:
+                assert line["model_hash"] == reference[line["window"]], f"{name} diverged at {line['window']}"
+
+
+def test_validation_loss_decreases(network):
+    net, _ = network
+    losses = [line["val_loss"] for line in net.validator_lines()]
+    assert losses[-1] < losses[0] - 0.05, losses
+
+
+def test_restarted_validator_gives_the_uninterrupted_weights(network, tmp_path):
+    from neurons.validator import Validator
+
+    net, snapshot = network
+    validator = next(n for n in net.nodes if n.role == "validator")
+    creds = net.credentials(validator)
+    data = json.loads((net.run_dir / "config.json").read_text())
+    data["wallet"] = {"name": validator.name, "path": str(net.run_dir / "wallets")}
+    data["storage"].update(bucket=creds.bucket, access_key_id=creds.write_key_id,
+                           secret_access_key=creds.write_secret, read_access_key_id=creds.read_key_id,
+                           read_secret_access_key=creds.read_secret)
+    state_root = tmp_path / "state"
+    shutil.copytree(snapshot, state_root / f"{validator.name}-default")
+    data["neuron"] = {"state_dir": str(state_root)}
+    restarted = Validator(from_dict(data), publish=False)  # a fresh process would load exactly this
+    assert restarted.book.model_window == RESTART_AFTER + 1
+    line = restarted.process(RESTART_AFTER + 1)
+    uninterrupted = next(x for x in net.validator_lines() if x["window"] == RESTART_AFTER + 1)
+    for key in ("model_hash", "weights", "scores", "mu", "loss_ratings", "loss_scores", "evaluated", "fast",
+                "top_g", "aggregated", "rejections"):
+        assert line[key] == uninterrupted[key], key
+    assert line["val_loss"] == uninterrupted["val_loss"]
+
+
+def test_killed_validator_process_resumes_in_step_with_the_miners(network):
+    net, _ = network
+    validator = next(n for n in net.nodes if n.role == "validator")
+    net.stop_node(validator, signal.SIGKILL)
+    before = len(net.validator_lines())
+    net.start_node(validator)
+    assert wait_for(lambda: len(net.validator_lines()) >= before + 2 or bool(net.dead()), timeout=90, step=0.5), \
+        (net.logs / f"{validator.name}.log").read_text()[-3000:]
+    lines = net.validator_lines()
+    windows = [line["window"] for line in lines]
+    assert windows == sorted(windows) and len(set(windows)) == len(windows)  # no window scored twice
+    reference = {line["window"]: line["model_hash"] for line in lines}
+    latest = max(reference)
+    assert wait_for(lambda: all(any(m["window"] == latest for m in ms) for ms in net.miner_lines().values()),
+                    timeout=30, step=0.5)
+    for name, ms in net.miner_lines().items():
+        last = next(m for m in ms if m["window"] == latest)
+        assert last["model_hash"] == reference[latest], f"{name} is not at the validator's model after restart"

@@ -1,0 +1,50 @@
+"""The Gauntlet in one process on a tiny model: attacks earn nothing, copies and sybils are caught."""
+import pytest
+
+from dso.data import Dataset
+from neurons.simnet import SimNet, behaviour_shares
+
+ROLES = ["honest", "honest", "honest", "diligent", "freerider", "noise", "signflip", "copier", "late",
+         "malformed", "absent", "sybil", "sybil"]
+
+
+@pytest.fixture(scope="module")
+def records(stdlib_corpus, tmp_path_factory):
+    from dso.config import HParams, ModelConfig
+
+    hp = HParams(model=ModelConfig(d_model=32, n_layers=1, n_heads=2, ffn_hidden=64, seq_len=32))
+    hp.batch_size, hp.assigned_sequences, hp.micro_batch, hp.chunk, hp.topk = 8, 16, 8, 16, 8
+    hp.eval_sequences, hp.eval_peers, hp.learning_rate, hp.warmup_windows = 8, 8, 5e-3, 0
+    ds = Dataset.from_config(str(stdlib_corpus), str(tmp_path_factory.mktemp("cache")), 32, hp.seed, 0.02)
+    return SimNet(hp, ds, ROLES).run(12)
+
+
+def test_attackers_end_with_no_weight(records):
+    final = behaviour_shares(ROLES, records[-1].weights)
+    assert sum(final.values()) == pytest.approx(1.0)
+    for role in ("freerider", "noise", "signflip", "late", "malformed", "absent"):
+        assert final[role] == 0.0, (role, final)
+    assert final["copier"] <= 0.01, final     # caught as a copy in most windows (see the next test)
+    assert final["honest"] + final["diligent"] + final["sybil"] >= 0.99
+
+
+def test_transport_failures_are_rejected_every_window(records):
+    uid = {role: i + 1 for i, role in reversed(list(enumerate(ROLES)))}
+    for r in records:
+        assert r.rejections[uid["late"]] == "too_late"
+        assert r.rejections[uid["absent"]] == "missing"
+        assert r.rejections[uid["malformed"]] in ("malformed", "wrong_count", "non_finite", "bad_shape")
+
+
+def test_copier_and_second_sybil_are_duplicates(records):
+    copier, sybil_b = ROLES.index("copier") + 1, len(ROLES)
+    copied = sum(r.rejections.get(copier) == "duplicate" for r in records)
+    sybil = sum(r.rejections.get(sybil_b) == "duplicate" or r.rejections.get(sybil_b - 1) == "duplicate"
+                for r in records)
+    # copies uploaded in the same second as their source: the proof-of-computation tie-break decides
+    assert copied >= 0.75 * len(records)
+    assert sybil == len(records)                # one of the two sybils loses the update every window
+
+
+def test_loss_falls(records):
+    assert records[-1].val_loss < records[0].val_loss - 0.1
