@@ -7,7 +7,7 @@ ARGS ?=
 .PHONY: run test install bench simulate clean
 
 run: $(VENV)/.installed
-	$(PY) scripts/simulate.py honest $(ARGS)
+	$(PY) scripts/localnet.py $(ARGS)
 
 test: $(VENV)/.installed
 	$(PY) -m pytest -q $(ARGS)

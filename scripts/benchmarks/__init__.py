@@ -1,11 +1,17 @@
-"""Benchmark sections: name → run(quick) -> dict; plus the Markdown rendering of a result."""
+"""Benchmark sections: name → module with ``run(quick) -> dict`` (and optionally ``markdown(result)``)."""
 from __future__ import annotations
 
-from benchmarks import codec
+from benchmarks import codec, convergence, gather, robust, sketch, targets, validator
 
-SECTIONS = {
-    "codec": codec.run,
+MODULES = {
+    "codec": codec,
+    "validator": validator,
+    "gather": gather,
+    "sketch": sketch,
+    "robust": robust,
+    "convergence": convergence,  # last: the longest
 }
+SECTIONS = {name: module.run for name, module in MODULES.items()}
 
 
 def _fmt(v) -> str:
@@ -14,18 +20,28 @@ def _fmt(v) -> str:
     return str(v)
 
 
-def markdown(result: dict) -> str:
-    lines = ["| section | metric | value |", "|---|---|---|"]
-    for section, body in result.items():
-        if not isinstance(body, dict) or section == "machine":
-            continue
-        for key, value in body.items():
-            if isinstance(value, dict):
-                for sub, v in value.items():
-                    if not isinstance(v, (dict, list)):
-                        lines.append(f"| {section} | {key}.{sub} | {_fmt(v)} |")
-            elif isinstance(value, list):
-                lines.append(f"| {section} | {key} | {', '.join(_fmt(x) for x in value)} |")
-            else:
-                lines.append(f"| {section} | {key} | {_fmt(value)} |")
+def generic_markdown(body: dict) -> str:
+    """Scalars (and one level of nested scalars) as a two-column table; long lists are left to the JSON."""
+    lines = ["| metric | value |", "|---|---:|"]
+    for key, value in body.items():
+        if isinstance(value, dict):
+            lines += [f"| {key}.{sub} | {_fmt(v)} |" for sub, v in value.items() if not isinstance(v, (dict, list))]
+        elif not isinstance(value, list):
+            lines.append(f"| {key} | {_fmt(value)} |")
     return "\n".join(lines)
+
+
+def markdown(result: dict) -> str:
+    out = []
+    for name, body in result.items():
+        if name not in MODULES or not isinstance(body, dict):
+            continue
+        out.append(f"### {name}\n")
+        if "error" in body:
+            out.append(f"failed: {body['error']}\n")
+            continue
+        render = getattr(MODULES[name], "markdown", generic_markdown)
+        out.append(render(body) + "\n")
+    if result.get("targets"):
+        out += ["### targets\n", targets.markdown(result["targets"])]
+    return "\n".join(out)

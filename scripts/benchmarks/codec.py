@@ -5,7 +5,7 @@ import math
 
 import torch
 
-from benchmarks.common import median_ms
+from benchmarks.common import median_times
 from dso.codec import DeMoCodec
 from dso.config import HParams, ModelConfig
 from dso.data import Dataset
@@ -45,9 +45,16 @@ def measure(codec: DeMoCodec, tensors: dict[str, torch.Tensor], repeats: int) ->
     out["vs_templar_2_5_bytes"] = TEMPLAR_BYTES_PER_KEPT / out["bytes_per_kept"]
     if repeats:
         wire = codec.to_wire(codec.compress(tensors))
-        out["encode_ms"] = median_ms(lambda: codec.to_wire(codec.compress(tensors)), repeats)
-        out["decode_ms"] = median_ms(lambda: codec.decompress(codec.from_wire(wire)), repeats)
+        out["encode_ms"], out["encode_cpu_ms"] = median_times(lambda: codec.to_wire(codec.compress(tensors)), repeats)
+        out["decode_ms"], out["decode_cpu_ms"] = median_times(lambda: codec.decompress(codec.from_wire(wire)), repeats)
     return out
+
+
+def compression_share(encode_ms: float, decode_ms: float, gradient_ms: float) -> float:
+    """Share of a miner's window compute spent in the codec: (encode + decode) / (gradient + encode + decode).
+
+    Fed with CPU times (one torch thread), so load from other processes does not move it."""
+    return (encode_ms + decode_ms) / (gradient_ms + encode_ms + decode_ms)
 
 
 def run(quick: bool) -> dict:
@@ -55,13 +62,13 @@ def run(quick: bool) -> dict:
     model = build_model(hp.model, hp.seed)
     codec = DeMoCodec.from_hparams(parameter_shapes(model), hp)
     ds = Dataset.from_config("shakespeare", "~/.cache/dso", hp.model.seq_len, hp.seed, hp.val_fraction)
-    batch = ds.assigned(0, 0, hp.batch_size)
+    batch = ds.training_batch(0, 0, hp.assigned_sequences, hp.batch_size)
     grads, _ = compute_gradients(model, batch, hp.micro_batch)
     result = measure(codec, grads, repeats=3 if quick else 9)
-    window_ms = median_ms(lambda: compute_gradients(model, batch, hp.micro_batch), 2 if quick else 5)
-    result["miner_gradient_ms"] = window_ms
-    result["compression_share_of_window"] = (result["encode_ms"] + result["decode_ms"]) / (
-        window_ms + result["encode_ms"] + result["decode_ms"])
+    result["miner_gradient_ms"], result["miner_gradient_cpu_ms"] = median_times(
+        lambda: compute_gradients(model, batch, hp.micro_batch), 2 if quick else 5)
+    result["compression_share_of_window"] = compression_share(
+        result["encode_cpu_ms"], result["decode_cpu_ms"], result["miner_gradient_cpu_ms"])
 
     big = DeMoCodec(shapes_100m(), chunk=hp.chunk, topk=hp.topk, value_bits=hp.value_bits)
     big_tensors = {n: torch.randn(s) for n, s in big.shapes.items()} if not quick else {}

@@ -1,17 +1,85 @@
-"""Helpers shared by benchmark sections."""
+"""Helpers shared by benchmark sections: timing, memory, worker processes, the default data set."""
 from __future__ import annotations
 
+import math
+import multiprocessing
+import os
+import resource
 import statistics
 import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
 from typing import Callable
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def median_times(fn: Callable[[], object], repeats: int, warmup: int = 1) -> tuple[float, float]:
+    """(median wall ms, median CPU ms of this process) over ``repeats`` calls.
+
+    With one torch thread, CPU time is what the work itself costs: unlike wall time it does not
+    grow when other processes compete for the cores."""
+    for _ in range(warmup):
+        fn()
+    wall, cpu = [], []
+    for _ in range(repeats):
+        w0, c0 = time.perf_counter(), time.process_time()
+        fn()
+        cpu.append((time.process_time() - c0) * 1000)
+        wall.append((time.perf_counter() - w0) * 1000)
+    return statistics.median(wall), statistics.median(cpu)
 
 
 def median_ms(fn: Callable[[], object], repeats: int, warmup: int = 1) -> float:
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - start) * 1000)
-    return statistics.median(times)
+    return median_times(fn, repeats, warmup)[0]
+
+
+def worker_pool(workers: int) -> ProcessPoolExecutor:
+    """Fresh interpreter per worker (spawn): a clean peak-RSS reading and no state forked from the parent."""
+    return ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"))
+
+
+def own_peak_rss_mb() -> float:
+    """Peak resident set of this process so far.
+
+    VmHWM first: ``ru_maxrss`` survives ``exec`` on Linux, so a spawned worker would report the peak
+    of the parent it was forked from (the benchmark itself) instead of its own."""
+    return proc_peak_rss_mb(os.getpid()) or resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def proc_peak_rss_mb(pid: int) -> float | None:
+    """VmHWM (peak resident set) of a running process from /proc; None when it cannot be read."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def proc_cpu_seconds(pid: int) -> float | None:
+    """User + system CPU seconds a process has used so far (all its threads), from /proc/<pid>/stat."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def finite_or_none(x: float) -> float | None:
+    """JSON has no NaN/inf: a diverged or undefined loss is written as null."""
+    return float(x) if isinstance(x, (int, float)) and math.isfinite(x) else None
+
+
+def default_dataset(hp):
+    """The data set every node of a default run trains on (Shakespeare, cached token ids)."""
+    from dso.data import Dataset
+    return Dataset.from_config("shakespeare", "~/.cache/dso", hp.model.seq_len, hp.seed, hp.val_fraction)
+
+
+def setup_worker() -> None:
+    """Worker processes (like the nodes of a network on one machine) use one torch thread."""
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    import torch
+    torch.set_num_threads(1)

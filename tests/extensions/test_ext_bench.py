@@ -12,14 +12,14 @@ SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
 
 
 def load(name: str):
-    spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")
+    spec = importlib.util.spec_from_file_location(name, SCRIPTS / "benchmarks" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
 def test_bench_sketch_vs_demo_quick():
-    bench = load("bench_sketch")
+    bench = load("sketch")
     res = bench.bench_sketch_vs_demo(quick=True)
     from dso.codec import DeMoCodec
     from dso.config import HParams
@@ -41,7 +41,7 @@ def test_bench_sketch_vs_demo_quick():
 
 
 def test_bench_robust_quick():
-    bench = load("bench_robust")
+    bench = load("robust")
     res = bench.bench_robust(quick=True)
     table = res["trim_beta_0.2"]
     assert min(table[rule][a] for rule in ("krum", "median", "trimmed_mean", "geomedian") for a in table[rule]) > 0.9

@@ -3,7 +3,7 @@
 20 honest peers (a shared direction plus per-peer noise of the same size, so a single honest update
 has cosine ≈ 0.7 to the truth) and 5 Byzantine peers running each attack of
 :data:`dso.robust.ATTACKS`.  Also times every rule on a model-sized matrix (D = 3.3 M) unless
-``--quick``.  Run: ``python scripts/bench_robust.py [--quick] [--out DIR]`` (writes JSON + Markdown).
+``--quick``.  Run: ``python scripts/benchmarks/robust.py [--quick] [--out DIR]`` (writes JSON + Markdown).
 """
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from dso.config import HParams  # noqa: E402
 from dso.robust import ATTACKS, RULES, byzantine_rows, robust_aggregate  # noqa: E402
@@ -72,6 +73,11 @@ def markdown(result: dict) -> str:
         out += ["| rule | seconds (25 × 3.3 M, 1 thread) |", "|---|---:|"]
         out += [f"| {r} | {s:.2f} |" for r, s in result["seconds_25_peers_3.3M"].items()]
     return "\n".join(out)
+
+
+def run(quick: bool) -> dict:
+    """Entry point of the ``robust`` section of scripts/bench.py."""
+    return bench_robust(quick)
 
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@
 For each codec (default hyper-parameters): payload bytes, values kept, and the cosine between the
 true update and its decoded compression — for the whole model, for the sign that is actually
 applied, and (with error feedback over several windows, fresh gradients each window) between the
-sum of what was sent and the sum of the gradients.  Run: ``python scripts/bench_sketch.py [--quick]``.
+sum of what was sent and the sum of the gradients.  Run: ``python scripts/benchmarks/sketch.py [--quick]``.
 """
 from __future__ import annotations
 
@@ -16,7 +16,8 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from dso.codec import DeMoCodec, ErrorFeedback  # noqa: E402
 from dso.config import HParams  # noqa: E402
@@ -115,6 +116,11 @@ def markdown(result: dict) -> str:
         vals = [result[c][k] for c in cols]
         lines.append("| " + " | ".join([k] + [f"{v:.4f}" if isinstance(v, float) else str(v) for v in vals]) + " |")
     return "\n".join(lines)
+
+
+def run(quick: bool) -> dict:
+    """Entry point of the ``sketch`` section of scripts/bench.py."""
+    return bench_sketch_vs_demo(quick)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,142 @@
+"""Gather section: time to gather K default-model payloads from the embedded S3 server (IAM auth on).
+
+Each of K peers has its own bucket and read-only key (as on a real network); every payload is a
+default-model DeMo update with the configured sync samples.  The number is the median wall time of
+a full :func:`storage.gather.gather` (HEAD + GET + strict decode of every peer) with warm client
+caches, i.e. what a validator pays every window.  Also reported: the strict decode of one payload
+alone (times K, the share of the gather spent decoding) and the log-log slope of time against K
+(1 = linear).  Standalone: ``python scripts/benchmarks/gather.py [--ks 8 32 128] [--repeats 3]``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import time
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a file: the repository and scripts/ onto the path
+    sys.path[:0] = [str(Path(__file__).resolve().parents[2]), str(Path(__file__).resolve().parents[1])]
+
+import torch  # noqa: E402
+
+from benchmarks.common import proc_cpu_seconds  # noqa: E402
+
+from dso.codec import DeMoCodec  # noqa: E402
+from dso.config import HParams  # noqa: E402
+from dso.model import build_model, parameter_shapes  # noqa: E402
+from storage import keys  # noqa: E402
+from storage.gather import ReaderCache, gather  # noqa: E402
+from storage.server import EmbeddedS3  # noqa: E402
+from storage.wire import Expect, PayloadMeta, decode_payload, encode_payload  # noqa: E402
+
+WINDOW = 1
+
+
+def scaling_exponent(points: list[dict]) -> float | None:
+    """Least-squares slope of log(seconds) against log(peers): 1 = linear, < 1 = better than linear."""
+    pts = [(math.log(p["peers"]), math.log(p["seconds"])) for p in points if p["peers"] > 0 and p["seconds"] > 0]
+    if len(pts) < 2:
+        return None
+    mx = sum(x for x, _ in pts) / len(pts)
+    my = sum(y for _, y in pts) / len(pts)
+    var = sum((x - mx) ** 2 for x, _ in pts)
+    return sum((x - mx) * (y - my) for x, y in pts) / var if var else None
+
+
+def _server_cpu(server) -> float | None:
+    """CPU seconds of the embedded S3 server process so far (None when it is not a child of ours)."""
+    process = getattr(server, "_process", None)  # a benchmark-only peek: tells server from client cost
+    return proc_cpu_seconds(process.pid) if process is not None else None
+
+
+def bench_gather(ks=(8, 32, 128), repeats: int = 3, deadline_seconds: float = 120.0) -> dict:
+    """{"points": [{"peers": K, "seconds": median gather time}], "decode_ms": one payload's strict decode}."""
+    torch.set_num_threads(1)
+    hp = HParams()
+    model = build_model(hp.model, hp.seed)
+    codec = DeMoCodec.from_hparams(parameter_shapes(model), hp)
+    gen = torch.Generator().manual_seed(0)
+    update = codec.compress({n: torch.randn(p.shape, generator=gen) for n, p in model.named_parameters()})
+    sync = torch.randn(hp.sync_samples, generator=gen)
+    expect = Expect.from_hparams(hp, WINDOW)
+    points = []
+    with EmbeddedS3.start() as server:
+        commitments = {}
+        for uid in range(max(ks)):
+            creds = server.provision(f"bench{uid}")
+            meta = PayloadMeta(uid, WINDOW, hp.protocol_version, hp.digest())
+            blob = encode_payload(codec, update, sync, meta)
+            creds.write_client().put(creds.bucket, keys.gradient(WINDOW, uid, hp.protocol_version), blob)
+            commitments[uid] = creds.commitment()
+        readers = ReaderCache()
+        for k in ks:
+            peers = {uid: commitments[uid] for uid in range(k)}
+            times, client_cpu, server_cpu = [], [], []
+            for attempt in range(repeats + 1):  # the first run builds the read clients: not counted
+                cpu_before, server_before = time.process_time(), _server_cpu(server)
+                result = gather(WINDOW, peers, codec, expect, None, deadline_seconds, readers=readers)
+                cpu_after, server_after = time.process_time(), _server_cpu(server)
+                if len(result.payloads) != k:
+                    raise RuntimeError(f"bench gather lost peers: {dict(list(result.rejections.items())[:3])}")
+                if attempt:
+                    times.append(result.seconds)
+                    client_cpu.append(cpu_after - cpu_before)
+                    if server_before is not None and server_after is not None:
+                        server_cpu.append(server_after - server_before)
+            point = {"peers": k, "seconds": statistics.median(times), "client_cpu_seconds": statistics.median(client_cpu)}
+            if server_cpu:
+                point["server_cpu_seconds"] = statistics.median(server_cpu)
+            points.append(point)
+    decode_times = []
+    for _ in range(max(3, repeats)):
+        start = time.perf_counter()
+        decode_payload(blob, codec, expect.for_uid(max(ks) - 1))
+        decode_times.append((time.perf_counter() - start) * 1000)
+    return {"points": points, "payload_bytes": len(blob), "decode_ms": statistics.median(decode_times)}
+
+
+def summarise(points: list[dict], decode_ms: float) -> list[dict]:
+    """Adds seconds per peer and the share of the gather a strict decode of every payload accounts for."""
+    out = []
+    for p in points:
+        row = {**p, "seconds_per_peer": p["seconds"] / p["peers"],
+               "decode_share": decode_ms / 1000 * p["peers"] / p["seconds"]}
+        if "client_cpu_seconds" in p and "server_cpu_seconds" in p:  # 2.0 = both cores busy the whole time
+            row["cores_busy"] = (p["client_cpu_seconds"] + p["server_cpu_seconds"]) / p["seconds"]
+        out.append(row)
+    return out
+
+
+def run(quick: bool) -> dict:
+    res = bench_gather(ks=(8, 32) if quick else (8, 32, 128), repeats=1 if quick else 5)
+    points = summarise(res.pop("points"), res["decode_ms"])
+    return {"gather": points, "scaling_exponent": scaling_exponent(points), **res}
+
+
+def markdown(result: dict) -> str:
+    lines = ["| peers K | seconds | ms per peer | share spent in strict decode | cores busy (client + S3 server) |",
+             "|---:|---:|---:|---:|---:|"]
+    for p in result["gather"]:
+        busy = f"{p['cores_busy']:.2f}" if "cores_busy" in p else "—"
+        lines.append(f"| {p['peers']} | {p['seconds']:.2f} | {1000 * p['seconds_per_peer']:.1f} | "
+                     f"{p['decode_share']:.0%} | {busy} |")
+    slope = result["scaling_exponent"]
+    lines += ["", f"log-log slope of time against K: {slope:.2f} (1 = linear)" if slope is not None else "",
+              f"strict decode of one payload ({result['payload_bytes']} bytes): {result['decode_ms']:.1f} ms"]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--ks", type=int, nargs="+", default=[8, 32, 128])
+    p.add_argument("--repeats", type=int, default=3)
+    a = p.parse_args(argv)
+    print(json.dumps(bench_gather(tuple(a.ks), a.repeats), indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

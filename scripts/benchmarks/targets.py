@@ -1,0 +1,44 @@
+"""The issue's targets, checked against a benchmark result (pure: result dict in, verdicts out)."""
+from __future__ import annotations
+
+# (name, section, path to the value, comparison, threshold)
+TARGETS = [
+    ("bytes per kept within 15% of the bound (default model)", "codec", ("within_bound_pct",), "<=", 15.0),
+    ("bytes per kept within 15% of the bound (~100 M shapes)", "codec", ("model_100m", "within_bound_pct"), "<=", 15.0),
+    ("bytes per kept ≥ 1.5× smaller than 2.5 B", "codec", ("vs_templar_2_5_bytes",), ">=", 1.5),
+    ("4-bit values converge no worse than float32 values: (a)/(a')", "convergence",
+     ("ratio_4bit_vs_fp32_values",), "<=", 1.0),
+    ("validator cost per peer in forward units", "validator", ("eval_forward_units_per_peer",), "<=", 3.5),
+    ("gather time linear or better in K (log-log slope)", "gather", ("scaling_exponent",), "<=", 1.0),
+    ("codec encode + decode share of a miner's window", "codec", ("compression_share_of_window",), "<", 0.10),
+    ("convergence (a)/(c) within 5% of AdamW", "convergence", ("ratio",), "<=", 1.05),
+]
+
+
+def _lookup(result: dict, section: str, path: tuple[str, ...]):
+    value = result.get(section)
+    for key in path:
+        if not isinstance(value, dict):
+            return None
+        value = value.get(key)
+    return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def check_targets(result: dict) -> list[dict]:
+    """One row per target: value (None when its section was not run or failed) and met (True/False/None)."""
+    rows = []
+    for name, section, path, op, threshold in TARGETS:
+        value = _lookup(result, section, path)
+        met = None if value is None else {"<=": value <= threshold, "<": value < threshold,
+                                          ">=": value >= threshold}[op]
+        rows.append({"target": name, "value": value, "threshold": f"{op} {threshold:g}", "met": met})
+    return rows
+
+
+def markdown(rows: list[dict]) -> str:
+    lines = ["| target | value | threshold | met |", "|---|---:|---:|:---:|"]
+    for r in rows:
+        value = "—" if r["value"] is None else f"{r['value']:.4g}"
+        met = {True: "yes", False: "**no**", None: "not run"}[r["met"]]
+        lines.append(f"| {r['target']} | {value} | {r['threshold']} | {met} |")
+    return "\n".join(lines)

@@ -1,0 +1,202 @@
+"""Validator section: evaluation cost per peer in forward-pass units, and peak memory of validator and miner.
+
+Cost: the real :func:`scoring.window.score_window` on honest updates (one error-feedback step of
+DeMo on each peer's real gradient, in sync with the validator), timed with |S_t| = S and with
+|S_t| = 1 on the same payloads.  Everything but the per-peer evaluation is identical in the two
+calls (fast checks of all peers, L(θ_t, D_rand), the parameter snapshot, rating, weights), so
+
+    per_peer = (T(S) − T(1)) / (S − 1),   shared = T(1) − per_peer,
+    eval_forward_units_per_peer = (T(S) − shared) / S / T_fwd = per_peer / T_fwd,
+
+with T_fwd one :func:`dso.train.evaluate` on ``eval_sequences`` sequences.  The per-peer work is:
+decode of the update, sign, apply θ − β·sign in place, three forwards, restore θ_t.
+
+Times are CPU times of the measuring process (one torch thread), so competing processes barely
+move the ratio; the wall-time ratio is reported next to it.
+
+Memory: each measurement runs in a fresh process, so its VmHWM is that role's own peak.  In
+full mode a small local network (real processes, S3, chain) also reports each process's VmHWM.
+"""
+from __future__ import annotations
+
+import statistics
+
+from benchmarks.common import median_times, own_peak_rss_mb, worker_pool
+
+WINDOW = 10  # past the warm-up: α_t is the full learning rate
+RANDOMNESS = bytes(range(32))
+
+
+def per_peer_cost(t_many: float, t_one: float, many: int) -> tuple[float, float]:
+    """(per-peer time, shared time) from score times with ``many`` and with one evaluated peer."""
+    if many < 2:
+        raise ValueError("need at least two evaluated peers to separate shared from per-peer work")
+    per_peer = (t_many - t_one) / (many - 1)
+    return per_peer, t_one - per_peer
+
+
+def _honest_payloads(model, codec, dataset, hp, uids, positions) -> dict:
+    from dso.codec import ErrorFeedback
+    from dso.train import compute_gradients
+    from scoring.sync import sample_parameters
+
+    sync = sample_parameters(dict(model.named_parameters()), positions)
+    payloads = {}
+    for uid in uids:
+        batch = dataset.training_batch(uid, WINDOW, hp.assigned_sequences, hp.batch_size)
+        grads, _ = compute_gradients(model, batch, hp.micro_batch)
+        payloads[uid] = (ErrorFeedback(codec, hp.ef_beta).step(grads), sync.clone())
+        del grads
+    return payloads
+
+
+def measure_eval_cost(quick: bool, eval_sequences: int | None = None, repeats: int | None = None,
+                      peers: int | None = None) -> dict:
+    """Runs in its own process (see module doc); returns timings in ms and this process's peak RSS."""
+    import copy
+
+    import numpy as np
+
+    from benchmarks.common import default_dataset, setup_worker
+    setup_worker()
+    from dso.codec import DeMoCodec
+    from dso.config import HParams
+    from dso.model import build_model, parameter_shapes
+    from dso.train import evaluate, learning_rate
+    from scoring.evaluation import ParameterSnapshot, evaluate_peer, update_signs
+    from scoring.state import ValidatorState
+    from scoring.sync import sync_positions
+    from scoring.window import score_window
+
+    hp = HParams()
+    hp.eval_sequences = eval_sequences or hp.eval_sequences
+    hp.eval_peers = peers or hp.eval_peers
+    model = build_model(hp.model, hp.seed)
+    shapes = parameter_shapes(model)
+    codec = DeMoCodec.from_hparams(shapes, hp)
+    dataset = default_dataset(hp)
+    many = hp.eval_peers
+    uids = list(range(many))
+    payloads = _honest_payloads(model, codec, dataset, hp, uids, sync_positions(RANDOMNESS, shapes, hp.sync_samples))
+    repeats = repeats or (3 if quick else 9)
+
+    def score(eval_peers: int):
+        hp_s = copy.deepcopy(hp)
+        hp_s.eval_peers = eval_peers
+        state = ValidatorState.new(hp.digest(), secret="00" * 16)
+        return score_window(state, model, codec, dataset, hp_s, WINDOW, payloads, {}, uids, RANDOMNESS)
+
+    report = score(many)
+    if sorted(report.evaluated) != uids:  # every honest peer must pass and be evaluated, or the timing is wrong
+        raise RuntimeError(f"bench validator: evaluated {report.evaluated}, rejections {report.rejections}")
+    rng = np.random.default_rng(0)
+    rand = dataset.unassigned(rng, np.array([], dtype=np.int64), hp.eval_sequences)
+    assigned = dataset.assigned(0, WINDOW, hp.eval_sequences)
+    signs = update_signs(codec.decompress, payloads[0][0], shapes)
+    snapshot = ParameterSnapshot(model)
+    base_rand = evaluate(model, rand, hp.micro_batch)
+    step = hp.eval_scale * learning_rate(hp, WINDOW)
+    # interleaved rounds, medians per quantity: load from other processes hits every quantity alike
+    steps = {
+        "many": lambda: score(many),
+        "one": lambda: score(1),
+        "forward": lambda: evaluate(model, rand, hp.micro_batch),
+        # the per-peer steps one by one, with the very functions score_window calls
+        "decode_sign": lambda: update_signs(codec.decompress, payloads[0][0], shapes),
+        "peer_eval": lambda: evaluate_peer(model, snapshot, signs, step, assigned, rand, base_rand, hp.micro_batch),
+    }
+    calls = {"forward": 3, "decode_sign": 3}  # the short steps: several calls per round
+    wall = {name: [] for name in steps}
+    cpu = {name: [] for name in steps}
+    for _ in range(repeats):
+        for name, fn in steps.items():
+            w, c = median_times(fn, calls.get(name, 1), warmup=0)
+            wall[name].append(w)
+            cpu[name].append(c)
+    wall = {name: statistics.median(v) for name, v in wall.items()}
+    cpu = {name: statistics.median(v) for name, v in cpu.items()}
+    per_peer, shared = per_peer_cost(cpu["many"], cpu["one"], many)
+    per_peer_wall, _ = per_peer_cost(wall["many"], wall["one"], many)
+    return {
+        "evaluated_peers": many, "eval_sequences": hp.eval_sequences, "repeats": repeats,
+        "eval_forward_units_per_peer": per_peer / cpu["forward"],
+        "eval_forward_units_per_peer_wall": per_peer_wall / wall["forward"],
+        "score_window_cpu_ms": cpu["many"], "score_window_one_peer_cpu_ms": cpu["one"],
+        "per_peer_cpu_ms": per_peer, "shared_cpu_ms": shared, "forward_cpu_ms": cpu["forward"],
+        "score_window_ms": wall["many"], "forward_ms": wall["forward"],
+        "breakdown_cpu_ms": {"decode_and_sign": cpu["decode_sign"], "three_forwards_apply_restore": cpu["peer_eval"]},
+        "breakdown_forward_units": (cpu["decode_sign"] + cpu["peer_eval"]) / cpu["forward"],
+        "inprocess_peak_rss_mb": own_peak_rss_mb(),
+    }
+
+
+def measure_miner_footprint() -> dict:
+    """Runs in its own process: one window of miner work (gradient, error feedback, wire payload)."""
+    from benchmarks.common import default_dataset, setup_worker
+    setup_worker()
+    from dso.codec import DeMoCodec, ErrorFeedback
+    from dso.config import HParams
+    from dso.model import build_model, parameter_shapes
+    from dso.train import compute_gradients
+    from storage.wire import PayloadMeta, encode_payload
+    import torch
+
+    hp = HParams()
+    model = build_model(hp.model, hp.seed)
+    codec = DeMoCodec.from_hparams(parameter_shapes(model), hp)
+    feedback = ErrorFeedback(codec, hp.ef_beta)
+    dataset = default_dataset(hp)
+    grads, _ = compute_gradients(model, dataset.assigned(0, 0, hp.batch_size), hp.micro_batch)
+    update = feedback.step(grads)
+    blob = encode_payload(codec, update, torch.zeros(hp.sync_samples), PayloadMeta(0, 0, hp.protocol_version,
+                                                                                     hp.digest()))
+    return {"inprocess_peak_rss_mb": own_peak_rss_mb(), "payload_bytes": len(blob)}
+
+
+def run(quick: bool) -> dict:
+    with worker_pool(1) as pool:
+        cost = pool.submit(measure_eval_cost, quick).result()
+    if not quick:  # what the fixed per-peer work (decode, apply, restore) weighs against a 4x larger batch
+        with worker_pool(1) as pool:
+            big = pool.submit(measure_eval_cost, quick, 4 * cost["eval_sequences"], 3, 2).result()
+        cost["larger_eval_batch"] = {k: big[k] for k in ("eval_sequences", "evaluated_peers",
+                                                          "eval_forward_units_per_peer", "per_peer_cpu_ms",
+                                                          "forward_cpu_ms", "breakdown_cpu_ms")}
+    with worker_pool(1) as pool:
+        miner = pool.submit(measure_miner_footprint).result()
+    out = {"eval_forward_units_per_peer": cost.pop("eval_forward_units_per_peer"), **cost}
+    out["miner_inprocess_peak_rss_mb"] = miner["inprocess_peak_rss_mb"]
+    if quick:
+        out["peak_rss_mb"], out["miner_peak_rss_mb"] = out["inprocess_peak_rss_mb"], miner["inprocess_peak_rss_mb"]
+        out["peak_rss_source"] = "in-process (benchmark worker doing the role's work)"
+        return out
+    from benchmarks.localnet_rss import localnet_peaks
+    net = localnet_peaks(miners=3, windows=3)
+    out["localnet"] = net
+    out["peak_rss_mb"] = net.get("validator_peak_rss_mb") or out["inprocess_peak_rss_mb"]
+    out["miner_peak_rss_mb"] = net.get("miner_peak_rss_mb") or miner["inprocess_peak_rss_mb"]
+    out["peak_rss_source"] = ("local network processes (VmHWM)" if net.get("validator_peak_rss_mb")
+                              else "in-process (the local network did not report)")
+    return out
+
+
+def markdown(result: dict) -> str:
+    b = result["breakdown_cpu_ms"]
+    lines = ["| metric | value |", "|---|---:|",
+             f"| eval_forward_units_per_peer (CPU time; target ≤ 3.5) | {result['eval_forward_units_per_peer']:.2f} |",
+             f"| the same from wall time | {result['eval_forward_units_per_peer_wall']:.2f} |",
+             f"| per-peer / shared / forward CPU ms ({result['evaluated_peers']} peers, {result['eval_sequences']} "
+             f"sequences) | {result['per_peer_cpu_ms']:.1f} / {result['shared_cpu_ms']:.1f} / "
+             f"{result['forward_cpu_ms']:.1f} |",
+             f"| decode+sign, 3 forwards+apply+restore CPU ms | {b['decode_and_sign']:.1f}, "
+             f"{b['three_forwards_apply_restore']:.1f} |",
+             f"| peak RSS validator / miner MB ({result['peak_rss_source']}) | {result['peak_rss_mb']:.0f} / "
+             f"{result['miner_peak_rss_mb']:.0f} |"]
+    big = result.get("larger_eval_batch")
+    if big:
+        lines.append(f"| eval_forward_units_per_peer with {big['eval_sequences']} eval sequences | "
+                     f"{big['eval_forward_units_per_peer']:.2f} |")
+    net = result.get("localnet")
+    if net and "error" in net:
+        lines.append(f"| local network | {net['error']} |")
+    return "\n".join(lines)

@@ -1,0 +1,186 @@
+"""The benchmark sections' pure helpers: required keys and formulas against hand-computed values.
+
+No timing assertions: only the arithmetic the benchmark applies to its measurements.
+"""
+from __future__ import annotations
+
+import math
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from scipy.special import gammaln
+
+torch.set_num_threads(1)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+
+from benchmarks import MODULES, SECTIONS, generic_markdown, markdown  # noqa: E402
+from benchmarks import codec as codec_section  # noqa: E402
+from benchmarks import convergence, gather, targets, validator  # noqa: E402
+from benchmarks.common import finite_or_none, proc_peak_rss_mb  # noqa: E402
+from dso.codec import DeMoCodec  # noqa: E402
+
+
+def test_every_issue_section_is_registered():
+    assert {"codec", "validator", "gather", "convergence", "sketch", "robust"} <= set(SECTIONS)
+    assert list(SECTIONS)[-1] == "convergence"  # the longest runs last
+
+
+# ------------------------------------------------------------------ codec
+def test_codec_measure_matches_hand_computed_sizes():
+    codec = DeMoCodec({"w": (64, 64)}, chunk=64, topk=32, value_bits=4)
+    out = codec_section.measure(codec, {}, repeats=0)
+    # one 64x64 chunk: Elias-Fano 32*7 low bits + (32 + 4095 // 128) high bits = 287 bits -> 36 bytes,
+    # 32 four-bit codes = 16 bytes, (lo, hi) scale = 8 bytes
+    assert out["payload_bytes"] == 36 + 16 + 8
+    assert out["kept"] == 32
+    assert out["bytes_per_kept"] == pytest.approx(60 / 32)
+    assert out["ratio_vs_fp32"] == pytest.approx(4 * 4096 / 60)
+    log2_comb = (gammaln(4097) - gammaln(33) - gammaln(4097 - 32)) / math.log(2)  # log2 C(4096, 32)
+    assert out["bound_bytes_per_kept"] == pytest.approx((log2_comb / 32 + 4) / 8, rel=1e-6)
+    assert out["within_bound_pct"] == pytest.approx(100 * (out["bytes_per_kept"] / out["bound_bytes_per_kept"] - 1))
+    assert out["vs_templar_2_5_bytes"] == pytest.approx(2.5 / out["bytes_per_kept"])
+
+
+def test_codec_measure_times_when_asked():
+    codec = DeMoCodec({"w": (32, 32), "b": (32,)}, chunk=16, topk=8, value_bits=4)
+    tensors = {"w": torch.randn(32, 32), "b": torch.randn(32)}
+    out = codec_section.measure(codec, tensors, repeats=1)
+    assert out["encode_ms"] > 0 and out["decode_ms"] > 0
+
+
+def test_compression_share_of_window():
+    assert codec_section.compression_share(10.0, 5.0, 135.0) == pytest.approx(0.1)
+    assert codec_section.compression_share(0.0, 0.0, 700.0) == 0.0
+
+
+def test_median_times_reports_wall_and_cpu():
+    from benchmarks.common import median_times
+    wall, cpu = median_times(lambda: sum(i * i for i in range(20000)), repeats=3)
+    assert wall > 0 and cpu > 0
+
+
+def test_100m_shapes_are_about_100m_parameters():
+    n = sum(math.prod(s) for s in codec_section.shapes_100m().values())
+    assert 90e6 < n < 130e6
+
+
+# -------------------------------------------------------------- validator
+def test_per_peer_cost_separates_shared_work():
+    shared, per_peer = 120.0, 250.0
+    t_one, t_four = shared + per_peer, shared + 4 * per_peer
+    got_per_peer, got_shared = validator.per_peer_cost(t_four, t_one, 4)
+    assert got_per_peer == pytest.approx(per_peer)
+    assert got_shared == pytest.approx(shared)
+    # the issue's definition: (T(S) - shared) / S / forward
+    assert (t_four - got_shared) / 4 / 50.0 == pytest.approx(got_per_peer / 50.0)
+    with pytest.raises(ValueError):
+        validator.per_peer_cost(t_four, t_one, 1)
+
+
+def test_peak_rss_of_this_process_and_of_a_missing_one():
+    assert proc_peak_rss_mb(os.getpid()) > 10
+    assert proc_peak_rss_mb(2 ** 31 - 1) is None
+
+
+# ----------------------------------------------------------------- gather
+def test_scaling_exponent_is_the_log_log_slope():
+    linear = [{"peers": k, "seconds": 0.02 * k} for k in (8, 32, 128)]
+    quadratic = [{"peers": k, "seconds": 1e-4 * k * k} for k in (8, 32, 128)]
+    assert gather.scaling_exponent(linear) == pytest.approx(1.0)
+    assert gather.scaling_exponent(quadratic) == pytest.approx(2.0)
+    assert gather.scaling_exponent([{"peers": 8, "seconds": 1.0}, {"peers": 32, "seconds": 1.0}]) == pytest.approx(0)
+    assert gather.scaling_exponent(linear[:1]) is None
+
+
+def test_gather_summary_adds_per_peer_time_and_decode_share():
+    rows = gather.summarise([{"peers": 8, "seconds": 0.2}, {"peers": 32, "seconds": 0.64}], decode_ms=5.0)
+    assert rows[0]["seconds_per_peer"] == pytest.approx(0.025)
+    assert rows[1]["decode_share"] == pytest.approx(0.005 * 32 / 0.64)
+    assert "| 32 | 0.64 | 20.0 | 25% |" in gather.markdown(
+        {"gather": rows, "scaling_exponent": 0.85, "payload_bytes": 100, "decode_ms": 5.0})
+
+
+# ------------------------------------------------------------ convergence
+def _curves(a, a32, b, adamw: dict[float, list]):
+    out = {"demo": a, "demo_fp32_values": a32, "uncompressed": b}
+    out.update({convergence.adamw_key(lr): c for lr, c in adamw.items()})
+    return out
+
+
+def test_convergence_summary_ratios_and_adamw_pick():
+    curves = _curves([5.5, 4.0, 3.0], [5.5, 4.1, 3.1], [5.5, 4.2, 3.3],
+                     {1e-3: [5.5, 4.5, 3.2], 2e-3: [5.5, 4.0, 2.9], 4e-3: [5.5, None, None]})
+    s = convergence.summarise(curves, (1e-3, 2e-3, 4e-3), windows=2, peers=4, tokens_per_window=8192)
+    assert s["adamw_lr"] == 2e-3 and s["adamw"] == 2.9
+    assert s["ratio"] == pytest.approx(3.0 / 2.9)
+    assert s["ratio_vs_uncompressed"] == pytest.approx(3.0 / 3.3)
+    assert s["ratio_4bit_vs_fp32_values"] == pytest.approx(3.0 / 3.1)
+    assert s["adamw_sweep"] == {"0.001": 3.2, "0.002": 2.9, "0.004": None}  # diverged: null, never picked
+    assert s["initial"] == 5.5
+    for key in ("demo", "uncompressed", "adamw", "ratio", "windows"):
+        assert key in s
+    assert "ratio (a)/(c) = 1.0345" in convergence.markdown(s)
+
+
+def test_convergence_ratio_is_none_when_demo_diverges():
+    curves = _curves([5.5, math.nan], [5.5, 4.0], [5.5, 4.0], {2e-3: [5.5, 4.0]})
+    curves["demo"] = [finite_or_none(x) for x in curves["demo"]]
+    s = convergence.summarise(curves, (2e-3,), 1, 2, 4096)
+    assert s["demo"] is None and s["ratio"] is None
+    assert "diverged" in convergence.markdown(s)
+
+
+def test_tail_mean():
+    assert convergence.tail_mean([9.0, 1.0, 2.0, 3.0], n=3) == pytest.approx(2.0)
+    assert convergence.tail_mean([1.0, None], n=2) == math.inf
+
+
+# ---------------------------------------------------------------- targets
+def _result(**over):
+    res = {
+        "codec": {"within_bound_pct": 6.3, "model_100m": {"within_bound_pct": 5.4}, "vs_templar_2_5_bytes": 1.56,
+                  "compression_share_of_window": 0.07},
+        "validator": {"eval_forward_units_per_peer": 3.9},
+        "gather": {"scaling_exponent": 1.0},
+        "convergence": {"ratio": 1.05, "ratio_4bit_vs_fp32_values": 1.001},
+    }
+    res.update(over)
+    return res
+
+
+def test_targets_verdicts_on_boundaries():
+    rows = {r["target"]: r for r in targets.check_targets(_result())}
+    assert len(rows) == len(targets.TARGETS)
+    met = {name: r["met"] for name, r in rows.items()}
+    assert met["validator cost per peer in forward units"] is False
+    assert met["gather time linear or better in K (log-log slope)"] is True       # exactly 1: linear
+    assert met["convergence (a)/(c) within 5% of AdamW"] is True                  # exactly 1.05
+    assert met["4-bit values converge no worse than float32 values: (a)/(a')"] is False
+    assert met["bytes per kept within 15% of the bound (~100 M shapes)"] is True
+    assert rows["bytes per kept ≥ 1.5× smaller than 2.5 B"]["threshold"] == ">= 1.5"
+
+
+def test_targets_of_sections_not_run_or_failed():
+    rows = targets.check_targets(_result(validator={"error": "boom"}, convergence=None))
+    missing = [r for r in rows if r["met"] is None]
+    assert {r["target"] for r in missing} == {
+        "validator cost per peer in forward units", "convergence (a)/(c) within 5% of AdamW",
+        "4-bit values converge no worse than float32 values: (a)/(a')"}
+    assert "not run" in targets.markdown(rows)
+
+
+def test_markdown_renders_sections_errors_and_targets():
+    result = {"quick": True, "machine": {"cpus": 2},
+              "codec": {"bytes_per_kept": 1.6, "model_100m": {"bytes_per_kept": 1.61}},
+              "validator": {"error": "RuntimeError: x"}}
+    result["targets"] = targets.check_targets(result)
+    text = markdown(result)
+    assert "### codec" in text and "| model_100m.bytes_per_kept | 1.61 |" in text
+    assert "failed: RuntimeError: x" in text
+    assert "### targets" in text
+    assert "machine" not in text.split("### targets")[0]
+    assert generic_markdown({"curve": [1, 2, 3]}).count("\n") == 1  # long lists stay in the JSON
+    assert all(callable(m.run) for m in MODULES.values())
