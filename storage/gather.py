@@ -60,6 +60,10 @@ class ReaderCache:
 
 
 DEFAULT_READERS = ReaderCache()
+# Concurrent fetches.  Requests and the strict decode are Python work under the GIL: beyond ~16 threads
+# they only contend (measured: K = 128 peers took 3.4 s with 64 threads, 2.0 s with 16).  A stalled peer
+# holds one worker until its deadline; the others carry on.
+DEFAULT_WORKERS = 16
 
 
 def check_time(put_window: PutWindow | None, last_modified: float) -> Rejection | None:
@@ -104,14 +108,16 @@ def fetch_payload(client: S3Client, bucket: str, key: str, codec, expect: Expect
 
 def gather(window: int, peers: dict[int, BucketInfo | str | None], codec, expect: Expect,
            put_window: PutWindow | None, deadline_seconds: float, max_workers: int | None = None,
-           readers: ReaderCache | None = None) -> GatherResult:
+           readers: ReaderCache | None = None, fetch=None) -> GatherResult:
     """Gather window ``window``'s payloads of ``peers`` (uid → BucketInfo, or the raw commitment string,
-    or None when the peer has no commitment).  ``put_window=None`` skips the timing check."""
+    or None when the peer has no commitment).  ``put_window=None`` skips the timing check.  ``fetch``
+    replaces :func:`fetch_payload` per peer (same signature; commit-reveal uses storage.reveal's)."""
     if expect.window != window:
         raise ValueError(f"expect.window={expect.window} but gathering window {window}")
     started = time.monotonic()
     deadline = started + deadline_seconds
     readers = readers or DEFAULT_READERS
+    fetch = fetch or fetch_payload
     result = GatherResult()
     jobs: queue.SimpleQueue = queue.SimpleQueue()
     for uid, peer in peers.items():
@@ -138,15 +144,14 @@ def gather(window: int, peers: dict[int, BucketInfo | str | None], codec, expect
                 try:
                     client = readers.get(info)
                     key = keys.gradient(window, uid, expect.protocol_version)
-                    outcome = fetch_payload(client, info.bucket, key, codec, expect.for_uid(uid), put_window,
-                                            deadline)
+                    outcome = fetch(client, info.bucket, key, codec, expect.for_uid(uid), put_window, deadline)
                 except Exception as e:  # noqa: BLE001
                     outcome = (Rejection(Reason.UNREACHABLE, f"unexpected {type(e).__name__}: {str(e)[:160]}"), 0)
             with cond:
                 done[uid] = outcome
                 cond.notify_all()
 
-    n_workers = max(1, min(pending, max_workers or 64))
+    n_workers = max(1, min(pending, max_workers or DEFAULT_WORKERS))
     if pending:
         for i in range(n_workers):
             threading.Thread(target=worker, daemon=True, name=f"dso-gather-{window}-{i}").start()
