@@ -15,13 +15,12 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import tempfile
 from pathlib import Path
 from typing import Iterable
 
 import torch
 
+from dso.atomic import atomic_write
 from dso.rejections import Reason, Rejection
 
 STATE_FORMAT = "dso-rdp-accountant/v1"
@@ -144,19 +143,8 @@ class RdpAccountant:
                 "orders": list(self.orders), "rdp": list(self.rdp), "rounds": self.rounds}
 
     def save(self, path: str | Path) -> None:
-        """Atomic write: a temporary file in the same folder, fsync, then rename over ``path``."""
-        path = Path(path).expanduser()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
-        try:
-            with os.fdopen(fd, "w") as fh:
-                json.dump(self.state(), fh, allow_nan=False)
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        """Atomic write (see :func:`dso.atomic.atomic_write`)."""
+        atomic_write(path, json.dumps(self.state(), allow_nan=False).encode())
 
     @classmethod
     def load(cls, path: str | Path) -> "RdpAccountant":

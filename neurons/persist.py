@@ -2,30 +2,16 @@
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
 
 import safetensors.torch
 import torch
 
-
-def _atomic_write(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+from dso.atomic import atomic_write
 
 
 def save_tensors(path: Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None = None) -> None:
-    _atomic_write(Path(path), safetensors.torch.save({k: v.contiguous() for k, v in tensors.items()}, metadata))
+    atomic_write(Path(path), safetensors.torch.save({k: v.contiguous() for k, v in tensors.items()}, metadata))
 
 
 def load_tensors(path: Path) -> dict[str, torch.Tensor] | None:
@@ -37,7 +23,7 @@ def load_tensors(path: Path) -> dict[str, torch.Tensor] | None:
 
 
 def save_json(path: Path, obj: dict) -> None:
-    _atomic_write(Path(path), json.dumps(obj, indent=1, sort_keys=True).encode())
+    atomic_write(Path(path), json.dumps(obj, indent=1, sort_keys=True).encode())
 
 
 def load_json(path: Path) -> dict | None:

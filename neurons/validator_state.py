@@ -15,7 +15,8 @@ from pathlib import Path
 import torch
 
 from dso.model import model_hash
-from neurons.persist import _atomic_write, load_json, load_tensors, save_json, save_tensors
+from dso.atomic import atomic_write
+from neurons.persist import load_json, load_tensors, save_json, save_tensors
 from scoring import state as scoring_state
 
 KEEP = 3  # folders kept (the newest is current)
@@ -40,7 +41,7 @@ def save(root: Path, scores: scoring_state.ValidatorState, model: torch.nn.Modul
     scores.save(folder / "scoring.json")
     save_tensors(folder / "model.safetensors", {n: p.detach().cpu() for n, p in model.named_parameters()})
     save_json(folder / "meta.json", book.to_json(model_hash(model)))
-    _atomic_write(root / "current", folder.name.encode())
+    atomic_write(root / "current", folder.name.encode())
     for old in sorted(root.glob("w*"), key=lambda p: int(p.name[1:]) if p.name[1:].isdigit() else -1)[:-KEEP]:
         if old != folder:
             shutil.rmtree(old, ignore_errors=True)

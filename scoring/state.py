@@ -16,19 +16,18 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import secrets
-import tempfile
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from dso.atomic import atomic_write
 from scoring.rating import Rating, initial_rating, ordinal
 
 STATE_VERSION = 1
-OFFENCE_CATEGORIES = ("missing", "timing", "format", "sync", "commit")
+OFFENCE_CATEGORIES = ("missing", "timing", "format", "sync", "commit", "invalid")  # invalid: see scoring.window
 
 
 class StateError(ValueError):
@@ -96,28 +95,8 @@ class ValidatorState:
         }
 
     def save(self, path: str | Path) -> None:
-        """Write atomically: temp file in the same folder, fsync, rename over the old file."""
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        blob = json.dumps(self.to_dict(), allow_nan=False, indent=1, sort_keys=True).encode()
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(blob)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-        try:  # make the rename itself durable; not possible on every platform
-            dir_fd = os.open(path.parent, os.O_RDONLY)
-            try:
-                os.fsync(dir_fd)
-            finally:
-                os.close(dir_fd)
-        except OSError:
-            pass
+        """Write atomically (see :func:`dso.atomic.atomic_write`)."""
+        atomic_write(path, json.dumps(self.to_dict(), allow_nan=False, indent=1, sort_keys=True).encode())
 
 
 def load(path: str | Path, run_digest: str = "") -> ValidatorState:
