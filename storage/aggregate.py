@@ -23,7 +23,7 @@ from dso.rejections import Reason, Rejection
 from storage import keys
 from storage.client import S3Client, StorageError
 from storage.jsonobj import rejection_for
-from storage.tensorfile import check_spec, header_allowance, load_arrays, parse_uint, read_header
+from storage.tensorfile import check_spec, header_allowance, load_arrays, parse_uint, read_capped
 
 FORMAT = "dso-aggregate"
 BITS = 2
@@ -73,17 +73,11 @@ def decode_aggregate(data: bytes, shapes: dict[str, tuple[int, ...]], protocol_v
 
 
 def _decode(data, shapes, protocol_version, expect_window, hparams_digest):
-    cap = aggregate_size_cap(shapes)
-    if len(data) > cap:
-        return Rejection(Reason.TOO_LARGE, f"{len(data)} bytes, cap {cap}")
-    header = read_header(data, header_allowance(len(shapes)))
+    header = read_capped(data, aggregate_size_cap(shapes), len(shapes), {
+        "format", "protocol_version", "window", "model_hash_before", "model_hash_after", "learning_rate", "hparams"})
     if isinstance(header, Rejection):
         return header
     md = header.metadata
-    want = {"format", "protocol_version", "window", "model_hash_before", "model_hash_after", "learning_rate",
-            "hparams"}
-    if set(md) != want:
-        return Rejection(Reason.METADATA_MISMATCH, f"metadata keys {sorted(md)[:8]}")
     checks = [("format", md["format"], FORMAT), ("protocol_version", md["protocol_version"], str(protocol_version))]
     if expect_window is not None:
         checks.append(("window", md["window"], str(expect_window)))

@@ -23,7 +23,7 @@ from dso.rejections import Reason, Rejection
 from storage import keys
 from storage.client import S3Client, StorageError
 from storage.jsonobj import get_json, put_json, rejection_for
-from storage.tensorfile import check_spec, header_allowance, load_arrays, parse_uint, read_header
+from storage.tensorfile import check_spec, header_allowance, load_arrays, parse_uint, read_capped
 
 FORMAT = "dso-checkpoint"
 
@@ -76,16 +76,11 @@ def decode_checkpoint(data: bytes, shapes: dict[str, tuple[int, ...]], protocol_
 
 
 def _decode(data, shapes, protocol_version, hparams_digest, expect_window, expect_hash):
-    cap = checkpoint_size_cap(shapes)
-    if len(data) > cap:
-        return Rejection(Reason.TOO_LARGE, f"{len(data)} bytes, cap {cap}")
-    header = read_header(data, header_allowance(len(shapes)))
+    header = read_capped(data, checkpoint_size_cap(shapes), len(shapes),
+                         {"format", "protocol_version", "window", "model_hash", "data_hash", "hparams"})
     if isinstance(header, Rejection):
         return header
     md = header.metadata
-    want = {"format", "protocol_version", "window", "model_hash", "data_hash", "hparams"}
-    if set(md) != want:
-        return Rejection(Reason.METADATA_MISMATCH, f"metadata keys {sorted(md)[:8]}")
     window = parse_uint(md["window"])
     checks = [("format", md["format"], FORMAT), ("protocol_version", md["protocol_version"], str(protocol_version))]
     if hparams_digest is not None:

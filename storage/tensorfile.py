@@ -156,3 +156,17 @@ def parse_uint(text: str, limit: int = 2 ** 63) -> int | None:
         return None
     value = int(text)
     return value if value < limit else None
+
+
+def read_capped(data: bytes, cap: int, n_tensors: int, metadata_keys: set[str] | None = None) -> Header | Rejection:
+    """The checks every one of our safetensors objects starts with: size cap, strict header, and (when
+    given) exactly these metadata keys."""
+    if len(data) > cap:
+        return Rejection(Reason.TOO_LARGE, f"{len(data)} bytes, cap {cap}")
+    header = read_header(data, header_allowance(n_tensors))
+    if isinstance(header, Rejection) or metadata_keys is None:
+        return header
+    if set(header.metadata) != metadata_keys:
+        return Rejection(Reason.METADATA_MISMATCH, f"metadata keys {sorted(header.metadata)[:8]}")
+    return header
+
