@@ -3,9 +3,14 @@
 ``window(b) = b // blocks_per_window``.  The put window of window t opens at
 the timestamp of the first block of window t+1 and lasts ``put_window_seconds``;
 an object counts if its server LastModified is in ``[open - 1 s, close]``.
+
+With commit-reveal (``hparams.commit_reveal``) the put window carries only the
+commitments; the payloads follow in the *reveal window*, which starts when the
+put window closes and is as long (docs/extensions.md §2).
 """
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 
@@ -51,6 +56,14 @@ class Clock:
         opens = self.window_start(window + 1)
         return PutWindow(window, opens, opens + self.put_window_seconds)
 
+    def reveal_window(self, window: int) -> PutWindow:
+        """Commit-reveal: payloads of window t land in [put close, put close + put_window_seconds]."""
+        return reveal_window_after(self.put_window(window))
+
+    def uploads_close(self, window: int, commit_reveal: bool) -> float:
+        """When the last upload of window t may land: gathering starts after this (+ a settle time)."""
+        return (self.reveal_window(window) if commit_reveal else self.put_window(window)).close
+
     def window_randomness(self, window: int) -> bytes:
         """Randomness fixed when window t's put window opens: unknown while peers train on window t."""
         return self.chain.randomness(self.first_block(window + 1))
@@ -64,3 +77,18 @@ class Clock:
             if stop is not None and stop():
                 return False
             time.sleep(min(step, remaining))
+
+
+def reveal_window_after(put: PutWindow) -> PutWindow:
+    """The reveal window that follows a put window: same length, opening at its close."""
+    return PutWindow(put.window, put.close, put.close + (put.close - put.open))
+
+
+def reveal_time(put: PutWindow, margin: float = 0.05) -> float:
+    """Earliest moment a miner may reveal: once the second *after* the put window's close has begun.
+
+    S3 LastModified has whole-second resolution (truncated), so a commitment uploaded at time x counts
+    as in time while floor(x) <= close.  A reveal that lands at or after floor(close) + 1 can only be
+    read by someone whose own commitment then carries LastModified >= floor(close) + 1 > close: too
+    late.  Revealing any earlier would open a window of up to a second for a copier."""
+    return math.floor(put.close) + 1.0 + margin

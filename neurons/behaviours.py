@@ -42,6 +42,7 @@ GOOD = ("honest", "diligent")
 ALIE_Z = 1.0        # std multiples subtracted by ALIE
 IPM_EPSILON = 0.5   # scale of the negated mean
 SCALE = 1000.0
+LATE_BY = 1.1       # `late` uploads (commits, under commit-reveal) this long after the put window closed
 DESYNC_EVERY, DESYNC_LENGTH = 8, 3   # desync skips aggregates for 3 windows out of every 8
 
 

@@ -2,7 +2,8 @@
 
 The aggregation set of window t is the leading validator's list for t
 intersected with the payloads that pass the strict checks (format and put
-window) — inputs every node sees identically, so honest nodes compute the same
+window; with commit-reveal also a timely commitment that the revealed payload
+matches) — inputs every node sees identically, so honest nodes compute the same
 θ_{t+1} bits as the validator.  The validator's ledger record of window t
 (``new_model_hash``) is checked later; a node that diverged catches up.
 """
@@ -20,10 +21,11 @@ from storage import keys
 from storage.gather import gather
 from storage.jsonobj import get_json
 from storage.peers import get_peers
+from storage.reveal import gather_window
 from storage.wire import Expect
 
 log = logging.getLogger("dso.follow")
-LIST_WAIT_SECONDS = 3.0   # how long past the put window a node waits for the leader's list
+LIST_WAIT_SECONDS = 3.0   # how long past the last upload of a window a node waits for the leader's list
 
 
 class Follower:
@@ -50,19 +52,21 @@ class Follower:
             if time.time() >= until or not self.node.stop.sleep(0.25):
                 return self.last_list, "previous list (the leader's was not published in time)"
 
-    def gather(self, t: int, uids: list[int], put: PutWindow | None, deadline: float):
+    def gather(self, t: int, uids: list[int], put: PutWindow, deadline: float):
+        """Window t's updates of ``uids``, checked exactly as the validator checks them."""
         node = self.node
         buckets = node.buckets()
         node.codec.set_window(t)
-        result = gather(t, {u: buckets.get(u) for u in uids}, node.codec, Expect.from_hparams(node.hp, t),
-                        put, deadline)
+        result = gather_window(t, {u: buckets.get(u) for u in uids}, node.codec, Expect.from_hparams(node.hp, t),
+                               put, deadline, commit_reveal=node.hp.commit_reveal, readers=node.readers)
         self.bytes += result.bytes_down
         return result
 
-    def aggregate(self, t: int, put: PutWindow) -> str:
+    def aggregate(self, t: int) -> str:
         """Apply window t's aggregate to the model; returns a short summary for the log."""
         node = self.node
-        uids, source = self.peers_list(t, put.close + LIST_WAIT_SECONDS)
+        put = node.clock.put_window(t)
+        uids, source = self.peers_list(t, node.clock.uploads_close(t, node.hp.commit_reveal) + LIST_WAIT_SECONDS)
         result = self.gather(t, uids, put, node.cfg.storage.gather_deadline_seconds)
         used = sorted(result.payloads)
         signs, _ = aggregate_signs(node.codec, [result.payloads[u].update for u in used], node.hp, used,
@@ -89,15 +93,19 @@ class Follower:
                 log.warning("window %d: our model differs from the validator's; catching up", window)
                 self.diverged = True
 
-    def read_payloads(self, t: int, put: PutWindow, wanted: bool, behaviour: str) -> list:
-        """Other miners' payloads of window t, read during the put window (copier, alie, ipm)."""
+    def read_payloads(self, t: int, start: float, until: float, wanted: bool, behaviour: str) -> list:
+        """Other miners' payloads of window t as readable between ``start`` and ``until`` (copier, alie, ipm:
+        during the put window; with commit-reveal nothing is readable then, so during the reveal window)."""
         if not wanted:
             return []
         node = self.node
-        node.clock.sleep_until(put.open + 0.6, node.stop)
+        node.clock.sleep_until(start, node.stop)
         validators = {n.uid for n in node.chain.metagraph() if n.validator_permit}
-        others = [u for u in node.buckets() if u != node.uid and u not in validators]
-        result = self.gather(t, others, None, max(0.5, put.close - time.time() - 0.5))
+        others = {u: c for u, c in node.buckets().items() if u != node.uid and u not in validators}
+        node.codec.set_window(t)
+        result = gather(t, others, node.codec, Expect.from_hparams(node.hp, t), None,
+                        max(0.5, until - time.time() - 0.5), readers=node.readers)
+        self.bytes += result.bytes_down
         payloads = [result.payloads[u] for u in sorted(result.payloads)]
         log.info("window %d: %s read %d updates of others", t, behaviour, len(payloads))
         return payloads

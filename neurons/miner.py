@@ -9,11 +9,16 @@ put window, gather the updates named by the leading validator's top-G list and
 apply the same signed aggregation → θ_{t+1}.  When behind (new, restarted, or
 diverged) it catches up from the leader's checkpoint and aggregates.  The
 error-feedback buffer is saved every window and survives restarts.
+With ``hparams.commit_reveal`` the put window carries only a commitment and the
+update follows in the reveal window (neurons/reveal.py); with ``hparams.dp`` the
+gradient is clipped and noised first, and the miner stops uploading for good once
+another round would exceed its ε budget (the accountant's state is on disk).
 ``python neurons/miner.py --help`` lists every flag.
 """
 from __future__ import annotations
 
 import logging
+import secrets
 import sys
 import time
 from pathlib import Path
@@ -26,10 +31,10 @@ import torch  # noqa: E402
 from dso.codec import ErrorFeedback  # noqa: E402
 from dso.config import parse_args  # noqa: E402
 from dso.model import model_hash  # noqa: E402
-from dso.privacy import RdpAccountant, clip_and_noise  # noqa: E402
+from dso.privacy import PrivacyStateError, RdpAccountant, clip_and_noise  # noqa: E402
 from dso.rejections import Rejection  # noqa: E402
 from dso.train import compute_gradients  # noqa: E402
-from neurons import behaviours  # noqa: E402
+from neurons import behaviours, reveal  # noqa: E402
 from neurons.catchup import sync_to  # noqa: E402
 from neurons.follow import Follower  # noqa: E402
 from neurons.node import Fatal, Node, run_main  # noqa: E402
@@ -41,7 +46,6 @@ from storage.wire import Expect, PayloadMeta, decode_payload, encode_payload  # 
 
 log = logging.getLogger("dso.miner")
 SETTLE_SECONDS = 0.5    # after the put window closes, before reading others' uploads
-LATE_BY = 1.1           # the `late` behaviour uploads this long after the put window closed
 
 
 class Miner(Node):
@@ -57,12 +61,22 @@ class Miner(Node):
         saved = load_tensors(self.ef_file)
         if saved is not None and self.feedback.load_state(saved):
             log.info("restored the error-feedback buffer from %s", self.ef_file)
-        self.accountant = None
+        self.accountant, self.privacy_file = None, self.state_dir / "privacy.json"
         if self.hp.dp.enabled:
             dp = self.hp.dp
-            self.accountant = RdpAccountant.load_or_create(self.state_dir / "privacy.json", dp.noise_multiplier,
-                                                           dp.delta, range(2, dp.max_order + 1))
-        self.noise_gen = torch.Generator().manual_seed(self.hp.seed * 7919 + self.uid)
+            try:
+                self.accountant = RdpAccountant.load_or_create(self.privacy_file, dp.noise_multiplier, dp.delta,
+                                                               range(2, dp.max_order + 1))
+            except PrivacyStateError as e:  # never reset silently: that would overspend the budget
+                raise Fatal(f"{e} — repair or remove it knowingly") from None
+            log.info("differential privacy on: ε spent %.4f of %.4g over %d rounds", self.accountant.epsilon()[0],
+                     dp.epsilon_budget, self.accountant.rounds)
+        self.noise_gen = torch.Generator().manual_seed(self.hp.seed * 7919 + self.uid)  # behaviours' fake updates
+        # DP noise must be unpredictable to every reader, and never repeat after a restart: seed it from the OS
+        self.dp_noise = torch.Generator().manual_seed(secrets.randbits(63))
+        problem = reveal.settings_problem(self.hp)
+        if problem:
+            raise Fatal(problem)
         self.follower = Follower(self, self.model)
         self.model_window = -1
         self.sybil_dir = Path(cfg.neuron.state_dir).expanduser() / "sybil"
@@ -77,6 +91,12 @@ class Miner(Node):
             plan = behaviours.plan(self.behaviour, t)
             if self.model_window < 0 or (plan.apply_aggregate and self.model_window < t):
                 self.model_window = sync_to(self, self.model, self.model_window, t)
+            if self.hp.commit_reveal and self.model_window == t - 1 and \
+                    time.time() < self.clock.put_window(t - 1).close - 1:
+                # with commit-reveal the leader's aggregate of t-1 lands just before window t ends: a node that
+                # catches up with it takes part in t-1 while that put window is still open (and self-aggregates
+                # it) instead of chasing the next aggregate, which again lands just before its window ends
+                t, plan = t - 1, behaviours.plan(self.behaviour, t - 1)
             if self.model_window > t:  # a checkpoint put us ahead of the chain: wait for that window
                 self.clock.sleep_until(self.clock.window_start(self.model_window), self.stop)
             elif self.model_window == t or (self.model_window >= 0 and not plan.apply_aggregate):
@@ -104,12 +124,19 @@ class Miner(Node):
         in_time = time.time() < put.close - 0.5 or plan.late
         if not in_time:
             log.warning("window %d: training ended after the put window; not uploading", t)
-        uploaded = self.upload(t, plan, own, put) if plan.upload and in_time else False
-        if not self.clock.sleep_until(put.close + SETTLE_SECONDS, self.stop):
+        stopped = self.budget_spent and plan.train
+        if not (plan.upload and in_time) or stopped:
+            uploaded = False
+        elif self.hp.commit_reveal:
+            uploaded = reveal.upload(self, t, plan, own, put)
+        else:
+            uploaded = self.upload(t, plan, own, put)
+        if not self.clock.sleep_until(self.clock.uploads_close(t, self.hp.commit_reveal) + SETTLE_SECONDS,
+                                      self.stop):
             return
         applied = "not following (desync)" if not plan.apply_aggregate else "replaying the leader's aggregate"
         if plan.apply_aggregate and plan.self_aggregate and self.model_window == t:
-            applied = self.follower.aggregate(t, put)
+            applied = self.follower.aggregate(t)
             self.model_window = -1 if self.follower.diverged else t + 1  # -1: reload from the leader
             self.follower.diverged = False
         if own is not None:
@@ -119,6 +146,9 @@ class Miner(Node):
                   "bytes_down": self.client.bytes_down - down0 + self.follower.take_bytes(),
                   "t_train": round(trained - started, 3), "t_total": round(time.time() - started, 3),
                   "model_window": self.model_window, "model_hash": model_hash(self.model), "aggregated": applied}
+        if self.accountant is not None:
+            record["privacy"] = {"epsilon": self.accountant.epsilon()[0], "rounds": self.accountant.rounds,
+                                 "budget": self.hp.dp.epsilon_budget, "stopped": self.budget_spent}
         self.emit(record)
         log.info("window %d  loss %.4f  up %.1f KB  down %.1f KB  train %.2fs  %s", t, loss,
                  record["bytes_up"] / 1e3, record["bytes_down"] / 1e3, record["t_train"], applied)
@@ -126,44 +156,26 @@ class Miner(Node):
     # ------------------------------------------------------------ pieces
     def train(self, t: int, batches: int):
         hp = self.hp
+        if self.accountant is not None:
+            spent = self.accountant.budget_rejection(hp.dp.epsilon_budget)
+            if spent is not None:  # checked before training: nothing trained is ever released
+                if not self.budget_spent:
+                    log.warning("window %d: %s; not uploading any more", t, spent.detail)
+                self.budget_spent = True
+                return None, float("nan")
         data = self.dataset.training_batch(self.uid, t, hp.assigned_sequences, hp.batch_size * batches)
         grads, loss = compute_gradients(self.model, data, hp.micro_batch, self.device)
         if self.accountant is not None:
-            if self.accountant.would_exceed(hp.dp.epsilon_budget):
-                if not self.budget_spent:
-                    eps, _ = self.accountant.epsilon_after(self.accountant.rounds + 1)
-                    log.warning("privacy budget spent: another round would reach ε=%.2f > %.2f; not uploading any "
-                                "more", eps, hp.dp.epsilon_budget)
-                self.budget_spent = True
-                return None, loss
-            grads = clip_and_noise(grads, hp.dp.clip_norm, hp.dp.noise_multiplier, self.noise_gen)
-            self.accountant.step()
-            self.accountant.save(self.state_dir / "privacy.json")
+            grads = clip_and_noise(grads, hp.dp.clip_norm, hp.dp.noise_multiplier, self.dp_noise)
+            self.accountant.step()  # counted (and saved) before anything derived from it can leave the machine
+            self.accountant.save(self.privacy_file)
         return self.feedback.step(grads), loss
 
     def upload(self, t: int, plan: behaviours.Plan, own, put) -> bool:
-        randomness = self.wait_randomness(t)
-        if randomness is None:
-            log.warning("window %d: no chain randomness for the sync samples; not uploading", t)
+        data = self.build_payload(t, plan, own, put.open + 0.6, put.close)
+        if data is None:
             return False
-        positions = sync_positions(randomness, self.shapes, self.hp.sync_samples)
-        sync = sample_parameters(dict(self.model.named_parameters()), positions)
-        others = self.follower.read_payloads(t, put, wanted=plan.reads_peers, behaviour=self.behaviour)
-        if self.behaviour == "malformed":
-            update = behaviours.zeros(self.codec)
-        else:
-            update = behaviours.transform(self.behaviour, self.codec, own, t, self.noise_gen,
-                                          [p.update for p in others])
-        if self.behaviour == "copier" and others:
-            sync = others[0].sync_values  # a careful copier copies the victim's sync samples as well
-        if self.behaviour == "sybil":
-            update = self.sybil_update(t, update, sync, put)
-        if update is None:
-            return False
-        data = encode_payload(self.codec, update, sync, self.meta(t))
-        if self.behaviour == "malformed":
-            data = behaviours.malformed_bytes(data, t)
-        if plan.late and not self.clock.sleep_until(put.close + LATE_BY, self.stop):
+        if plan.late and not self.clock.sleep_until(put.close + behaviours.LATE_BY, self.stop):
             return False
         try:
             self.client.put(self.bucket, keys.gradient(t, self.uid, self.hp.protocol_version), data)
@@ -172,14 +184,41 @@ class Miner(Node):
             return False
         return True
 
+    def build_payload(self, t: int, plan: behaviours.Plan, own, read_from: float, read_until: float) -> bytes | None:
+        """The payload bytes this behaviour uploads for window t (None = nothing); behaviours that build on
+        others' updates read them between ``read_from`` and ``read_until``."""
+        randomness = self.wait_randomness(t)
+        if randomness is None:
+            log.warning("window %d: no chain randomness for the sync samples; not uploading", t)
+            return None
+        positions = sync_positions(randomness, self.shapes, self.hp.sync_samples)
+        sync = sample_parameters(dict(self.model.named_parameters()), positions)
+        others = self.follower.read_payloads(t, read_from, read_until, wanted=plan.reads_peers,
+                                             behaviour=self.behaviour)
+        if self.behaviour == "malformed":
+            update = behaviours.zeros(self.codec)
+        else:
+            update = behaviours.transform(self.behaviour, self.codec, own, t, self.noise_gen,
+                                          [p.update for p in others])
+        if self.behaviour == "copier" and others:
+            sync = others[0].sync_values  # a careful copier copies the victim's sync samples as well
+        if self.behaviour == "sybil":
+            update = self.sybil_update(t, update, sync, read_until)
+        if update is None:
+            return None
+        data = encode_payload(self.codec, update, sync, self.meta(t))
+        if self.behaviour == "malformed":
+            data = behaviours.malformed_bytes(data, t)
+        return data
+
     def meta(self, t: int) -> PayloadMeta:
         return PayloadMeta(self.uid, t, self.hp.protocol_version, self.hp.digest(), self.dataset.data_hash,
                            model_hash(self.model))
 
-    def sybil_update(self, t: int, update, sync, put):
+    def sybil_update(self, t: int, update, sync, until: float):
         """All sybils of a group upload the update the lowest uid of the group trained."""
         mine = encode_payload(self.codec, update, sync, self.meta(t)) if update is not None else None
-        shared = behaviours.sybil_exchange(self.sybil_dir, self.uid, t, mine, put.close - time.time() - 0.5)
+        shared = behaviours.sybil_exchange(self.sybil_dir, self.uid, t, mine, until - time.time() - 0.5)
         if shared is None:
             return None
         payload = decode_payload(shared, self.codec, Expect.from_hparams(self.hp, t))

@@ -3,9 +3,14 @@
 Transport outcomes that depend on S3 are simulated with the rejection the real
 gatherer would return (absent → missing, late → too_late, malformed → a format
 reason) and copies are uploaded in the same second as their source (the worst
-case for copy detection).  Everything else — assigned data, error feedback,
-behaviour transforms, copy detection, ``score_window``, the top-G list and the
-signed aggregation — is the code the processes run.
+case for copy detection).  With ``hp.commit_reveal`` the outcomes are those of
+storage.reveal: behaviours that read others' updates commit blind and reveal a
+copy (reveal_mismatch), a late miner's commitment is late (no_commit).  With
+``hp.dp.enabled`` every trainer clips and noises its gradient and keeps an RDP
+accountant; once another round would exceed the budget it stops uploading
+(missing).  Everything else — assigned data, error feedback, behaviour
+transforms, copy detection, ``score_window``, the top-G list and the signed
+aggregation — is the code the processes run.
 """
 from __future__ import annotations
 
@@ -22,6 +27,7 @@ from dso.codec import ErrorFeedback
 from dso.config import HParams
 from dso.data import Dataset
 from dso.model import build_model, parameter_shapes
+from dso.privacy import RdpAccountant, clip_and_noise
 from dso.rejections import Reason, Rejection
 from dso.sketch import make_codec
 from dso.train import compute_gradients, evaluate, learning_rate
@@ -40,6 +46,7 @@ class SimPeer:
     behaviour: str
     feedback: ErrorFeedback
     model: torch.nn.Module | None = None   # own stale copy while desynchronised
+    accountant: RdpAccountant | None = None  # hp.dp.enabled: privacy spent so far
 
 
 @dataclass
@@ -74,7 +81,8 @@ class SimNet:
         self.model = build_model(hp.model, hp.seed, self.device)
         self.shapes = parameter_shapes(self.model)
         self.codec = make_codec(self.shapes, hp)
-        self.peers = [SimPeer(i + 1, b, ErrorFeedback(self.codec, hp.ef_beta, self.device))
+        self.peers = [SimPeer(i + 1, b, ErrorFeedback(self.codec, hp.ef_beta, self.device),
+                              accountant=RdpAccountant.from_config(hp.dp) if hp.dp.enabled else None)
                       for i, b in enumerate(self.roles)]
         self.state = ValidatorState.new(hp.digest(), secret=hashlib.sha256(f"sim{hp.seed}".encode()).hexdigest()[:32])
         self.top_g = [p.uid for p in self.peers][: hp.topg]
@@ -97,9 +105,17 @@ class SimNet:
         return self.model
 
     def _train(self, peer: SimPeer, t: int, batches: int):
+        """The peer's compressed update, or None once its privacy budget is spent."""
+        dp = self.hp.dp
+        if peer.accountant is not None and peer.accountant.would_exceed(dp.epsilon_budget):
+            return None
         model = self._peer_model(peer, t)
         data = self.dataset.training_batch(peer.uid, t, self.hp.assigned_sequences, self.hp.batch_size * batches)
         grads, _ = compute_gradients(model, data, self.hp.micro_batch, self.device)
+        if peer.accountant is not None:
+            grads = clip_and_noise(grads, dp.clip_norm, dp.noise_multiplier, self.noise)
+            peer.accountant.step()
+        self.codec.set_window(t, peer.uid)
         return peer.feedback.step(grads)
 
     def step(self, t: int) -> WindowRecord:
@@ -116,13 +132,20 @@ class SimNet:
                 if peer.behaviour == "sybil":
                     sybil_update = own[peer.uid]
             sync[peer.uid] = sample_parameters(dict(self._peer_model(peer, t).named_parameters()), positions)
-        honest = [own[p.uid] for p in self.peers if p.behaviour in behaviours.GOOD and p.uid in own]
+        honest = [own[p.uid] for p in self.peers if p.behaviour in behaviours.GOOD and own.get(p.uid) is not None]
         for peer in self.peers:
             b = peer.behaviour
+            plan = behaviours.plan(b, t)
             if b == "absent":
                 rejections[peer.uid] = Rejection(Reason.MISSING, "nothing uploaded")
+            elif plan.train and own.get(peer.uid) is None and not (b == "sybil" and sybil_update is not None):
+                rejections[peer.uid] = Rejection(Reason.MISSING, "privacy budget spent: nothing uploaded")
             elif b == "late":
-                rejections[peer.uid] = Rejection(Reason.TOO_LATE, "uploaded after the put window")
+                late = (Reason.NO_COMMIT, "commitment after the put window") if hp.commit_reveal else \
+                    (Reason.TOO_LATE, "uploaded after the put window")
+                rejections[peer.uid] = Rejection(*late)
+            elif hp.commit_reveal and plan.reads_peers:
+                rejections[peer.uid] = Rejection(Reason.REVEAL_MISMATCH, "committed blind, revealed a copy")
             elif b == "malformed":
                 rejections[peer.uid] = Rejection(MALFORMED[t % len(MALFORMED)], "simulated broken payload")
             elif b == "sybil":

@@ -3,8 +3,9 @@
 
     python neurons/validator.py [--wallet.name W --wallet.hotkey H] [flags]
 
-Each window t, after its put window closes (DESIGN §6): gather all active
-peers' payloads (strict checks, per-peer deadline) → copy detection → fast
+Each window t, after its put window closes (DESIGN §6; with commit-reveal, after
+the reveal window that follows it): gather all active peers' payloads (strict
+checks, per-peer deadline; commitments) → copy detection → fast
 checks on F_t ⊇ top-G, primary evaluation on S_t, OpenSkill, μ → weights →
 apply the signed aggregate of the top-G list announced for t → publish the
 aggregate, the top-G list for window t+2, the provenance record and (every N
@@ -35,6 +36,7 @@ from dso.train import evaluate, learning_rate  # noqa: E402
 from neurons import validator_state  # noqa: E402
 from neurons.follow import Follower  # noqa: E402
 from neurons.node import Fatal, Node, run_main  # noqa: E402
+from neurons.reveal import settings_problem  # noqa: E402
 from scoring import state as scoring_state  # noqa: E402
 from scoring.copies import assigned_gains, find_copies  # noqa: E402
 from scoring.evaluation import ParameterSnapshot  # noqa: E402
@@ -44,9 +46,9 @@ from storage.aggregate import encode_aggregate, put_aggregate  # noqa: E402
 from storage.checkpoint import save_checkpoint  # noqa: E402
 from storage.cleanup import cleanup  # noqa: E402
 from storage.client import StorageError  # noqa: E402
-from storage.gather import gather  # noqa: E402
 from storage.jsonobj import put_json  # noqa: E402
 from storage.peers import PeersList, put_peers  # noqa: E402
+from storage.reveal import gather_window  # noqa: E402
 from storage.wire import Expect  # noqa: E402
 
 log = logging.getLogger("dso.validator")
@@ -60,6 +62,9 @@ class Validator(Node):
 
     def __init__(self, cfg, publish: bool = True):
         super().__init__(cfg)
+        problem = settings_problem(self.hp)
+        if problem:
+            raise Fatal(problem)
         self.publish = publish  # False: compute only (used to check a restart against an uninterrupted run)
         self.val_batch = self.dataset.validation(self.hp.val_sequences)
         try:
@@ -87,8 +92,8 @@ class Validator(Node):
         done = 0
         while not self.stop():
             t = self.book.model_window
-            put = self.clock.put_window(t)
-            if not self.clock.sleep_until(put.close + SETTLE_SECONDS, self.stop):
+            if not self.clock.sleep_until(self.clock.uploads_close(t, self.hp.commit_reveal) + SETTLE_SECONDS,
+                                          self.stop):
                 break
             try:
                 self.process(t)
@@ -135,8 +140,9 @@ class Validator(Node):
                      if n.uid != self.uid and not n.validator_permit}
         buckets = self.buckets()
         self.codec.set_window(t)
-        got = gather(t, {u: buckets.get(u) for u in metagraph}, self.codec, Expect.from_hparams(hp, t), put,
-                     self.cfg.storage.gather_deadline_seconds, readers=self.readers)
+        got = gather_window(t, {u: buckets.get(u) for u in metagraph}, self.codec, Expect.from_hparams(hp, t), put,
+                            self.cfg.storage.gather_deadline_seconds, commit_reveal=hp.commit_reveal,
+                            readers=self.readers)
         updates = {u: p.update for u, p in got.payloads.items()}
         lap("gather")
         lr = learning_rate(hp, t)
@@ -150,7 +156,7 @@ class Validator(Node):
         # 1. the aggregate first — it depends only on the list announced for t and the payloads that passed the
         #    transport checks (what miners can verify themselves), so followers need not wait for the scoring
         in_list = self.book.lists.get(t, []) if self.leading() else \
-            self.follower.peers_list(t, put.close + SETTLE_SECONDS + 3.0)[0]
+            self.follower.peers_list(t, self.clock.uploads_close(t, hp.commit_reveal) + SETTLE_SECONDS + 3.0)[0]
         used = [u for u in in_list if u in got.payloads]
         delta, info = robust_delta(self.codec, [got.payloads[u].update for u in used], hp, used, self.device)
         signs = {n: torch.sign(d) for n, d in delta.items()}

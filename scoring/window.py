@@ -15,6 +15,13 @@ returns a :class:`WindowReport`.  Order, as in the paper's Algorithm 1:
 3. Sign-safe PeerScores for the active peers → power-normalised weights →
    next top-G list.
 
+With ``hp.commit_reveal`` on, penalties follow the ZIP-407 table mapped onto μ
+(:func:`penalty_multiplier`, docs/extensions.md §2): a commit-reveal offence, a
+copy or an invalid update costs more than the plain φ, every invalid update is
+counted (``offences["invalid"]``), and the third one bans the uid — μ drops to
+zero or below, and it gets no weight and no place in the top-G list until its
+hotkey changes.
+
 Model access: ``named_parameters`` (snapshot, in-place step, restore) and
 ``model.loss`` through :func:`dso.train.evaluate`.  Dataset access:
 ``assigned_rows``/``assigned`` of the evaluated peers and one ``unassigned`` draw.
@@ -29,6 +36,7 @@ from typing import Any, Iterable, Mapping
 import numpy as np
 import torch
 
+from dso.commit import BAN_AFTER, commit_penalty, is_invalid_update
 from dso.config import HParams
 from dso.model import parameter_shapes
 from dso.rejections import Reason, Rejection
@@ -114,10 +122,12 @@ def score_window(state: ValidatorState, model: torch.nn.Module, codec: Any, data
         else:
             failures[uid] = failure
     for uid, failure in failures.items():
-        _penalise(state.peers[uid], failure, hp.fast_penalty)
+        _penalise(state.peers[uid], failure, hp)
+    banned = {uid for uid in active_uids if is_banned(state.peers[uid], hp)}
 
-    # --- 2. primary evaluation on S_t
-    chosen = selection.eval_set(passed, lambda uid: state.peers[uid].last_eval_window, hp.eval_peers,
+    # --- 2. primary evaluation on S_t (a banned peer's slot would be wasted)
+    chosen = selection.eval_set([uid for uid in passed if uid not in banned],
+                                lambda uid: state.peers[uid].last_eval_window, hp.eval_peers,
                                 state.rng(window, PURPOSE_EVAL))
     losses, base_rand = _evaluate(state, model, codec, dataset, hp, window, chosen, payloads, shapes, lr,
                                   failures, notes)
@@ -133,8 +143,12 @@ def score_window(state: ValidatorState, model: torch.nn.Module, codec: Any, data
 
     # --- 3. scores, weights, next top-G
     scores = {uid: formulas.peer_score(state.peers[uid].mu, state.peers[uid].loss_rating) for uid in active_uids}
+    banned |= {uid for uid in active_uids if is_banned(state.peers[uid], hp)}  # (an evaluation may ban too)
+    for uid in banned:  # no weight, whatever μ and the rating do later; kept out of the list below
+        scores[uid] = min(scores[uid], 0.0)
     weights = formulas.normalise_weights(scores, hp.weight_power)
-    top = selection.next_top_g(scores, [uid for uid in passed if uid not in failures], hp.topg)
+    top = selection.next_top_g(scores, [uid for uid in passed if uid not in failures and uid not in banned],
+                               hp.topg)
     state.window, state.fast, state.evaluated = window, fast, sorted(losses)
     state.top_g, state.weights = top, weights
     committed.__dict__.update(state.__dict__)
@@ -185,9 +199,27 @@ def _fast_check(uid: int, payloads: Mapping, rejections: Mapping[int, Rejection]
     return None
 
 
-def _penalise(peer: PeerState, failure: Rejection, phi: float) -> None:
-    peer.mu = formulas.penalise(peer.mu, phi)
+INVALID = "invalid"  # offences key: invalid updates so far (commit-reveal runs), toward the ban
+
+
+def penalty_multiplier(failure: Rejection, peer: PeerState, hp: HParams) -> float:
+    """The φ of this failure: the Gauntlet fast-check φ, or with commit-reveal on the ZIP-407 table
+    (dso.commit.penalty_for), escalating with the peer's earlier invalid updates."""
+    if not hp.commit_reveal:
+        return hp.fast_penalty
+    return commit_penalty(failure.reason, peer.offences.get(INVALID, 0), hp.fast_penalty)
+
+
+def is_banned(peer: PeerState, hp: HParams) -> bool:
+    return bool(hp.commit_reveal) and peer.offences.get(INVALID, 0) >= BAN_AFTER
+
+
+def _penalise(peer: PeerState, failure: Rejection, hp: HParams) -> None:
+    """One penalty (the caller guarantees at most one per peer per window); never raises μ."""
+    peer.mu = formulas.penalise(peer.mu, penalty_multiplier(failure, peer, hp))
     peer.offences[failure.category] = peer.offences.get(failure.category, 0) + 1
+    if hp.commit_reveal and is_invalid_update(failure.reason):
+        peer.offences[INVALID] = peer.offences.get(INVALID, 0) + 1
     peer.last_offence = str(failure)
 
 
@@ -218,7 +250,7 @@ def _evaluate(state: ValidatorState, model: torch.nn.Module, codec: Any, dataset
         if isinstance(signs, Rejection):
             if uid not in failures:  # at most one penalty per peer per window
                 failures[uid] = signs
-                _penalise(state.peers[uid], signs, hp.fast_penalty)
+                _penalise(state.peers[uid], signs, hp)
             continue
         losses[uid] = evaluate_peer(model, snapshot, signs, step, assigned[uid], rand, base_rand, hp.micro_batch)
         del signs

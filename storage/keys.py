@@ -25,6 +25,11 @@ def commit(window: int, uid: int, version: int) -> str:
     return f"commit/{_nat('window', window)}/{_nat('uid', uid)}-v{_nat('version', version)}.json"
 
 
+def reveal(window: int, uid: int, version: int) -> str:
+    """Commit-reveal: the nonce that opens the commitment, uploaded with the payload after the put window."""
+    return f"reveal/{_nat('window', window)}/{_nat('uid', uid)}-v{_nat('version', version)}.json"
+
+
 def checkpoint(window: int, version: int) -> str:
     return f"checkpoint/{_nat('window', window)}-v{_nat('version', version)}.safetensors"
 
@@ -52,7 +57,7 @@ def ledger(window: int, version: int) -> str:
 
 @dataclass(frozen=True)
 class ParsedKey:
-    kind: str          # gradient | commit | checkpoint | peers | aggregate | ledger
+    kind: str          # gradient | commit | reveal | checkpoint | peers | aggregate | ledger
     window: int
     version: int
     uid: int | None = None
@@ -64,6 +69,7 @@ _PATTERNS = [
     for kind, pattern in (
         ("gradient", rf"gradient/{_NUM}/{_NUM}-v{_NUM}\.safetensors"),
         ("commit", rf"commit/{_NUM}/{_NUM}-v{_NUM}\.json"),
+        ("reveal", rf"reveal/{_NUM}/{_NUM}-v{_NUM}\.json"),
         ("checkpoint", rf"checkpoint/{_NUM}-v{_NUM}\.safetensors"),
         ("peers", rf"peers/{_NUM}-v{_NUM}\.json"),
         ("aggregate", rf"aggregate/{_NUM}-v{_NUM}\.safetensors"),

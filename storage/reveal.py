@@ -1,0 +1,208 @@
+"""Commit-reveal in S3 (ZIP-400 §4, ZIP-407 §3; docs/extensions.md §2): the objects and how a window is read.
+
+With ``hparams.commit_reveal`` a miner's upload for window t is split in two:
+
+* put window:    ``commit/{t}/{uid}-v{v}.json`` = {format, window, uid, commitment}, where
+  ``commitment = dso.commit.commitment_hash(t, uid, payload bytes, nonce)``;
+* reveal window: ``reveal/{t}/{uid}-v{v}.json`` = {format, window, uid, nonce (64 hex)} and the payload
+  itself at the usual ``gradient/{t}/{uid}-v{v}.safetensors`` (wire format unchanged).
+
+A reader (validator or miner) accepts a payload only when the commitment landed inside the put window,
+the nonce and the payload inside the reveal window (S3 LastModified, DESIGN §2 tolerance) and the hash
+matches (:func:`dso.commit.judge_reveal`).  Outcomes are the shared :class:`~dso.rejections.Reason`
+values; nothing here raises on what a peer uploaded.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from functools import partial
+
+from dso.clock import PutWindow, reveal_window_after
+from dso.commit import NONCE_BYTES, commitment_hash, is_commitment, judge_reveal, new_nonce
+from dso.rejections import Reason, Rejection
+from storage import keys
+from storage.client import S3Client, StorageError
+from storage.gather import GatherResult, ReaderCache, check_time, gather
+from storage.jsonobj import encode_json, parse_json_object, rejection_for
+from storage.wire import Expect, Payload, decode_payload, payload_size_cap
+
+COMMIT_FORMAT = "dso-commit/v1"
+REVEAL_FORMAT = "dso-reveal/v1"
+SMALL_JSON_BYTES = 1024  # both objects are ~200 bytes
+
+
+@dataclass(frozen=True)
+class Sealed:
+    """What a miner keeps between committing and revealing (in memory only: a miner restarted in
+    between cannot reveal, and is judged NO_REVEAL for that window)."""
+
+    window: int
+    uid: int
+    payload: bytes
+    nonce: bytes
+    commitment: str
+
+
+def seal(payload: bytes, window: int, uid: int, nonce: bytes | None = None) -> Sealed:
+    nonce = new_nonce() if nonce is None else nonce
+    return Sealed(window, uid, payload, nonce, commitment_hash(window, uid, payload, nonce))
+
+
+# --------------------------------------------------------------- objects
+def commit_object(window: int, uid: int, commitment: str) -> dict:
+    return {"format": COMMIT_FORMAT, "window": window, "uid": uid, "commitment": commitment}
+
+
+def reveal_object(window: int, uid: int, nonce: bytes) -> dict:
+    return {"format": REVEAL_FORMAT, "window": window, "uid": uid, "nonce": bytes(nonce).hex()}
+
+
+def _header_problem(obj: dict, fmt: str, field: str, window: int, uid: int) -> str | None:
+    if set(obj) != {"format", "window", "uid", field}:
+        return f"keys {sorted(obj)[:6]}, expected format, window, uid, {field}"
+    if obj["format"] != fmt:
+        return f"format {str(obj['format'])[:32]!r}, expected {fmt!r}"
+    for name, want in (("window", window), ("uid", uid)):
+        got = obj[name]
+        if isinstance(got, bool) or not isinstance(got, int) or got != want:
+            return f"{name} {str(got)[:24]!r}, expected {want}"
+    return None
+
+
+def parse_commit(obj: dict, window: int, uid: int) -> str | Rejection:
+    """The commitment string of a strict commit object, else BAD_COMMITMENT."""
+    problem = _header_problem(obj, COMMIT_FORMAT, "commitment", window, uid)
+    if problem is None and not is_commitment(obj["commitment"]):
+        problem = "commitment is not 64 lowercase hex digits"
+    return Rejection(Reason.BAD_COMMITMENT, f"commit object: {problem}") if problem else obj["commitment"]
+
+
+def parse_reveal(obj: dict, window: int, uid: int) -> bytes | Rejection:
+    """The nonce of a strict reveal object, else MALFORMED."""
+    problem = _header_problem(obj, REVEAL_FORMAT, "nonce", window, uid)
+    nonce = obj.get("nonce")
+    if problem is None and not (isinstance(nonce, str) and len(nonce) == 2 * NONCE_BYTES
+                                and all(c in "0123456789abcdef" for c in nonce)):
+        problem = f"nonce is not {2 * NONCE_BYTES} lowercase hex digits"
+    return Rejection(Reason.MALFORMED, f"reveal object: {problem}") if problem else bytes.fromhex(nonce)
+
+
+# ---------------------------------------------------------------- writes
+def put_commit(client: S3Client, bucket: str, sealed: Sealed, version: int) -> None:
+    client.put(bucket, keys.commit(sealed.window, sealed.uid, version),
+               encode_json(commit_object(sealed.window, sealed.uid, sealed.commitment)),
+               content_type="application/json")
+
+
+def put_reveal(client: S3Client, bucket: str, sealed: Sealed, version: int) -> None:
+    """The nonce first, then the payload: a reader that sees the payload finds the nonce too."""
+    client.put(bucket, keys.reveal(sealed.window, sealed.uid, version),
+               encode_json(reveal_object(sealed.window, sealed.uid, sealed.nonce)), content_type="application/json")
+    client.put(bucket, keys.gradient(sealed.window, sealed.uid, version), sealed.payload)
+
+
+# ----------------------------------------------------------------- reads
+def _small_json(client: S3Client, bucket: str, key: str, deadline: float):
+    """(object | None when absent | Rejection, LastModified, bytes read)."""
+    try:
+        data, info = client.get_with_info(bucket, key, max_bytes=SMALL_JSON_BYTES, deadline=deadline)
+    except StorageError as e:
+        return (None if e.kind == "missing" else rejection_for(e)), 0.0, 0
+    return parse_json_object(data, SMALL_JSON_BYTES), info.last_modified, len(data)
+
+
+def fetch_revealed(client: S3Client, bucket: str, key: str, codec, expect: Expect, reveal: PutWindow,
+                   deadline: float, *, put: PutWindow) -> tuple[Payload | Rejection, int]:
+    """One peer's window under commit-reveal → (Payload or Rejection, bytes read).  Never raises.
+
+    Same signature as :func:`storage.gather.fetch_payload` (``reveal`` in the place of the put window),
+    so :func:`storage.gather.gather` runs it per peer.  The accepted payload's ``last_modified`` is its
+    *commitment's*: who committed first is what copy detection compares."""
+    counted = [0]
+    try:
+        return _fetch_revealed(client, bucket, key, codec, expect, reveal, deadline, put, counted), counted[0]
+    except StorageError as e:
+        return rejection_for(e), counted[0]
+    except Exception as e:  # noqa: BLE001 — a hostile server must not crash the caller
+        return Rejection(Reason.UNREACHABLE, f"unexpected {type(e).__name__}: {str(e)[:160]}"), counted[0]
+
+
+def _fetch_revealed(client, bucket, key, codec, expect, reveal, deadline, put, counted):
+    window, uid, version = expect.window, expect.uid, expect.protocol_version
+    obj, commit_time, n = _small_json(client, bucket, keys.commit(window, uid, version), deadline)
+    counted[0] += n
+    if isinstance(obj, Rejection):
+        return obj if obj.reason != Reason.MALFORMED else Rejection(Reason.BAD_COMMITMENT, f"commit object: {obj}")
+    commitment = None if obj is None else parse_commit(obj, window, uid)
+    if isinstance(commitment, Rejection):
+        return commitment
+    committed_in_time = commitment is not None and put.classify(commit_time) == "ok"
+
+    late: list[str] = []  # reveal objects that landed after the reveal window: not revealed in time
+
+    def timed(what: str, last_modified: float) -> Rejection | None:
+        bad = check_time(reveal, last_modified)
+        if bad is not None and bad.reason == Reason.TOO_LATE:
+            late.append(f"{what} {bad.detail}")
+            return None
+        if bad is not None:  # readable before commitments closed: exactly what commit-reveal forbids
+            return Rejection(Reason.TOO_EARLY, f"{what} revealed before the reveal window: {bad.detail}")
+        return None
+
+    cap = payload_size_cap(codec, expect.sync_samples)
+    try:
+        head = client.head(bucket, key)
+    except StorageError as e:
+        if e.kind != "missing":
+            raise
+        head = None
+    if head is not None:
+        if head.size > cap:
+            return Rejection(Reason.TOO_LARGE, f"HEAD says {head.size} bytes, cap {cap}")
+        bad = timed("payload", head.last_modified)
+        if bad:
+            return bad
+    obj, reveal_time, n = _small_json(client, bucket, keys.reveal(window, uid, version), deadline)
+    counted[0] += n
+    if isinstance(obj, Rejection):
+        return obj
+    nonce = None if obj is None else parse_reveal(obj, window, uid)
+    if isinstance(nonce, Rejection):
+        return nonce
+    if nonce is not None:
+        bad = timed("nonce", reveal_time)
+        if bad:
+            return bad
+    revealed = head is not None and nonce is not None and not late
+    if revealed and committed_in_time:
+        if time.monotonic() > deadline:
+            return Rejection(Reason.TIMEOUT, "deadline passed before download")
+        data, info = client.get_with_info(bucket, key, max_bytes=cap, deadline=deadline)
+        counted[0] += len(data)
+        bad = timed("payload", info.last_modified)
+        if bad:
+            return bad
+        revealed = not late
+    else:
+        data = b""  # judge_reveal decides NO_COMMIT / NO_REVEAL / MISSING without looking at the bytes
+    if late and not committed_in_time:
+        return Rejection(Reason.TOO_LATE, "; ".join(late))
+    verdict = judge_reveal(commitment, committed_in_time, data if revealed else None,
+                           nonce if revealed else None, window, uid)
+    if verdict is not None:
+        return Rejection(verdict.reason, f"{verdict.detail} ({'; '.join(late)})") if late else verdict
+    payload = decode_payload(data, codec, expect)
+    if isinstance(payload, Payload):
+        payload.last_modified = commit_time
+    return payload
+
+
+def gather_window(window: int, peers: dict, codec, expect: Expect, put: PutWindow, deadline_seconds: float, *,
+                  commit_reveal: bool, readers: ReaderCache | None = None) -> GatherResult:
+    """Gather window ``window``'s updates the way the run's settings say: plain (payload in the put window)
+    or commit-reveal (commitment in the put window, payload + nonce in the reveal window that follows)."""
+    if not commit_reveal:
+        return gather(window, peers, codec, expect, put, deadline_seconds, readers=readers)
+    return gather(window, peers, codec, expect, reveal_window_after(put), deadline_seconds, readers=readers,
+                  fetch=partial(fetch_revealed, put=put))
