@@ -92,7 +92,7 @@ class HParams:
     codec: Literal["demo", "sketch"] = _doc("update codec", default="demo")
     chunk: int = _doc("DCT chunk edge (largest divisor <= this, see docs/codec.md)", default=64)
     topk: int = _doc("coefficients kept per chunk", default=32)
-    ef_beta: float = _doc("error-feedback decay beta", default=0.999)
+    ef_beta: float = _doc("error-feedback decay beta", default=0.9)
     value_bits: int = _doc("bits per kept value: 2..8 (log grid) or 32 (float32)", default=4)
     sketch_dim: int = _doc("sketch codec: projected dimension per tensor (cap)", default=4096)
     sketch_clip: float = _doc("sketch codec: L2 clip before projection", default=1.0)

@@ -85,11 +85,13 @@ def plot(report: dict, out: Path) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     windows = report["history"]["windows"]
     fig, ax = plt.subplots(figsize=(7, 4))
     ax.plot([v["window"] for v in report["val_loss"]], [v["loss"] for v in report["val_loss"]], marker=".")
     ax.set(xlabel="window", ylabel="validation loss (nats/byte)", title="Validation loss of the shared model")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(out / "val_loss.png", dpi=120)
@@ -105,6 +107,7 @@ def plot(report: dict, out: Path) -> None:
             seen.add(r["behaviour"])
             ax.plot(windows, ys, color=COLOURS.get(r["behaviour"], "black"), label=label, alpha=0.85)
         ax.set(xlabel="window", ylabel=ylabel, title=title)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8, ncol=2)
         fig.tight_layout()

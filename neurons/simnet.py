@@ -74,6 +74,7 @@ class SimNet:
     roles: list[str]                     # behaviour per peer; uids are 1..n (uid 0 is the validator)
     device: str = "cpu"
     desync_windows: set[int] | None = None   # override the desync schedule (Figure 2: one 3-window stretch)
+    desync_stays_behind: bool = False        # after the stretch, keep applying aggregates to the stale copy
     peers: list[SimPeer] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -101,8 +102,9 @@ class SimNet:
             if peer.model is None:  # stops following: keeps the model it has
                 peer.model = copy.deepcopy(self.model)
             return peer.model
-        peer.model = None
-        return self.model
+        if not self.desync_stays_behind:
+            peer.model = None  # catches up with the network
+        return peer.model if peer.model is not None else self.model
 
     def _train(self, peer: SimPeer, t: int, batches: int):
         """The peer's compressed update, or None once its privacy budget is spent."""
@@ -167,6 +169,9 @@ class SimNet:
         used = [u for u in self.top_g if u in updates]  # transport-valid payloads of the list in effect
         signs, _ = aggregate_signs(self.codec, [updates[u] for u in used], hp, used, self.device)
         signed_step(self.model, signs, lr, hp.weight_decay)
+        for peer in self.peers:  # a peer that stays behind follows the network from its stale state
+            if peer.model is not None and not self._desynced(peer, t):
+                signed_step(peer.model, signs, lr, hp.weight_decay)
         self.top_g = report.top_g
         return WindowRecord(t, evaluate(self.model, self.val, hp.micro_batch, self.device), report.loss_scores,
                             report.loss_ratings, report.mu, report.scores, report.weights, used,

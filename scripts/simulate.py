@@ -9,7 +9,8 @@
 signed aggregation; the validation loss falls (``report.json``, ``val_loss.png``).
 
 ``figure2``: the Gauntlet paper's Figure 2 — a baseline peer, a peer processing
-2× data and a peer desynchronised for 3 windows, scored by the real validator
+2× data and a peer that pauses for 3 windows and then goes on from its own,
+now 3 steps stale, model (as in the paper), scored by the real validator
 code; plots LossScore and LossRating per window (``figure2.png``) and reports
 the final LossRating order.
 
@@ -84,7 +85,8 @@ def cmd_honest(args: argparse.Namespace, hp: HParams, out: Path) -> dict:
 
 
 def run_sim(hp: HParams, args, roles: list[str], desync: set[int] | None = None) -> list[dict]:
-    net = SimNet(hp, dataset_for(hp, args), roles, desync_windows=desync)
+    # The paper's desynchronised peer pauses for 3 windows, then goes on from its own model: it stays behind.
+    net = SimNet(hp, dataset_for(hp, args), roles, desync_windows=desync, desync_stays_behind=desync is not None)
 
     def show(r) -> None:
         shares = {k: round(v, 3) for k, v in behaviour_shares(roles, r.weights).items() if v}
@@ -94,50 +96,70 @@ def run_sim(hp: HParams, args, roles: list[str], desync: set[int] | None = None)
     return [r.to_dict() for r in net.run(args.windows, show)]
 
 
+def plot_figure2(records: list[dict], names: dict[str, str], path: Path) -> None:
+    """LossScore (as the gap to the window's mean, since all scores shrink together as the model learns)
+    and LossRating per window, one line per peer."""
+    plt = _plt()
+    from matplotlib.ticker import MaxNLocator
+
+    windows = [r["window"] for r in records]
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for uid, role in names.items():
+        gaps = []
+        for r in records:
+            scores = r["loss_scores"]
+            mean = sum(scores.values()) / len(scores) if scores else float("nan")
+            gaps.append(scores[uid] - mean if uid in scores else float("nan"))
+        axes[0].plot(windows, gaps, marker=".", color=COLOURS[role], label=role)
+        axes[1].plot(windows, [r["ratings"].get(uid, float("nan")) for r in records], color=COLOURS[role],
+                     label=role)
+    for ax in axes:
+        ax.axvspan(min(FIGURE2_DESYNC) - 0.5, max(FIGURE2_DESYNC) + 0.5, color="#e08214", alpha=0.12)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.grid(alpha=0.3)
+        ax.legend()
+    axes[0].set(xlabel="window", ylabel="LossScore − mean of the window", title="LossScore per window (δ_rand)")
+    axes[1].set(xlabel="window", ylabel="LossRating (ordinal μ−3σ)", title="LossRating per window")
+    fig.suptitle("Baseline, 2× data and desynchronised (shaded: paused; it stays 3 windows behind afterwards)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def cmd_figure2(args: argparse.Namespace, hp: HParams, out: Path) -> dict:
     hp.eval_peers = len(FIGURE2_ROLES)  # every peer evaluated every window, as in the paper's simulation
     records = run_sim(hp, args, FIGURE2_ROLES, FIGURE2_DESYNC)
     names = {str(i + 1): role for i, role in enumerate(FIGURE2_ROLES)}
     final = {names[u]: r for u, r in records[-1]["ratings"].items()}
     order = sorted(final, key=final.get, reverse=True)
-    plt = _plt()
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    for uid, role in names.items():
-        windows = [r["window"] for r in records]
-        axes[0].plot(windows, [r["loss_scores"].get(uid, float("nan")) for r in records], marker=".",
-                     color=COLOURS[role], label=role)
-        axes[1].plot(windows, [r["ratings"].get(uid, float("nan")) for r in records], color=COLOURS[role],
-                     label=role)
-    for ax in axes:
-        ax.axvspan(min(FIGURE2_DESYNC) - 0.5, max(FIGURE2_DESYNC) + 0.5, color="#e08214", alpha=0.12)
-        ax.grid(alpha=0.3)
-        ax.legend()
-    axes[0].set(xlabel="window", ylabel="LossScore δ_rand", title="LossScore per window")
-    axes[1].set(xlabel="window", ylabel="LossRating (ordinal μ−3σ)", title="LossRating per window")
-    fig.suptitle("Baseline, 2× data and desynchronised (shaded: windows out of sync)")
-    fig.tight_layout()
-    fig.savefig(out / "figure2.png", dpi=120)
-    plt.close(fig)
+    plot_figure2(records, names, out / "figure2.png")
     print(f"simulate: final LossRating order {' > '.join(order)}")
     return {"roles": names, "desync_windows": sorted(FIGURE2_DESYNC), "final_ratings": final,
             "rating_order": order, "expected_order_holds": order == ["diligent", "honest", "desync"],
             "windows": records}
 
 
+def plot_shares(windows: list[int], history: list[dict[str, float]], path: Path) -> None:
+    plt = _plt()
+    from matplotlib.ticker import MaxNLocator
+
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for role in history[0]:
+        ax.plot(windows, [h[role] for h in history], color=COLOURS[role], label=role)
+    ax.set(xlabel="window", ylabel="weight share", title="Weight share per behaviour (simulated validator)")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, ncol=3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def cmd_adversaries(args: argparse.Namespace, hp: HParams, out: Path) -> dict:
     roles = ADVERSARY_ROLES
     records = run_sim(hp, args, roles)
     history = [behaviour_shares(roles, {int(u): w for u, w in r["weights"].items()}) for r in records]
-    plt = _plt()
-    fig, ax = plt.subplots(figsize=(8, 4.5))
-    for role in dict.fromkeys(roles):
-        ax.plot([r["window"] for r in records], [h[role] for h in history], color=COLOURS[role], label=role)
-    ax.set(xlabel="window", ylabel="weight share", title="Weight share per behaviour (simulated validator)")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, ncol=3)
-    fig.tight_layout()
-    fig.savefig(out / "shares.png", dpi=120)
-    plt.close(fig)
+    plot_shares([r["window"] for r in records], history, out / "shares.png")
     final = history[-1]
     print("simulate: final weight shares " + ", ".join(f"{k} {100 * v:.1f}%" for k, v in final.items()))
     return {"roles": {str(i + 1): r for i, r in enumerate(roles)}, "final_shares": final,

@@ -48,3 +48,23 @@ def test_copier_and_second_sybil_are_duplicates(records):
 
 def test_loss_falls(records):
     assert records[-1].val_loss < records[0].val_loss - 0.1
+
+
+@pytest.mark.parametrize("stays_behind", [False, True])
+def test_desynchronised_peer_catches_up_or_stays_behind(stdlib_corpus, tmp_path_factory, stays_behind):
+    """Figure 2's peer pauses for windows 1–2; the paper's version then goes on from its stale model."""
+    from dso.config import HParams, ModelConfig
+    from dso.model import model_hash
+
+    hp = HParams(model=ModelConfig(d_model=16, n_layers=1, n_heads=2, ffn_hidden=32, seq_len=16))
+    hp.batch_size, hp.assigned_sequences, hp.micro_batch, hp.chunk, hp.topk = 4, 8, 4, 8, 4
+    hp.eval_sequences, hp.eval_peers, hp.warmup_windows = 4, 2, 0
+    ds = Dataset.from_config(str(stdlib_corpus), str(tmp_path_factory.mktemp("cache")), 16, hp.seed, 0.02)
+    net = SimNet(hp, ds, ["honest", "desync"], desync_windows={1, 2}, desync_stays_behind=stays_behind)
+    peer = net.peers[1]
+    lagging = []
+    for t in range(5):
+        net.step(t)
+        lagging.append(peer.model is not None and model_hash(peer.model) != model_hash(net.model))
+    assert lagging[:3] == [False, True, True]
+    assert lagging[3:] == ([True, True] if stays_behind else [False, False])
