@@ -15,7 +15,7 @@ subspace — error feedback then keeps exactly what was not sent.  The subspace 
 window (the seed includes the window), so over windows error feedback delivers all directions.
 
 It is a different trade-off from DeMo: decoded cosine to the true update is about sqrt(d/P) per
-tensor whatever the gradient looks like (see scripts/bench_sketch.py and docs/extensions.md).
+tensor whatever the gradient looks like (see scripts/benchmarks/sketch.py and docs/extensions.md).
 """
 from __future__ import annotations
 

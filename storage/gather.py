@@ -60,10 +60,13 @@ class ReaderCache:
 
 
 DEFAULT_READERS = ReaderCache()
-# Concurrent fetches.  Requests and the strict decode are Python work under the GIL: beyond ~16 threads
-# they only contend (measured: K = 128 peers took 3.4 s with 64 threads, 2.0 s with 16).  A stalled peer
-# holds one worker until its deadline; the others carry on.
+# Concurrent fetches, enough to hide network latency.  A stalled peer holds one worker until its
+# deadline; the others carry on.
 DEFAULT_WORKERS = 16
+# The strict decode is Python and numpy work under the GIL: running several at once gains nothing and
+# the threads' contention made every peer cost ~2x the CPU (K = 128 on loopback: 3.3 s with 16 decodes
+# at once, 1.9 s with one; see docs/benchmarks.md).  Requests still overlap.
+_DECODE_SLOTS = threading.BoundedSemaphore(1)
 
 
 def check_time(put_window: PutWindow | None, last_modified: float) -> Rejection | None:
@@ -100,7 +103,8 @@ def fetch_payload(client: S3Client, bucket: str, key: str, codec, expect: Expect
         return rejection_for(e), got
     except Exception as e:  # noqa: BLE001 — a hostile server must not crash the caller
         return Rejection(Reason.UNREACHABLE, f"unexpected {type(e).__name__}: {str(e)[:160]}"), got
-    result = decode_payload(data, codec, expect)
+    with _DECODE_SLOTS:
+        result = decode_payload(data, codec, expect)
     if isinstance(result, Payload):
         result.last_modified = info.last_modified
     return result, got
