@@ -155,8 +155,9 @@ def run(argv: list[str] | None = None) -> int:
     report = run_report.build(lines, {n.uid: (n.name, n.behaviour) for n in nodes if n.role == "miner"}, posted)
     run_report.write(report, out, command)
     s = report["summary"]
+    loss = [f"{v:.4f}" if v is not None else "—" for v in (s["val_loss_first"], s["val_loss_last"])]
     console.print(f"localnet: {report['windows']} windows in {time.time() - started:.0f}s; validation loss "
-                  f"{s['val_loss_first']} → {s['val_loss_last']}; honest+diligent weight {100 * s['good_share']:.1f}%, "
+                  f"{loss[0]} → {loss[1]}; honest+diligent weight {100 * s['good_share']:.1f}%, "
                   f"largest adversary {100 * s['max_adversary_share']:.2f}%; report in {out}/report.md")
     return 0
 
