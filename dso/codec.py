@@ -10,6 +10,7 @@ so quantisation error is fed back too.
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 
@@ -152,6 +153,11 @@ class DeMoCodec:
     # ------------------------------------------------------------- wire
     def wire_spec(self) -> dict[str, tuple[str, tuple[int, ...]]]:
         """Exact tensor set of an encoded update: key → (numpy dtype name, shape)."""
+        return dict(self._wire_spec)  # a copy: callers may extend it
+
+    @functools.cached_property
+    def _wire_spec(self) -> dict[str, tuple[str, tuple[int, ...]]]:
+        # Fixed by the shapes and settings; gather needs it several times per peer, so build it once.
         spec: dict[str, tuple[str, tuple[int, ...]]] = {}
         for n, plan in self.plans.items():
             count = plan.n_chunks * self.k(n)
