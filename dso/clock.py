@@ -1,4 +1,4 @@
-"""Windows and put windows, derived from chain time only (DESIGN §2).
+"""Windows and put windows, derived from chain time only (design §2).
 
 ``window(b) = b // blocks_per_window``.  The put window of window t opens at
 the timestamp of the first block of window t+1 and lasts ``put_window_seconds``;

@@ -13,12 +13,12 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass, field
+from typing import Any, Mapping
 
+import numpy as np
 import torch
 
 from dso.dct import ChunkPlan
-import numpy as np
-
 from dso.packing import EliasFano, PackingError, codes_nbytes, index_bound_bits, pack_codes, unpack_codes
 
 
@@ -87,15 +87,13 @@ class DeMoCodec:
     def index_coder(self, name: str) -> EliasFano:
         return EliasFano(self.plans[name].chunk_size, self.k(name))
 
-    def set_window(self, window: int, uid: int = 0) -> None:
-        """DeMo's transform does not change per window (the sketch codec's does); nothing to do."""
-
     def settings(self) -> dict[str, str]:
         """What a receiver must agree on to read an update (goes into payload metadata)."""
         return {"codec": "demo", "chunk": str(self.chunk), "topk": str(self.topk), "value_bits": str(self.value_bits)}
 
     # --------------------------------------------------------- compress
-    def compress_tensor(self, name: str, x: torch.Tensor) -> TensorUpdate:
+    def compress_tensor(self, name: str, x: torch.Tensor, window: int, uid: int = 0) -> TensorUpdate:
+        """Top-k of the chunked DCT of ``x`` (DeMo's transform is the same in every window)."""
         coeffs = self.plans[name].encode(x.float())
         idx = coeffs.abs().topk(self.k(name), dim=1, sorted=False).indices.sort(dim=1).values
         vals = coeffs.gather(1, idx).cpu()
@@ -105,8 +103,8 @@ class DeMoCodec:
             codes, scale = self.quantiser.quantise(vals)
         return TensorUpdate(idx.cpu(), codes, scale)
 
-    def compress(self, tensors: dict[str, torch.Tensor]) -> CompressedUpdate:
-        return {n: self.compress_tensor(n, t) for n, t in tensors.items()}
+    def compress(self, tensors: Mapping[str, torch.Tensor], window: int, uid: int = 0) -> CompressedUpdate:
+        return {n: self.compress_tensor(n, t, window, uid) for n, t in tensors.items()}
 
     # ------------------------------------------------------- decompress
     def values(self, u: TensorUpdate) -> torch.Tensor:
@@ -180,7 +178,7 @@ class DeMoCodec:
                 out[f"{n}.val"] = u.codes.numpy().reshape(-1).astype(np.float32)
         return out
 
-    def from_wire(self, tensors: dict[str, np.ndarray], window: int | None = None) -> CompressedUpdate:
+    def from_wire(self, tensors: dict[str, np.ndarray], window: int) -> CompressedUpdate:
         """Inverse of :meth:`to_wire` for tensors already matching :meth:`wire_spec`.
 
         Raises :class:`PackingError` (reason = a Reason value) on any content violation."""
@@ -226,15 +224,15 @@ class DeMoCodec:
 class ErrorFeedback:
     """Per-parameter residual buffers e, kept on the miner (and saved across restarts)."""
 
-    def __init__(self, codec: DeMoCodec, beta: float, device="cpu"):
+    def __init__(self, codec: Any, beta: float, device: str | torch.device = "cpu"):
         self.codec, self.beta = codec, beta
         self.buffers = {n: torch.zeros(s, device=device) for n, s in codec.shapes.items()}
 
-    def step(self, grads: dict[str, torch.Tensor]) -> CompressedUpdate:
+    def step(self, grads: Mapping[str, torch.Tensor], window: int, uid: int = 0) -> CompressedUpdate:
         update: CompressedUpdate = {}
         for name, e in self.buffers.items():
             e.mul_(self.beta).add_(grads[name].to(e.device, torch.float32))
-            u = self.codec.compress_tensor(name, e)
+            u = self.codec.compress_tensor(name, e, window, uid)
             e.sub_(self.codec.to_dense(name, u, e.device))
             update[name] = u
         return update

@@ -190,7 +190,8 @@ class DataConfig:
 @dataclass
 class NeuronConfig:
     state_dir: str = _doc("where this node keeps its state", default="~/.dso/state")
-    behaviour: str = _doc("miner behaviour (honest, diligent, freerider, ...)", default="honest")
+    train_sequences: int = _doc("miner: sequences of its assignment it trains on per window (0 = "
+                                "hparams.batch_size, the baseline; a miner with more compute takes more)", default=0)
     max_windows: int = _doc("stop after this many windows (0 = run forever)", default=0)
     log_json: str = _doc("append one JSON line per window to this file", default="")
 
@@ -211,6 +212,8 @@ class Config:
         if self.device not in ("cpu", "cuda") and not self.device.startswith("cuda:"):
             raise ConfigError(f"device: expected cpu, cuda or cuda:N, got {self.device!r}")
         _positive(self, "", "threads")
+        if self.neuron.train_sequences < 0:
+            raise ConfigError("neuron.train_sequences: must be >= 0")
         if self.netuid < 0:
             raise ConfigError("netuid: must be >= 0")
         self.hparams.validate("hparams")

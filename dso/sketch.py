@@ -23,6 +23,7 @@ import hashlib
 import math
 from collections import OrderedDict
 from dataclasses import dataclass
+from typing import Any, Mapping
 
 import numpy as np
 import torch
@@ -79,28 +80,25 @@ class SketchCodec:
     """Same interface as :class:`dso.codec.DeMoCodec` (compress/decode/wire/sizes/mean_delta)."""
 
     def __init__(self, shapes: dict[str, tuple[int, ...]], dim: int = 4096, clip: float = 1.0, bits: int = 4,
-                 seed: int = 0, noise_std: float = 0.0, window: int = 0):
+                 seed: int = 0, noise_std: float = 0.0):
         if dim < 1 or not clip > 0 or noise_std < 0 or bits not in (*range(2, 9), 32):
             raise ValueError("sketch codec: dim >= 1, clip > 0, noise_std >= 0, bits in 2..8 or 32")
         self.shapes = {n: tuple(s) for n, s in shapes.items()}
         self.dim, self.clip, self.bits, self.seed = int(dim), float(clip), int(bits), int(seed)
         self.noise_std = float(noise_std)
-        self.window = int(window)
         self._cache: OrderedDict[tuple[str, int], Projection] = OrderedDict()
-        self._generator = torch.Generator().manual_seed(derive_seed(self.seed, self.window, "rounding", 0))
 
     @classmethod
-    def from_hparams(cls, shapes: dict[str, tuple[int, ...]], hp, window: int = 0) -> "SketchCodec":
-        return cls(shapes, dim=hp.sketch_dim, clip=hp.sketch_clip, bits=hp.value_bits, seed=hp.seed, window=window)
+    def from_hparams(cls, shapes: dict[str, tuple[int, ...]], hp: Any) -> "SketchCodec":
+        return cls(shapes, dim=hp.sketch_dim, clip=hp.sketch_clip, bits=hp.value_bits, seed=hp.seed)
 
     def settings(self) -> dict[str, str]:
         return {"codec": "sketch", "sketch_dim": str(self.dim), "sketch_clip": repr(self.clip),
                 "value_bits": str(self.bits), "sketch_seed": str(self.seed)}
 
-    def set_window(self, window: int, uid: int = 0) -> None:
-        """Select the window's projection and reseed stochastic rounding from (seed, window, uid)."""
-        self.window = int(window)
-        self._generator = torch.Generator().manual_seed(derive_seed(self.seed, self.window, "rounding", uid))
+    def rounding_generator(self, window: int, uid: int, name: str) -> torch.Generator:
+        """Stochastic rounding's randomness for one tensor of one sender in one window (reproducible)."""
+        return torch.Generator().manual_seed(derive_seed(self.seed, int(window), "rounding", uid, name))
 
     # --------------------------------------------------------- projection
     @staticmethod
@@ -127,28 +125,28 @@ class SketchCodec:
             self._cache.popitem(last=False)
         return proj
 
-    def project(self, name: str, x: torch.Tensor, window: int | None = None) -> torch.Tensor:
+    def project(self, name: str, x: torch.Tensor, window: int) -> torch.Tensor:
         """y = S x (float32, length d) for a tensor of the named shape."""
-        p = self.projection(name, self.window if window is None else window)
+        p = self.projection(name, window)
         flat = x.detach().to("cpu", torch.float32).reshape(-1)
         padded = torch.nn.functional.pad(flat, (0, p.padded - p.numel)) * p.signs
         return fwht(padded)[p.rows] * math.sqrt(p.padded / p.dim)
 
-    def transpose(self, name: str, y: torch.Tensor, window: int | None = None, device="cpu") -> torch.Tensor:
+    def transpose(self, name: str, y: torch.Tensor, window: int, device: str | torch.device = "cpu") -> torch.Tensor:
         """x̂ = (d/P)·Sᵀ y = S⁺ y: the least-norm tensor whose sketch is y."""
-        p = self.projection(name, self.window if window is None else window)
+        p = self.projection(name, window)
         z = torch.zeros(p.padded, dtype=torch.float32)
         z[p.rows] = y.detach().to("cpu", torch.float32) * math.sqrt(p.dim / p.padded)
         x = fwht(z) * p.signs
         return x[: p.numel].reshape(self.shapes[name]).to(device)
 
     # ----------------------------------------------------------- compress
-    def compress_tensor(self, name: str, x: torch.Tensor, generator: torch.Generator | None = None) -> SketchUpdate:
-        """Project, clip to L2 ≤ clip, add N(0, noise_std²) per value, quantise stochastically.
-
-        Randomness comes from ``generator`` or else the codec's own (seeded by :meth:`set_window`)."""
-        gen = self._generator if generator is None else generator
-        y = self.project(name, x)
+    def compress_tensor(self, name: str, x: torch.Tensor, window: int, uid: int = 0,
+                        generator: torch.Generator | None = None) -> SketchUpdate:
+        """Project with the window's projection, clip to L2 ≤ clip, add N(0, noise_std²) per value,
+        quantise stochastically.  Randomness comes from ``generator``, else from (seed, window, uid, name)."""
+        gen = self.rounding_generator(window, uid, name) if generator is None else generator
+        y = self.project(name, x, window)
         norm = float(torch.linalg.vector_norm(y))
         if not math.isfinite(norm):
             raise ValueError(f"{name}: update holds NaN or ±inf")
@@ -157,12 +155,13 @@ class SketchCodec:
         if self.noise_std > 0:
             y = y + torch.randn(y.shape, generator=gen) * self.noise_std
         if self.bits == 32:
-            return SketchUpdate(y.float().clone(), torch.zeros(0), self.window)
+            return SketchUpdate(y.float().clone(), torch.zeros(0), int(window))
         codes, scale = stochastic_quantise(y, self.bits, gen)
-        return SketchUpdate(codes, scale, self.window)
+        return SketchUpdate(codes, scale, int(window))
 
-    def compress(self, tensors: dict[str, torch.Tensor], generator: torch.Generator | None = None) -> SketchCompressed:
-        return {n: self.compress_tensor(n, t, generator) for n, t in tensors.items()}
+    def compress(self, tensors: Mapping[str, torch.Tensor], window: int, uid: int = 0,
+                 generator: torch.Generator | None = None) -> SketchCompressed:
+        return {n: self.compress_tensor(n, t, window, uid, generator) for n, t in tensors.items()}
 
     # --------------------------------------------------------- decompress
     def values(self, u: SketchUpdate) -> torch.Tensor:
@@ -223,12 +222,12 @@ class SketchCodec:
                 out[f"{n}.scale"] = u.scale.numpy().astype(np.float32).reshape(1)
         return out
 
-    def from_wire(self, tensors: dict[str, np.ndarray], window: int | None = None) -> SketchCompressed:
+    def from_wire(self, tensors: dict[str, np.ndarray], window: int) -> SketchCompressed:
         """Inverse of :meth:`to_wire` for tensors already matching :meth:`wire_spec`; the updates are
-        stamped with ``window`` (default: the codec's current window).
+        stamped with ``window`` (the projection that made them).
 
         Raises :class:`PackingError` (reason = a Reason value) on any content violation."""
-        window = self.window if window is None else int(window)
+        window = int(window)
         update: SketchCompressed = {}
         for n in self.shapes:
             d = self.dim_of(n)
@@ -259,14 +258,6 @@ class SketchCodec:
 
     def payload_bytes(self) -> int:
         return sum(math.prod(shape) * np.dtype(dtype).itemsize for dtype, shape in self.wire_spec().values())
-
-
-def make_codec(shapes: dict[str, tuple[int, ...]], hp):
-    """The run's codec: DeMo or the sketch, as ``hp.codec`` says."""
-    if hp.codec == "sketch":
-        return SketchCodec.from_hparams(shapes, hp)
-    from dso.codec import DeMoCodec
-    return DeMoCodec.from_hparams(shapes, hp)
 
 
 # ------------------------------------------------------------ quantiser

@@ -47,7 +47,8 @@ def save(root: Path, scores: scoring_state.ValidatorState, model: torch.nn.Modul
             shutil.rmtree(old, ignore_errors=True)
 
 
-def load(root: Path, model: torch.nn.Module, run_digest: str) -> tuple[scoring_state.ValidatorState, Bookkeeping] | None:
+def load(root: Path, model: torch.nn.Module, run_digest: str
+         ) -> tuple[scoring_state.ValidatorState, Bookkeeping] | None:
     """The last complete save, loaded into ``model``; None when there is none.  A save that does not fit
     this run (other settings, corrupt files, wrong model hash) raises StateError naming the file."""
     try:

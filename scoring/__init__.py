@@ -1,4 +1,4 @@
-"""Gauntlet scoring (DESIGN §6): per-peer state, evaluation, ratings, weights.  See docs/scoring.md."""
+"""Gauntlet scoring (design §6): per-peer state, evaluation, ratings, weights.  See docs/scoring.md."""
 from scoring.state import PeerState, StateError, ValidatorState, load, load_or_new
 from scoring.sync import sample_parameters, sync_positions
 from scoring.window import WindowAlreadyScored, WindowReport, plan_fast_set, score_window

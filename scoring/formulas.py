@@ -1,4 +1,4 @@
-"""Gauntlet formulas as pure functions of plain numbers (DESIGN §6, docs/scoring.md).
+"""Gauntlet formulas as pure functions of plain numbers (design §6, docs/scoring.md).
 
 Nothing here touches a model, a file or a clock, so every formula is unit-tested
 with hand-computed values.  Inputs that may come from another party (losses of a

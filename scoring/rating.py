@@ -15,7 +15,7 @@ from openskill.models import PlackettLuce
 
 from scoring.formulas import competition_ranks
 
-ORDINAL_Z = 3.0  # LossRating = μ − 3σ (DESIGN §6.1)
+ORDINAL_Z = 3.0  # LossRating = μ − 3σ (design §6.1)
 
 _MODEL = PlackettLuce()
 

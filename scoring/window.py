@@ -137,7 +137,7 @@ def score_window(state: ValidatorState, model: torch.nn.Module, codec: Any, data
         peer.mu = formulas.poc_update(peer.mu, peer.delta_assigned, peer.loss_score, hp.poc_gamma)
         peer.eval_count += 1
     new_ratings = rate_match({uid: state.peers[uid].rating for uid in losses},
-                             {uid: l.delta_rand for uid, l in losses.items()})
+                             {uid: pl.delta_rand for uid, pl in losses.items()})
     for uid, (mu, sigma) in new_ratings.items():
         state.peers[uid].rating_mu, state.peers[uid].rating_sigma = mu, sigma
 
@@ -155,8 +155,8 @@ def score_window(state: ValidatorState, model: torch.nn.Module, codec: Any, data
     return WindowReport(
         window=window, fast=fast, evaluated=sorted(losses),
         rejections={uid: str(r) for uid, r in sorted(failures.items())}, sync_scores=sync_scores,
-        loss_scores={uid: l.delta_rand for uid, l in sorted(losses.items())},
-        assigned_deltas={uid: l.delta_assigned for uid, l in sorted(losses.items())},
+        loss_scores={uid: pl.delta_rand for uid, pl in sorted(losses.items())},
+        assigned_deltas={uid: pl.delta_assigned for uid, pl in sorted(losses.items())},
         base_rand_loss=base_rand, mu={uid: state.peers[uid].mu for uid in active_uids},
         loss_ratings={uid: state.peers[uid].loss_rating for uid in active_uids},
         scores=scores, weights=weights, top_g=top, notes=notes)

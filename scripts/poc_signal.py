@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     def update(uid: int, t: int):
         data = ds.training_batch(uid, t, hp.assigned_sequences, hp.batch_size * batches[uid])
         grads, _ = compute_gradients(model, data, hp.micro_batch)
-        return feedback[uid].step(grads)
+        return feedback[uid].step(grads, t, uid)
 
     for t in range(args.warm):
         signed_step(model, aggregate_signs(codec, [update(u, t) for u in batches], hp)[0], learning_rate(hp, t))

@@ -1,4 +1,4 @@
-"""Object keys (DESIGN §3), all versioned by the protocol version ``v``.
+"""Object keys (design §3), all versioned by the protocol version ``v``.
 
 Writers and readers build keys only through these functions, so a protocol
 bump (new ``v``) never reads an old-format object.  :func:`parse` is the

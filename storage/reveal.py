@@ -8,7 +8,7 @@ With ``hparams.commit_reveal`` a miner's upload for window t is split in two:
   itself at the usual ``gradient/{t}/{uid}-v{v}.safetensors`` (wire format unchanged).
 
 A reader (validator or miner) accepts a payload only when the commitment landed inside the put window,
-the nonce and the payload inside the reveal window (S3 LastModified, DESIGN §2 tolerance) and the hash
+the nonce and the payload inside the reveal window (S3 LastModified, design §2 tolerance) and the hash
 matches (:func:`dso.commit.judge_reveal`).  Outcomes are the shared :class:`~dso.rejections.Reason`
 values; nothing here raises on what a peer uploaded.
 """

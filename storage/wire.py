@@ -1,4 +1,4 @@
-"""A miner's gradient payload on the wire: safetensors with a strict validator (DESIGN §3).
+"""A miner's gradient payload on the wire: safetensors with a strict validator (design §3).
 
 Tensors: exactly ``codec.wire_spec()`` (the compressed update, whatever the
 codec) plus ``sync.values`` (float32, ``sync_samples`` long: θ_t at the
@@ -177,7 +177,7 @@ def _decode(data: bytes, codec, expect: Expect) -> Payload | Rejection:
         return arrays
     sync = arrays.pop(SYNC_KEY)
     try:
-        update = codec.from_wire(arrays)
+        update = codec.from_wire(arrays, expect.window)
     except PackingError as e:
         return Rejection(_packing_reason(e), str(e)[:200])
     if not np.isfinite(sync).all():

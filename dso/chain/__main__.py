@@ -30,7 +30,8 @@ def render_status(chain: LocalChain, console: Console) -> None:
     p = chain.params
     block = chain.block()
     console.print(f"[bold]local chain[/bold] {chain.path}  block {block}  "
-                  f"({p.block_time:g} s/block, tempo {p.tempo}, next consensus at block {(block // p.tempo + 1) * p.tempo})")
+                  f"({p.block_time:g} s/block, tempo {p.tempo}, "
+                  f"next consensus at block {(block // p.tempo + 1) * p.tempo})")
     neurons = chain.metagraph()
     commitments = chain.commitments()
     table = Table(title=f"metagraph ({len(neurons)}/{p.max_uids} uids)")

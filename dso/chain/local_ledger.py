@@ -28,7 +28,8 @@ class LedgerMixin:
         except (ValueError, TypeError) as e:
             raise ChainError(rules.BAD_RECORD, f"ledger record is not plain JSON: {e}") from None
         if len(blob) > self.params.ledger_max_bytes:
-            raise ChainError(rules.TOO_LARGE, f"ledger record is {len(blob)} bytes; limit {self.params.ledger_max_bytes}")
+            raise ChainError(rules.TOO_LARGE,
+                             f"ledger record is {len(blob)} bytes; limit {self.params.ledger_max_bytes}")
         hotkey = self._hotkey(wallet)
         with self._txn(immediate=True) as conn:
             now = self.block()

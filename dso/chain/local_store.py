@@ -68,7 +68,8 @@ class LocalChainParams:
             value, wanted = getattr(self, f.name), type(f.default)
             if not (rules.is_int(value) if wanted is int else rules.is_real(value)) or \
                     (wanted is float and not math.isfinite(value)):
-                raise ChainError(rules.BAD_INPUT, f"{f.name} must be {'an integer' if wanted is int else 'a finite number'}"
+                kind = "an integer" if wanted is int else "a finite number"
+                raise ChainError(rules.BAD_INPUT, f"{f.name} must be {kind}"
                                                   f", got {value!r}")
         for name in ("block_time", "max_uids", "tempo", "commit_max_bytes", "max_validators",
                      "ledger_max_bytes"):

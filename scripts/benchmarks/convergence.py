@@ -31,7 +31,7 @@ def train_variant(kind: str, windows: int, peers: int, value_bits: int | None = 
     from benchmarks.common import default_dataset, setup_worker
     setup_worker()
     from dso.config import HParams
-    from dso.simulation import run_adamw, run_honest
+    from sim.training import run_adamw, run_honest
 
     hp = HParams()
     if value_bits is not None:

@@ -59,7 +59,7 @@ def bench_gather(ks=(8, 32, 128), repeats: int = 3, deadline_seconds: float = 12
     model = build_model(hp.model, hp.seed)
     codec = DeMoCodec.from_hparams(parameter_shapes(model), hp)
     gen = torch.Generator().manual_seed(0)
-    update = codec.compress({n: torch.randn(p.shape, generator=gen) for n, p in model.named_parameters()})
+    update = codec.compress({n: torch.randn(p.shape, generator=gen) for n, p in model.named_parameters()}, 0)
     sync = torch.randn(hp.sync_samples, generator=gen)
     expect = Expect.from_hparams(hp, WINDOW)
     points = []
@@ -86,7 +86,8 @@ def bench_gather(ks=(8, 32, 128), repeats: int = 3, deadline_seconds: float = 12
                     client_cpu.append(cpu_after - cpu_before)
                     if server_before is not None and server_after is not None:
                         server_cpu.append(server_after - server_before)
-            point = {"peers": k, "seconds": statistics.median(times), "client_cpu_seconds": statistics.median(client_cpu)}
+            point = {"peers": k, "seconds": statistics.median(times),
+                     "client_cpu_seconds": statistics.median(client_cpu)}
             if server_cpu:
                 point["server_cpu_seconds"] = statistics.median(server_cpu)
             points.append(point)

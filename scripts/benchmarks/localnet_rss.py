@@ -1,6 +1,6 @@
 """Peak memory of real miner and validator processes: a small local network for a few windows.
 
-Uses :class:`neurons.localnet.LocalNet` (embedded S3, LocalChain, one process per node) and reads
+Uses :class:`sim.localnet.LocalNet` (embedded S3, LocalChain, one process per node) and reads
 each process's VmHWM from /proc while it is still running (VmHWM is the peak so far, so the last
 reading before the stop is the peak of the run).
 """
@@ -17,7 +17,7 @@ from benchmarks.common import proc_peak_rss_mb
 def localnet_peaks(miners: int = 3, windows: int = 3, timeout: float | None = None) -> dict:
     """{validator_peak_rss_mb, miner_peak_rss_mb, ...}; {"error": ...} if the network does not get going."""
     from dso.config import HParams
-    from neurons.localnet import LocalNet, plan_nodes
+    from sim.localnet import LocalNet, plan_nodes
 
     hp = HParams()
     timeout = timeout or 60 + 2 * windows * hp.blocks_per_window

@@ -2,7 +2,7 @@
 
 20 honest peers (a shared direction plus per-peer noise of the same size, so a single honest update
 has cosine ≈ 0.7 to the truth) and 5 Byzantine peers running each attack of
-:data:`dso.robust.ATTACKS`.  Also times every rule on a model-sized matrix (D = 3.3 M) unless
+:data:`sim.attacks.ATTACKS`.  Also times every rule on a model-sized matrix (D = 3.3 M) unless
 ``--quick``.  Run: ``python scripts/benchmarks/robust.py [--quick] [--out DIR]`` (writes JSON + Markdown).
 """
 from __future__ import annotations
@@ -19,7 +19,8 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from dso.config import HParams  # noqa: E402
-from dso.robust import ATTACKS, RULES, byzantine_rows, robust_aggregate  # noqa: E402
+from dso.robust import RULES, robust_aggregate  # noqa: E402
+from sim.attacks import ATTACKS, byzantine_rows  # noqa: E402
 
 
 def attack_table(honest: int = 20, byzantine: int = 5, dim: int = 2000, trim_beta: float = 0.2,

@@ -57,7 +57,7 @@ def _per_tensor_cos(true: dict, decoded: dict) -> float:
 def _measure(name: str, codec, grads: list[dict], beta: float) -> dict:
     g0 = grads[0]
     start = time.perf_counter()
-    update = codec.compress(g0)
+    update = codec.compress(g0, 0)
     compress_s = time.perf_counter() - start
     start = time.perf_counter()
     decoded = codec.decompress(update)
@@ -67,9 +67,7 @@ def _measure(name: str, codec, grads: list[dict], beta: float) -> dict:
     ef = ErrorFeedback(codec, beta)
     sent_sum, grad_sum = torch.zeros_like(true), torch.zeros_like(true)
     for w, g in enumerate(grads):
-        if hasattr(codec, "set_window"):
-            codec.set_window(w)
-        sent_sum += _flat(codec.decompress(ef.step(g)))
+        sent_sum += _flat(codec.decompress(ef.step(g, w)))
         grad_sum += _flat(g)
     dense_bytes = true.numel() * 4
     return {"codec": name, "settings": codec.settings(), "payload_bytes": codec.payload_bytes(),

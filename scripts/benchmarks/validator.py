@@ -45,7 +45,7 @@ def _honest_payloads(model, codec, dataset, hp, uids, positions) -> dict:
     for uid in uids:
         batch = dataset.training_batch(uid, WINDOW, hp.assigned_sequences, hp.batch_size)
         grads, _ = compute_gradients(model, batch, hp.micro_batch)
-        payloads[uid] = (ErrorFeedback(codec, hp.ef_beta).step(grads), sync.clone())
+        payloads[uid] = (ErrorFeedback(codec, hp.ef_beta).step(grads, 0, uid), sync.clone())
         del grads
     return payloads
 
@@ -147,7 +147,7 @@ def measure_miner_footprint() -> dict:
     feedback = ErrorFeedback(codec, hp.ef_beta)
     dataset = default_dataset(hp)
     grads, _ = compute_gradients(model, dataset.assigned(0, 0, hp.batch_size), hp.micro_batch)
-    update = feedback.step(grads)
+    update = feedback.step(grads, 0)
     blob = encode_payload(codec, update, torch.zeros(hp.sync_samples), PayloadMeta(0, 0, hp.protocol_version,
                                                                                      hp.digest()))
     return {"inprocess_peak_rss_mb": own_peak_rss_mb(), "payload_bytes": len(blob)}

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from neurons import report as run_report
-from neurons.localnet import LocalNet, plan_nodes, wait_for
+from sim import report as run_report
+from sim.localnet import LocalNet, plan_nodes, wait_for
 
 pytestmark = pytest.mark.slow
 WINDOWS = 12

@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 
 from dso.model import build_model
-from neurons.localnet import ROOT, LocalNet, NodeSpec, plan_nodes, read_jsonl, wait_for
+from sim.localnet import ROOT, LocalNet, NodeSpec, plan_nodes, read_jsonl, wait_for
 from storage import keys
 from storage.checkpoint import encode_checkpoint
 from storage.jsonobj import encode_json

@@ -15,7 +15,7 @@ import signal
 import pytest
 
 from dso.config import from_dict
-from neurons.localnet import LocalNet, plan_nodes, wait_for
+from sim.localnet import LocalNet, plan_nodes, wait_for
 
 pytestmark = pytest.mark.slow
 WINDOWS = 20
@@ -79,28 +79,44 @@ def test_validation_loss_decreases(network):
     assert losses[-1] < losses[0] - 0.05, losses
 
 
-def test_restarted_validator_gives_the_uninterrupted_weights(network, tmp_path):
+def test_restarted_validator_gives_the_uninterrupted_weights(network):
+    """The state saved after window k, loaded as a restarted validator loads it, and window k+1's inputs as
+    its gather reads them → the window engine produces exactly what the uninterrupted process produced."""
+    from dso.clock import Clock
+    from dso.codecs import make_codec
+    from dso.data import Dataset
+    from dso.model import build_model, parameter_shapes
+    from dso.train import evaluate
+    from neurons import validator_state
+    from neurons.engine import WindowInputs, run_window
     from neurons.validator import Validator
+    from storage.reveal import gather_window
+    from storage.wire import Expect
 
     net, snapshot = network
+    cfg = from_dict(json.loads((net.run_dir / "config.json").read_text()))
+    hp, t = cfg.hparams, RESTART_AFTER + 1
+    model = build_model(hp.model, hp.seed)
+    scores, book = validator_state.load(snapshot / "validator", model, hp.digest())
+    assert book.model_window == t
     validator = next(n for n in net.nodes if n.role == "validator")
-    creds = net.credentials(validator)
-    data = json.loads((net.run_dir / "config.json").read_text())
-    data["wallet"] = {"name": validator.name, "path": str(net.run_dir / "wallets")}
-    data["storage"].update(bucket=creds.bucket, access_key_id=creds.write_key_id,
-                           secret_access_key=creds.write_secret, read_access_key_id=creds.read_key_id,
-                           read_secret_access_key=creds.read_secret)
-    state_root = tmp_path / "state"
-    shutil.copytree(snapshot, state_root / f"{validator.name}-default")
-    data["neuron"] = {"state_dir": str(state_root)}
-    restarted = Validator(from_dict(data), publish=False)  # a fresh process would load exactly this
-    assert restarted.book.model_window == RESTART_AFTER + 1
-    line = restarted.process(RESTART_AFTER + 1)
-    uninterrupted = next(x for x in net.validator_lines() if x["window"] == RESTART_AFTER + 1)
+    active = {n.uid: n.hotkey for n in net.chain.metagraph() if n.uid != validator.uid and not n.validator_permit}
+    commitments = net.chain.commitments()
+    clock = Clock(net.chain, hp.blocks_per_window, hp.put_window_seconds)
+    codec = make_codec(parameter_shapes(model), hp)
+    got = gather_window(t, {u: commitments.get(u) for u in active}, codec, Expect.from_hparams(hp, t),
+                        clock.put_window(t), cfg.storage.gather_deadline_seconds, commit_reveal=hp.commit_reveal)
+    dataset = Dataset.from_config(cfg.data.corpus, cfg.data.cache_dir, hp.model.seq_len, hp.seed, hp.val_fraction,
+                                  hp.data_hash)
+    inputs = WindowInputs(t, got.payloads, got.rejections, active, book.lists[t], clock.window_randomness(t))
+    outcome = run_window(scores, model, codec, dataset, hp, inputs, ledger_prev_hash=book.ledger_hash,
+                         validator=next(n.hotkey for n in net.chain.metagraph() if n.uid == validator.uid))
+    val_loss = evaluate(model, dataset.validation(hp.val_sequences), hp.micro_batch)
+    line = Validator.window_line(t, outcome, val_loss, 0.0, {})
+    uninterrupted = next(x for x in net.validator_lines() if x["window"] == t)
     for key in ("model_hash", "weights", "scores", "mu", "loss_ratings", "loss_scores", "evaluated", "fast",
-                "top_g", "aggregated", "rejections"):
-        assert line[key] == uninterrupted[key], key
-    assert line["val_loss"] == uninterrupted["val_loss"]
+                "top_g", "aggregated", "rejections", "val_loss"):
+        assert json.loads(json.dumps(line[key])) == uninterrupted[key], key
 
 
 def test_killed_validator_process_resumes_in_step_with_the_miners(network):

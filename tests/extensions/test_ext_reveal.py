@@ -53,7 +53,7 @@ def peers(s3):
 
 def payload_bytes(codec, hp, uid: int, seed: int | None = None) -> bytes:
     gen = torch.Generator().manual_seed(1000 + (uid if seed is None else seed))
-    update = codec.compress({n: torch.randn(s, generator=gen) for n, s in codec.shapes.items()})
+    update = codec.compress({n: torch.randn(s, generator=gen) for n, s in codec.shapes.items()}, 0)
     return encode_payload(codec, update, torch.zeros(hp.sync_samples), PayloadMeta(uid, W, hp.protocol_version,
                                                                                     hp.digest()))
 

@@ -10,7 +10,7 @@ import pytest
 
 from dso.config import HParams, ModelConfig
 from dso.data import Dataset
-from neurons.simnet import SimNet, behaviour_shares
+from sim.simulator import SimNet, behaviour_shares
 
 WINDOWS = 12
 

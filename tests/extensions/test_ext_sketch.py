@@ -12,7 +12,8 @@ from dso.codec import DeMoCodec, ErrorFeedback
 from dso.config import HParams
 from dso.packing import PackingError
 from dso.rejections import Reason
-from dso.sketch import SketchCodec, dequantise, fwht, make_codec, stochastic_quantise
+from dso.codecs import make_codec
+from dso.sketch import SketchCodec, dequantise, fwht, stochastic_quantise
 
 torch.set_num_threads(1)
 
@@ -64,10 +65,10 @@ def test_sketch_rows_are_orthogonal_and_decode_is_the_pseudo_inverse():
     P, d = 2048, 256
     assert torch.allclose(S @ S.T, (P / d) * torch.eye(d, dtype=torch.float64), atol=1e-4)
     y = torch.randn(d)
-    x_hat = c.transpose("emb", y)
+    x_hat = c.transpose("emb", y, 0)
     assert torch.allclose(x_hat.reshape(-1).double(), (d / P) * S.T @ y.double(), atol=1e-5)
     assert torch.allclose(x_hat.reshape(-1).double(), torch.linalg.pinv(S) @ y.double(), atol=1e-5)
-    assert torch.allclose(c.project("emb", x_hat), y, atol=1e-4)  # S S⁺ = I
+    assert torch.allclose(c.project("emb", x_hat, 0), y, atol=1e-4)  # S S⁺ = I
 
 
 def test_padded_tensor_decode_is_a_contraction():
@@ -82,7 +83,7 @@ def test_full_dimension_reconstructs_exactly():
     c = codec(dim=4096)
     g = grads()
     for name in SHAPES:
-        back = c.to_dense(name, c.compress_tensor(name, g[name]))
+        back = c.to_dense(name, c.compress_tensor(name, g[name], 0))
         assert torch.allclose(back, g[name], atol=1e-5), name
 
 
@@ -101,7 +102,7 @@ def test_johnson_lindenstrauss_norms_and_inner_products():
 def test_cosine_of_decode_is_about_sqrt_d_over_p():
     c = SketchCodec({"w": (256, 256)}, dim=1024, clip=1e9, bits=32, seed=1)
     x = torch.randn(256, 256, generator=torch.Generator().manual_seed(2))
-    x_hat = c.to_dense("w", c.compress_tensor("w", x))
+    x_hat = c.to_dense("w", c.compress_tensor("w", x, 0))
     cos = float((x_hat * x).sum() / (x_hat.norm() * x.norm()))
     assert cos == pytest.approx(math.sqrt(1024 / 65536), rel=0.1)
 
@@ -125,39 +126,37 @@ def test_stochastic_quantisation_is_unbiased_and_on_the_grid():
 
 def test_clip_and_noise_in_sketch_space():
     c = codec(clip=0.5)
-    u = c.compress_tensor("emb", grads()["emb"])
+    u = c.compress_tensor("emb", grads()["emb"], 0)
     assert float(c.values(u).norm()) == pytest.approx(0.5, rel=1e-5)
     noisy = codec(clip=0.5, noise_std=0.1)
     gen = torch.Generator().manual_seed(0)
-    diff = noisy.values(noisy.compress_tensor("emb", grads()["emb"], gen)) - c.values(u)
+    diff = noisy.values(noisy.compress_tensor("emb", grads()["emb"], 0, generator=gen)) - c.values(u)
     assert float(diff.std()) == pytest.approx(0.1, rel=0.15)
 
 
 def test_compress_is_deterministic_given_the_generator_or_window_seed():
     c = codec(bits=4)
     g = grads()
-    u1 = c.compress(g, torch.Generator().manual_seed(4))
-    u2 = c.compress(g, torch.Generator().manual_seed(4))
+    u1 = c.compress(g, 0, generator=torch.Generator().manual_seed(4))
+    u2 = c.compress(g, 0, generator=torch.Generator().manual_seed(4))
     assert all(torch.equal(u1[n].codes, u2[n].codes) for n in SHAPES)
-    c.set_window(3, uid=7)
-    v1 = c.compress(g)
-    c.set_window(3, uid=7)
-    v2 = c.compress(g)
+    v1, v2 = c.compress(g, 3, uid=7), c.compress(g, 3, uid=7)
     assert all(torch.equal(v1[n].codes, v2[n].codes) and v1[n].window == 3 for n in SHAPES)
+    other = c.compress(g, 3, uid=8)  # another sender rounds with other randomness
+    assert not all(torch.equal(v1[n].codes, other[n].codes) for n in SHAPES)
 
 
 @pytest.mark.parametrize("bits", [2, 4, 8, 32])
 def test_wire_round_trip_matches_spec(bits):
     c = codec(bits=bits)
-    c.set_window(5)
-    update = c.compress(grads())
+    update = c.compress(grads(), 5)
     wire = c.to_wire(update)
     spec = c.wire_spec()
     assert set(wire) == set(spec)
     for key, (dtype, shape) in spec.items():
         assert wire[key].dtype == np.dtype(dtype) and wire[key].shape == shape, key
     assert c.payload_bytes() == sum(a.nbytes for a in wire.values())
-    back = c.from_wire(wire)
+    back = c.from_wire(wire, 5)
     for n in SHAPES:
         assert torch.equal(c.to_dense(n, back[n]), c.to_dense(n, update[n]))
         assert back[n].window == 5
@@ -166,34 +165,34 @@ def test_wire_round_trip_matches_spec(bits):
 
 def test_from_wire_rejects_bad_content():
     c = codec(bits=4)
-    wire = c.to_wire(c.compress(grads()))
+    wire = c.to_wire(c.compress(grads(), 0))
     for value, reason in ((np.array([np.nan], np.float32), Reason.NON_FINITE),
                           (np.array([-1.0], np.float32), Reason.BAD_ENCODING)):
         bad = dict(wire, **{"emb.scale": value})
         with pytest.raises(PackingError) as err:
-            c.from_wire(bad)
+            c.from_wire(bad, 0)
         assert err.value.reason == reason.value
     bad = dict(wire, **{"emb.scale": np.array([0.0], np.float32)})
     with pytest.raises(PackingError, match="zero scale"):
-        c.from_wire(bad)
+        c.from_wire(bad, 0)
     bad = dict(wire, **{"emb.val": wire["emb.val"][:-1]})
     with pytest.raises(PackingError) as err:
-        c.from_wire(bad)
+        c.from_wire(bad, 0)
     assert err.value.reason == Reason.BAD_SHAPE.value
     c32 = codec(bits=32)
-    wire32 = c32.to_wire(c32.compress(grads()))
+    wire32 = c32.to_wire(c32.compress(grads(), 0))
     wire32["norm.val"] = wire32["norm.val"].copy()
     wire32["norm.val"][0] = np.inf
     with pytest.raises(PackingError) as err:
-        c32.from_wire(wire32)
+        c32.from_wire(wire32, 0)
     assert err.value.reason == Reason.NON_FINITE.value
 
 
 def test_mean_delta_is_scale_free_and_linear():
     c = codec()
     g1, g2 = grads(1), grads(2)
-    u1, u2 = c.compress(g1), c.compress({n: 1000 * t for n, t in g2.items()})
-    u2_small = c.compress(g2)
+    u1, u2 = c.compress(g1, 0), c.compress({n: 1000 * t for n, t in g2.items()}, 0)
+    u2_small = c.compress(g2, 0)
     m = c.mean_delta([u1, u2])
     m_small = c.mean_delta([u1, u2_small])
     for n in SHAPES:
@@ -211,8 +210,7 @@ def test_error_feedback_is_stable_and_delivers_over_rotating_windows():
     sent = torch.zeros_like(g)
     cosines = []
     for window in range(60):
-        c.set_window(window)
-        update = ef.step({"w": g if window == 0 else torch.zeros_like(g)})
+        update = ef.step({"w": g if window == 0 else torch.zeros_like(g)}, window)
         sent += c.to_dense("w", update["w"])
         cosines.append(float((sent * g).sum() / (sent.norm() * g.norm())))
         assert float(ef.buffers["w"].norm()) <= float(g.norm()) * (1 + 1e-5)  # residual never grows

@@ -18,7 +18,7 @@ def _grads(seed):
 
 def test_identical_updates_aggregate_to_the_sign_of_that_update():
     codec = _codec()
-    u = codec.compress(_grads(0))
+    u = codec.compress(_grads(0), 0)
     agg = aggregate_signs(codec, [u, u, u], HParams())[0]
     for n in u:
         assert torch.equal(agg[n], torch.sign(codec.to_dense(n, u[n])))
@@ -26,9 +26,9 @@ def test_identical_updates_aggregate_to_the_sign_of_that_update():
 
 def test_l2_normalisation_makes_scaling_irrelevant():
     codec = _codec()
-    honest = [codec.compress(_grads(s)) for s in range(3)]
-    scaled = codec.compress({n: 1000 * t for n, t in _grads(9).items()})
-    plain = codec.compress(_grads(9))
+    honest = [codec.compress(_grads(s), 0) for s in range(3)]
+    scaled = codec.compress({n: 1000 * t for n, t in _grads(9).items()}, 0)
+    plain = codec.compress(_grads(9), 0)
     a = aggregate_signs(codec, honest + [scaled], HParams())[0]
     b = aggregate_signs(codec, honest + [plain], HParams())[0]
     for n in a:

@@ -46,7 +46,7 @@ def test_encode_decode_identity_without_topk(shape):
 def test_topk_keeps_exactly_the_largest_magnitudes_per_chunk():
     codec = DeMoCodec({"w": (128, 128)}, chunk=64, topk=32, value_bits=32)
     x = torch.randn(128, 128)
-    u = codec.compress_tensor("w", x)
+    u = codec.compress_tensor("w", x, 0)
     coeffs = codec.plans["w"].encode(x)
     assert u.idx.shape == (4, 32)
     for row in range(4):
@@ -67,7 +67,7 @@ def test_error_feedback_invariant():
     total = {n: torch.zeros(s, dtype=torch.float64) for n, s in codec.shapes.items()}
     for _ in range(6):
         grads = {n: torch.randn(s, generator=gen) for n, s in codec.shapes.items()}
-        update = ef.step(grads)
+        update = ef.step(grads, 0)
         for n in codec.shapes:
             sent[n] = beta * sent[n] + codec.to_dense(n, update[n]).double()
             total[n] = beta * total[n] + grads[n].double()
@@ -90,11 +90,11 @@ def test_log_grid_quantiser_error_is_bounded():
 
 def test_wire_round_trip_is_bit_exact():
     codec = DeMoCodec({"w": (96, 130), "n": (257,)}, chunk=64, topk=32, value_bits=4)
-    update = codec.compress({n: torch.randn(s) for n, s in codec.shapes.items()})
+    update = codec.compress({n: torch.randn(s) for n, s in codec.shapes.items()}, 0)
     wire = codec.to_wire(update)
     spec = codec.wire_spec()
     assert {k: (str(v.dtype), v.shape) for k, v in wire.items()} == spec
-    again = codec.from_wire(wire)
+    again = codec.from_wire(wire, 0)
     for n in update:
         assert torch.equal(again[n].idx, update[n].idx)
         assert torch.equal(again[n].codes, update[n].codes)

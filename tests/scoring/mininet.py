@@ -41,14 +41,14 @@ class MiniNet:
                 grads, _ = compute_gradients(self.model, batch, self.hp.micro_batch)
                 if behaviour == "anti":
                     grads = {n: -g for n, g in grads.items()}
-                update = self.feedback[uid].step(grads)
+                update = self.feedback[uid].step(grads, window, uid)
                 if behaviour == "stale":
                     sync = sync + 5 * learning_rate(self.hp, window)
             elif behaviour == "zeros":
-                update = self.codec.compress({n: torch.zeros(s) for n, s in self.shapes.items()})
+                update = self.codec.compress({n: torch.zeros(s) for n, s in self.shapes.items()}, window)
             elif behaviour == "noise":
                 gen = torch.Generator().manual_seed(uid * 100003 + window)
-                update = self.codec.compress({n: torch.randn(s, generator=gen) for n, s in self.shapes.items()})
+                update = self.codec.compress({n: torch.randn(s, generator=gen) for n, s in self.shapes.items()}, window)
             else:
                 raise ValueError(behaviour)
             out[uid] = (update, sync)

@@ -39,7 +39,7 @@ def codec(hp, shapes) -> DeMoCodec:
 def make_update(codec, shapes):
     def make(seed: int):
         gen = torch.Generator().manual_seed(seed)
-        return codec.compress({n: torch.randn(s, generator=gen) for n, s in shapes.items()})
+        return codec.compress({n: torch.randn(s, generator=gen) for n, s in shapes.items()}, 0)
     return make
 
 

@@ -1,4 +1,4 @@
-"""The Gauntlet in one process: peers with behaviours, the real scoring, the real aggregation — no S3, no chain.
+"""The Gauntlet in one process: peers with behaviours and the validator's own window engine — no S3, no chain.
 
 Transport outcomes that depend on S3 are simulated with the rejection the real
 gatherer would return (absent → missing, late → too_late, malformed → a format
@@ -10,7 +10,8 @@ copy (reveal_mismatch), a late miner's commitment is late (no_commit).  With
 accountant; once another round would exceed the budget it stops uploading
 (missing).  Everything else — assigned data, error feedback, behaviour
 transforms, copy detection, ``score_window``, the top-G list and the signed
-aggregation — is the code the processes run.
+aggregation — is the code the processes run: each window ends in
+:func:`neurons.engine.run_window`, the function the validator process calls.
 """
 from __future__ import annotations
 
@@ -22,20 +23,20 @@ from typing import Callable
 
 import torch
 
-from dso.aggregation import aggregate_signs, signed_step
+from dso.aggregation import signed_step
 from dso.codec import ErrorFeedback
+from dso.codecs import Update, make_codec
 from dso.config import HParams
 from dso.data import Dataset
 from dso.model import build_model, parameter_shapes
 from dso.privacy import RdpAccountant, clip_and_noise
 from dso.rejections import Reason, Rejection
-from dso.sketch import make_codec
-from dso.train import compute_gradients, evaluate, learning_rate
-from neurons import behaviours
-from scoring.copies import assigned_gains, find_copies
+from dso.train import compute_gradients, evaluate
+from neurons.engine import WindowInputs, WindowOutcome, announce_list, genesis_lists, run_window
 from scoring.state import ValidatorState
 from scoring.sync import sample_parameters, sync_positions
-from scoring.window import score_window
+from sim import behaviours
+from storage.wire import Payload, PayloadMeta
 
 MALFORMED = (Reason.MALFORMED, Reason.WRONG_COUNT, Reason.NON_FINITE, Reason.BAD_SHAPE)
 
@@ -86,9 +87,12 @@ class SimNet:
                               accountant=RdpAccountant.from_config(hp.dp) if hp.dp.enabled else None)
                       for i, b in enumerate(self.roles)]
         self.state = ValidatorState.new(hp.digest(), secret=hashlib.sha256(f"sim{hp.seed}".encode()).hexdigest()[:32])
-        self.top_g = [p.uid for p in self.peers][: hp.topg]
+        self.lists = genesis_lists(0, [p.uid for p in self.peers], hp.topg)  # the validator's list schedule
+        self.active = {p.uid: f"sim-{p.uid}" for p in self.peers}
         self.val = self.dataset.validation(hp.val_sequences)
         self.noise = torch.Generator().manual_seed(hp.seed)
+        self.ledger_hash = ""
+        self.last_outcome: WindowOutcome | None = None  # the engine's full output of the latest window
 
     def _desynced(self, peer: SimPeer, t: int) -> bool:
         if peer.behaviour != "desync":
@@ -106,7 +110,7 @@ class SimNet:
             peer.model = None  # catches up with the network
         return peer.model if peer.model is not None else self.model
 
-    def _train(self, peer: SimPeer, t: int, batches: int):
+    def _train(self, peer: SimPeer, t: int, batches: int) -> Update | None:
         """The peer's compressed update, or None once its privacy budget is spent."""
         dp = self.hp.dp
         if peer.accountant is not None and peer.accountant.would_exceed(dp.epsilon_budget):
@@ -117,15 +121,18 @@ class SimNet:
         if peer.accountant is not None:
             grads = clip_and_noise(grads, dp.clip_norm, dp.noise_multiplier, self.noise)
             peer.accountant.step()
-        self.codec.set_window(t, peer.uid)
-        return peer.feedback.step(grads)
+        return peer.feedback.step(grads, t, peer.uid)
 
-    def step(self, t: int) -> WindowRecord:
-        started, hp = time.perf_counter(), self.hp
-        self.codec.set_window(t)
-        randomness = hashlib.sha256(f"chain-randomness/{hp.seed}/{t}".encode()).digest()
-        positions = sync_positions(randomness, self.shapes, hp.sync_samples)
-        own, updates, rejections, sync = {}, {}, {}, {}
+    def randomness(self, t: int) -> bytes:
+        return hashlib.sha256(f"chain-randomness/{self.hp.seed}/{t}".encode()).digest()
+
+    def uploads(self, t: int) -> tuple[dict[int, Payload], dict[int, Rejection]]:
+        """What every peer's behaviour puts on the wire in window t, as the validator's gather would see it:
+        payloads that pass the transport checks, and the transport rejections of the others."""
+        hp = self.hp
+        positions = sync_positions(self.randomness(t), self.shapes, hp.sync_samples)
+        own: dict[int, Update | None] = {}
+        sync: dict[int, torch.Tensor] = {}
         sybil_update = None
         for peer in self.peers:
             plan = behaviours.plan(peer.behaviour, t)
@@ -134,48 +141,64 @@ class SimNet:
                 if peer.behaviour == "sybil":
                     sybil_update = own[peer.uid]
             sync[peer.uid] = sample_parameters(dict(self._peer_model(peer, t).named_parameters()), positions)
-        honest = [own[p.uid] for p in self.peers if p.behaviour in behaviours.GOOD and own.get(p.uid) is not None]
+        honest = [u for p in self.peers if p.behaviour in behaviours.GOOD and (u := own.get(p.uid)) is not None]
+        updates: dict[int, Update] = {}
+        rejections: dict[int, Rejection] = {}
         for peer in self.peers:
-            b = peer.behaviour
-            plan = behaviours.plan(b, t)
-            if b == "absent":
-                rejections[peer.uid] = Rejection(Reason.MISSING, "nothing uploaded")
-            elif plan.train and own.get(peer.uid) is None and not (b == "sybil" and sybil_update is not None):
-                rejections[peer.uid] = Rejection(Reason.MISSING, "privacy budget spent: nothing uploaded")
-            elif b == "late":
-                late = (Reason.NO_COMMIT, "commitment after the put window") if hp.commit_reveal else \
-                    (Reason.TOO_LATE, "uploaded after the put window")
-                rejections[peer.uid] = Rejection(*late)
-            elif hp.commit_reveal and plan.reads_peers:
-                rejections[peer.uid] = Rejection(Reason.REVEAL_MISMATCH, "committed blind, revealed a copy")
-            elif b == "malformed":
-                rejections[peer.uid] = Rejection(MALFORMED[t % len(MALFORMED)], "simulated broken payload")
-            elif b == "sybil":
-                updates[peer.uid] = sybil_update
+            outcome = self._outcome(peer, t, own, sybil_update, honest)
+            if isinstance(outcome, Rejection):
+                rejections[peer.uid] = outcome
             else:
-                update = behaviours.transform(b, self.codec, own.get(peer.uid), t, self.noise, honest)
-                if update is None:
-                    rejections[peer.uid] = Rejection(Reason.MISSING, "nothing to upload")
-                else:
-                    updates[peer.uid] = update
-        lr = learning_rate(hp, t)
-        same_second = {u: 0.0 for u in updates}
-        rejections.update(find_copies(self.codec, updates, same_second,
-                                      assigned_gains(self.model, self.codec, self.dataset, hp, t, hp.eval_scale * lr,
-                                                     updates)))
-        payloads = {u: (updates[u], sync[u]) for u in updates if u not in rejections}
-        report = score_window(self.state, self.model, self.codec, self.dataset, hp, t, payloads, rejections,
-                              [p.uid for p in self.peers], randomness)
-        used = [u for u in self.top_g if u in updates]  # transport-valid payloads of the list in effect
-        signs, _ = aggregate_signs(self.codec, [updates[u] for u in used], hp, used, self.device)
-        signed_step(self.model, signs, lr, hp.weight_decay)
+                updates[peer.uid] = outcome
+        # copies land in the same second as their source: the worst case for copy detection
+        payloads = {u: Payload(PayloadMeta(u, t, hp.protocol_version, hp.digest()), update, sync[u], 0, 0.0)
+                    for u, update in updates.items()}
+        return payloads, rejections
+
+    def _outcome(self, peer: SimPeer, t: int, own: dict[int, Update | None], sybil_update: Update | None,
+                 honest: list[Update]) -> Update | Rejection:
+        """One peer's update, or the rejection the real gatherer would return for what it uploaded."""
+        b, hp = peer.behaviour, self.hp
+        plan = behaviours.plan(b, t)
+        if b == "absent":
+            return Rejection(Reason.MISSING, "nothing uploaded")
+        if plan.train and own.get(peer.uid) is None and not (b == "sybil" and sybil_update is not None):
+            return Rejection(Reason.MISSING, "privacy budget spent: nothing uploaded")
+        if b == "late":
+            return Rejection(Reason.NO_COMMIT, "commitment after the put window") if hp.commit_reveal else \
+                Rejection(Reason.TOO_LATE, "uploaded after the put window")
+        if hp.commit_reveal and plan.reads_peers:
+            return Rejection(Reason.REVEAL_MISMATCH, "committed blind, revealed a copy")
+        if b == "malformed":
+            return Rejection(MALFORMED[t % len(MALFORMED)], "simulated broken payload")
+        if b == "sybil" and sybil_update is not None:
+            return sybil_update
+        update = behaviours.transform(b, self.codec, own.get(peer.uid), t, self.noise, honest)
+        return Rejection(Reason.MISSING, "nothing to upload") if update is None else update
+
+    def step(self, t: int) -> WindowRecord:
+        started = time.perf_counter()
+        payloads, rejections = self.uploads(t)
+        return self.conclude(t, payloads, rejections, started)
+
+    def conclude(self, t: int, payloads: dict[int, Payload], rejections: dict[int, Rejection],
+                 started: float | None = None) -> WindowRecord:
+        """The validator's window over these uploads (the engine), then every peer follows the network."""
+        started, hp = time.perf_counter() if started is None else started, self.hp
+        inputs = WindowInputs(t, payloads, rejections, self.active, self.lists.get(t, []), self.randomness(t))
+        outcome = run_window(self.state, self.model, self.codec, self.dataset, hp, inputs,
+                             ledger_prev_hash=self.ledger_hash, validator="simulator", device=self.device)
+        self.ledger_hash = outcome.record["record_hash"]
+        agg = outcome.aggregation
         for peer in self.peers:  # a peer that stays behind follows the network from its stale state
             if peer.model is not None and not self._desynced(peer, t):
-                signed_step(peer.model, signs, lr, hp.weight_decay)
-        self.top_g = report.top_g
+                signed_step(peer.model, agg.signs, agg.learning_rate, hp.weight_decay)
+        self.lists = announce_list(self.lists, t, outcome.report.top_g)
+        self.last_outcome = outcome
+        report = outcome.report
         return WindowRecord(t, evaluate(self.model, self.val, hp.micro_batch, self.device), report.loss_scores,
-                            report.loss_ratings, report.mu, report.scores, report.weights, used,
-                            {u: r.reason.value for u, r in rejections.items()}, time.perf_counter() - started)
+                            report.loss_ratings, report.mu, report.scores, report.weights, agg.used,
+                            {u: r.reason.value for u, r in outcome.rejections.items()}, time.perf_counter() - started)
 
     def run(self, windows: int, on_window: Callable[[WindowRecord], None] | None = None) -> list[WindowRecord]:
         records = []

@@ -13,7 +13,7 @@ import json
 from collections import Counter
 from pathlib import Path
 
-from neurons.behaviours import GOOD
+from sim.behaviours import GOOD
 
 COLOURS = {"honest": "#2b8cbe", "diligent": "#1a9850", "freerider": "#fdae61", "absent": "#bdbdbd",
            "noise": "#d73027", "scaler": "#f46d43", "signflip": "#a50026", "copier": "#762a83", "sybil": "#9970ab",

@@ -1,8 +1,10 @@
-"""The Gauntlet in one process on a tiny model: attacks earn nothing, copies and sybils are caught."""
+"""The Gauntlet in one process on a tiny model: attacks earn nothing, copies and sybils are caught.
+
+(Which rejection a transport failure gets is the gatherer's business, tested in tests/storage and end to end.)"""
 import pytest
 
 from dso.data import Dataset
-from neurons.simnet import SimNet, behaviour_shares
+from sim.simulator import SimNet, behaviour_shares
 
 ROLES = ["honest", "honest", "honest", "diligent", "freerider", "noise", "signflip", "copier", "late",
          "malformed", "absent", "sybil", "sybil"]
@@ -26,14 +28,6 @@ def test_attackers_end_with_no_weight(records):
         assert final[role] == 0.0, (role, final)
     assert final["copier"] <= 0.01, final     # caught as a copy in most windows (see the next test)
     assert final["honest"] + final["diligent"] + final["sybil"] >= 0.99
-
-
-def test_transport_failures_are_rejected_every_window(records):
-    uid = {role: i + 1 for i, role in reversed(list(enumerate(ROLES)))}
-    for r in records:
-        assert r.rejections[uid["late"]] == "too_late"
-        assert r.rejections[uid["absent"]] == "missing"
-        assert r.rejections[uid["malformed"]] in ("malformed", "wrong_count", "non_finite", "bad_shape")
 
 
 def test_copier_and_second_sybil_are_duplicates(records):

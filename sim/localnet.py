@@ -40,8 +40,11 @@ class NodeSpec:
     extra_args: list[str] = field(default_factory=list)
 
     @property
-    def script(self) -> str:
-        return str(ROOT / "neurons" / f"{self.role}.py")
+    def program(self) -> list[str]:
+        """Honest nodes run the production entry points; other behaviours the experiment's miner."""
+        if self.role == "miner" and self.behaviour not in ("honest", "diligent"):
+            return ["-m", "sim.miner", "--behaviour", self.behaviour]
+        return [str(ROOT / "neurons" / f"{self.role}.py")]
 
 
 def plan_nodes(miners: int, adversaries: list[tuple[str, int]], validators: int) -> list[NodeSpec]:
@@ -107,11 +110,11 @@ class LocalNet:
         return env
 
     def command(self, node: NodeSpec) -> list[str]:
-        cmd = [sys.executable, node.script, "--config", str(self.run_dir / "config.json"),
+        cmd = [sys.executable, *node.program, "--config", str(self.run_dir / "config.json"),
                "--wallet.name", node.name, "--wallet.path", str(self.run_dir / "wallets"),
                "--neuron.log_json", str(self.logs / f"{node.name}.jsonl")]
-        if node.role == "miner":
-            cmd += ["--neuron.behaviour", node.behaviour]
+        if node.behaviour == "diligent":  # an honest miner with twice the compute: more of its assignment
+            cmd += ["--neuron.train_sequences", str(min(2 * self.hp.batch_size, self.hp.assigned_sequences))]
         return cmd + node.extra_args
 
     def start(self) -> None:

@@ -2,7 +2,7 @@ import torch
 
 from dso.codec import DeMoCodec
 from dso.config import HParams
-from neurons import behaviours
+from sim import behaviours
 from storage.wire import Expect, PayloadMeta, decode_payload, encode_payload
 from dso.rejections import Reason, Rejection
 
@@ -13,7 +13,7 @@ def _codec():
 
 def _update(codec, seed):
     g = torch.Generator().manual_seed(seed)
-    return codec.compress({n: torch.randn(s, generator=g) for n, s in codec.shapes.items()})
+    return codec.compress({n: torch.randn(s, generator=g) for n, s in codec.shapes.items()}, 0)
 
 
 def _dense(codec, u):
@@ -65,8 +65,9 @@ def test_malformed_payloads_are_all_rejected_with_a_format_reason():
 
 
 def test_sybils_share_one_update(tmp_path):
-    assert behaviours.sybil_exchange(tmp_path, 5, 1, None, 0.1) is None or True  # registers member 5
-    leader = behaviours.sybil_exchange(tmp_path, 4, 1, b"payload", 0.1)           # lowest uid trains
+    assert behaviours.sybil_exchange(tmp_path, 5, 1, None, 0.1) is None   # alone: it leads, with nothing to share
+    assert (tmp_path / "member-5").exists()
+    leader = behaviours.sybil_exchange(tmp_path, 4, 1, b"payload", 0.1)   # a lower uid joins: it trains
     assert leader == b"payload"
     assert behaviours.sybil_exchange(tmp_path, 5, 1, b"own", 0.5) == b"payload"
     assert behaviours.sybil_exchange(tmp_path, 5, 2, None, 0.1) is None              # nothing shared in time

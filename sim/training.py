@@ -15,7 +15,8 @@ from typing import Callable
 import torch
 
 from dso.aggregation import aggregate_signs, signed_step
-from dso.codec import DeMoCodec, ErrorFeedback
+from dso.codec import ErrorFeedback
+from dso.codecs import Codec, make_codec
 from dso.config import HParams
 from dso.data import Dataset
 from dso.model import build_model, parameter_shapes
@@ -28,7 +29,7 @@ class DenseCodec:
     def __init__(self, shapes: dict[str, tuple[int, ...]]):
         self.shapes = shapes
 
-    def compress_tensor(self, name: str, x: torch.Tensor) -> torch.Tensor:
+    def compress_tensor(self, name: str, x: torch.Tensor, window: int, uid: int = 0) -> torch.Tensor:
         return x.detach().clone()
 
     def to_dense(self, name: str, u: torch.Tensor, device="cpu") -> torch.Tensor:
@@ -54,18 +55,15 @@ class History:
     seconds: float = 0.0
 
     def rows(self) -> list[dict]:
-        return [{"window": w, "loss": l} for w, l in zip(self.windows, self.val_loss)]
-
-
-def make_codec(hp: HParams, shapes: dict[str, tuple[int, ...]], compress: bool = True):
-    return DeMoCodec.from_hparams(shapes, hp) if compress else DenseCodec(shapes)
+        return [{"window": w, "loss": loss} for w, loss in zip(self.windows, self.val_loss)]
 
 
 def run_honest(hp: HParams, dataset: Dataset, n_peers: int, windows: int, *, compress: bool = True,
                device: str = "cpu", on_window: Callable[[int, float], None] | None = None) -> History:
     """N honest peers for ``windows`` windows; validation loss before training and after every window."""
     model = build_model(hp.model, hp.seed, device)
-    codec = make_codec(hp, parameter_shapes(model), compress)
+    shapes = parameter_shapes(model)
+    codec: Codec | DenseCodec = make_codec(shapes, hp) if compress else DenseCodec(shapes)
     feedback = [ErrorFeedback(codec, hp.ef_beta, device) for _ in range(n_peers)]
     val = dataset.validation(hp.val_sequences)
     hist = History()
@@ -85,7 +83,7 @@ def run_honest(hp: HParams, dataset: Dataset, n_peers: int, windows: int, *, com
         for uid in range(n_peers):
             batch = dataset.training_batch(uid, t, hp.assigned_sequences, hp.batch_size)
             grads, loss = compute_gradients(model, batch, hp.micro_batch, device)
-            updates.append(feedback[uid].step(grads))
+            updates.append(feedback[uid].step(grads, t, uid))
             losses.append(loss)
         signed_step(model, aggregate_signs(codec, updates, hp, device=device)[0], learning_rate(hp, t), hp.weight_decay)
         record(t, sum(losses) / len(losses))

@@ -1,10 +1,11 @@
-"""Miner behaviours: the honest protocol and the attacks the network must withstand.
+"""Miner behaviours: the honest protocol and the attacks the network must withstand (experiments only).
 
 A behaviour changes three things of an honest miner: how much it trains, what
 update it uploads (a transform of its own update, or something built from the
 updates of others it can read during the put window), and when it uploads.
 Everything is codec-generic: updates are decoded, changed in parameter space and
-compressed again with the run's codec.
+compressed again with the run's codec.  The production miner (neurons/miner.py)
+knows none of this; sim/miner.py and sim/simulator.py apply these plans.
 
 | name | what it does |
 |---|---|
@@ -33,6 +34,7 @@ import numpy as np
 import safetensors.numpy
 import torch
 
+from dso.codecs import Codec, Update
 from storage.tensorfile import load_arrays, read_header
 
 BEHAVIOURS = ("honest", "diligent", "freerider", "absent", "noise", "scaler", "signflip", "copier", "sybil",
@@ -82,19 +84,19 @@ def plan(behaviour: str, window: int) -> Plan:
     return Plan()
 
 
-def zeros(codec) -> dict:
-    return codec.compress({n: torch.zeros(s) for n, s in codec.shapes.items()})
+def zeros(codec: Codec, window: int) -> Update:
+    return codec.compress({n: torch.zeros(s) for n, s in codec.shapes.items()}, window)
 
 
-def noise(codec, generator: torch.Generator, scale: float = 1e-3) -> dict:
-    return codec.compress({n: scale * torch.randn(s, generator=generator) for n, s in codec.shapes.items()})
+def noise(codec: Codec, window: int, generator: torch.Generator, scale: float = 1e-3) -> Update:
+    return codec.compress({n: scale * torch.randn(s, generator=generator) for n, s in codec.shapes.items()}, window)
 
 
-def scaled(codec, update, factor: float) -> dict:
-    return codec.compress({n: factor * t for n, t in codec.decompress(update).items()})
+def scaled(codec: Codec, window: int, update: Update, factor: float) -> Update:
+    return codec.compress({n: factor * t for n, t in codec.decompress(update).items()}, window)
 
 
-def alie(codec, others: list, z: float = ALIE_Z) -> dict | None:
+def alie(codec: Codec, window: int, others: list[Update], z: float = ALIE_Z) -> Update | None:
     """μ − z·σ per coordinate of the readable honest updates (needs at least two)."""
     if len(others) < 2:
         return None
@@ -103,32 +105,33 @@ def alie(codec, others: list, z: float = ALIE_Z) -> dict | None:
     for n in codec.shapes:
         stack = torch.stack([d[n] for d in dense])
         out[n] = stack.mean(0) - z * stack.std(0)
-    return codec.compress(out)
+    return codec.compress(out, window)
 
 
-def ipm(codec, others: list, epsilon: float = IPM_EPSILON) -> dict | None:
+def ipm(codec: Codec, window: int, others: list[Update], epsilon: float = IPM_EPSILON) -> Update | None:
     if not others:
         return None
     dense = [codec.decompress(u) for u in others]
-    return codec.compress({n: -epsilon * torch.stack([d[n] for d in dense]).mean(0) for n in codec.shapes})
+    return codec.compress({n: -epsilon * torch.stack([d[n] for d in dense]).mean(0) for n in codec.shapes}, window)
 
 
-def transform(behaviour: str, codec, own, window: int, generator: torch.Generator, others: list | None = None):
+def transform(behaviour: str, codec: Codec, own: Update | None, window: int, generator: torch.Generator,
+              others: list[Update] | None = None) -> Update | None:
     """The update this behaviour uploads (None = nothing to upload this window)."""
     if behaviour in ("honest", "diligent", "late", "desync", "sybil"):
         return own
     if behaviour == "freerider":
-        return zeros(codec)
+        return zeros(codec, window)
     if behaviour == "noise":
-        return noise(codec, generator)
+        return noise(codec, window, generator)
     if behaviour == "scaler":
-        return scaled(codec, own, SCALE)
+        return None if own is None else scaled(codec, window, own, SCALE)
     if behaviour == "signflip":
-        return scaled(codec, own, -1.0)
+        return None if own is None else scaled(codec, window, own, -1.0)
     if behaviour == "alie":
-        return alie(codec, others or [])
+        return alie(codec, window, others or [])
     if behaviour == "ipm":
-        return ipm(codec, others or [])
+        return ipm(codec, window, others or [])
     if behaviour == "copier":
         return others[0] if others else None
     if behaviour == "absent":

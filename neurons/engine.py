@@ -1,0 +1,154 @@
+"""The pure part of a validator window: copies → aggregate → scoring → contributions → ledger record.
+
+:func:`run_window` is a function of explicit inputs: the validator's scoring
+state, the model at θ_t, the run's codec, data and hyper-parameters, and what
+the transport produced for the window (payloads that passed the strict checks,
+and rejections).  It advances the model to θ_{t+1} in place and returns what the
+caller publishes.  The validator process (neurons/validator.py) wraps it in I/O;
+the in-process simulator (sim/simulator.py) drives the very same function, so
+the two cannot drift apart.
+
+Order within a window:
+
+1. copy detection at θ_t (identical update contents; the earliest upload or,
+   tied, proof of computation keeps it);
+2. the aggregate: the list in effect for the window ∩ the payloads, under the
+   run's rule, applied as a signed step (θ_t → θ_{t+1}) — it depends only on what
+   every node can verify, so followers compute the same bits; ``on_aggregate``
+   lets the caller publish it before the slower scoring;
+3. scoring at θ_t (fast checks, primary evaluation, ratings, weights, next list);
+4. contributions (ZIP-400) of every update read, and the provenance record.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Mapping, Sequence
+
+import torch
+
+from dso.aggregation import signed_step
+from dso.codecs import Codec
+from dso.config import HParams
+from dso.contribution import Contribution, round_contributions
+from dso.data import Dataset
+from dso.model import model_hash
+from dso.provenance import make_record
+from dso.rejections import Rejection
+from dso.robust import AggregationInfo, decoded_rows, robust_delta
+from dso.train import learning_rate
+from scoring.copies import assigned_gains, find_copies
+from scoring.evaluation import ParameterSnapshot
+from scoring.state import ValidatorState
+from scoring.window import WindowReport, score_window
+from storage.wire import Payload
+
+LIST_LEAD = 2  # the top-G list scored in window t governs window t + 2: a full window of slack (docs/protocol.md)
+
+
+@dataclass(frozen=True)
+class WindowInputs:
+    """What the transport and the chain gave the validator for window ``window``."""
+
+    window: int
+    payloads: Mapping[int, Payload]        # passed the strict format and timing checks
+    rejections: Mapping[int, Rejection]    # transport-level failures (missing, late, malformed, ...)
+    active: Mapping[int, str]              # peers to score: uid → hotkey
+    aggregation_list: Sequence[int]        # the top-G list in effect for the window
+    randomness: bytes                      # the window's chain randomness (sync positions)
+
+
+@dataclass
+class Aggregation:
+    window: int
+    used: list[int]                        # uids whose updates were aggregated
+    delta: dict[str, torch.Tensor]         # Δ before the sign
+    signs: dict[str, torch.Tensor]
+    learning_rate: float
+    hash_before: str                       # θ_t
+    hash_after: str                        # θ_{t+1}
+    info: AggregationInfo
+
+
+@dataclass
+class WindowOutcome:
+    aggregation: Aggregation
+    report: WindowReport
+    rejections: dict[int, Rejection]       # transport rejections and copies
+    contributions: dict[int, Contribution] = field(default_factory=dict)
+    record: dict = field(default_factory=dict)  # provenance record
+
+
+def genesis_lists(first_window: int, miners: Sequence[int], g: int) -> dict[int, list[int]]:
+    """The lists of the first LIST_LEAD windows, announced before anyone was scored: the first G miners."""
+    return {w: sorted(miners)[:g] for w in range(first_window, first_window + LIST_LEAD)}
+
+
+def announce_list(lists: Mapping[int, list[int]], window: int, top_g: list[int]) -> dict[int, list[int]]:
+    """The lists still to come after scoring ``window``: its top-G governs ``window + LIST_LEAD``."""
+    upcoming = {w: uids for w, uids in lists.items() if w > window}
+    upcoming[window + LIST_LEAD] = list(top_g)
+    return upcoming
+
+
+def aggregate_window(model: torch.nn.Module, codec: Codec, hp: HParams, window: int,
+                     payloads: Mapping[int, Payload], aggregation_list: Sequence[int],
+                     device: str | torch.device = "cpu") -> Aggregation:
+    """θ_t → θ_{t+1} in place: the signed step of the aggregate of the listed peers' payloads."""
+    used = [u for u in aggregation_list if u in payloads]
+    delta, info = robust_delta(codec, [payloads[u].update for u in used], hp, used, device)
+    signs = {n: torch.sign(d) for n, d in delta.items()}
+    lr = learning_rate(hp, window)
+    before = model_hash(model)
+    signed_step(model, signs, lr, hp.weight_decay)
+    return Aggregation(window, used, delta, signs, lr, before, model_hash(model), info)
+
+
+def run_window(state: ValidatorState, model: torch.nn.Module, codec: Codec, dataset: Dataset, hp: HParams,
+               inputs: WindowInputs, *, ledger_prev_hash: str, validator: str,
+               device: str | torch.device = "cpu",
+               on_aggregate: Callable[[Aggregation], None] | None = None) -> WindowOutcome:
+    """One window.  ``model`` holds θ_t on entry and θ_{t+1} on return; ``state`` is updated all-or-nothing."""
+    t, payloads = inputs.window, inputs.payloads
+    updates = {u: p.update for u, p in payloads.items()}
+    step = hp.eval_scale * learning_rate(hp, t)
+
+    # 1. copies, at θ_t
+    rejections = dict(inputs.rejections)
+    times = {u: p.last_modified if p.last_modified is not None else float("inf") for u, p in payloads.items()}
+    rejections.update(find_copies(codec, updates, times, assigned_gains(model, codec, dataset, hp, t, step, updates)))
+    scored = {u: (p.update, p.sync_values) for u, p in payloads.items() if u not in rejections}
+
+    # 2. the aggregate: θ_t → θ_{t+1}
+    theta_t = ParameterSnapshot(model)
+    aggregation = aggregate_window(model, codec, hp, t, payloads, inputs.aggregation_list, device)
+    theta_next = ParameterSnapshot(model)
+    if on_aggregate is not None:
+        on_aggregate(aggregation)
+
+    # 3. score window t at θ_t
+    theta_t.restore()
+    try:
+        report = score_window(state, model, codec, dataset, hp, t, scored, rejections, inputs.active,
+                              inputs.randomness)
+    finally:
+        theta_next.restore()
+    del theta_t, theta_next
+
+    # 4. contributions and the provenance record
+    contributions = _contributions(codec, updates, aggregation.delta, report, device)
+    record = make_record(t, aggregation.hash_before, aggregation.hash_after,
+                         [{"uid": u, "score": report.scores.get(u, 0.0), "weight": report.weights.get(u, 0.0),
+                           "contribution": contributions[u].score} for u in aggregation.used],
+                         ledger_prev_hash, validator, extra={"rule": aggregation.info.rule})
+    return WindowOutcome(aggregation, report, rejections, contributions, record)
+
+
+def _contributions(codec: Codec, updates: Mapping[int, object], delta: Mapping[str, torch.Tensor],
+                   report: WindowReport, device: str | torch.device) -> dict[int, Contribution]:
+    """ZIP-400 contribution of every peer whose update was read this window."""
+    uids = sorted(updates)
+    if not uids:
+        return {}
+    rows = decoded_rows(codec, [updates[u] for u in uids], device)
+    aggregate = torch.cat([delta[n].reshape(-1) for n in codec.shapes])
+    return round_contributions(dict(zip(uids, rows)), aggregate, report.mu, report.loss_scores)

@@ -1,0 +1,162 @@
+"""The whole network on this machine, in one command: `make run`, `python scripts/localnet.py`, `dso-localnet`.
+
+    python scripts/localnet.py [--windows 20] [--miners 4] [--adversary KIND[:COUNT] ...]
+                               [--validators 1] [--report-dir runs/localnet] [--seed 1234]
+                               [--set hparams.KEY=VALUE ...]
+
+Starts the embedded S3 server (moto, IAM auth on) and a LocalChain, creates,
+registers and funds wallets, starts the validators (different stakes) and the
+miners — N honest ones plus every ``--adversary`` — as separate processes,
+shows a live table while W windows run, then stops everything and writes
+``report.json``, ``report.md`` and PNG plots to the report folder.  Ctrl-C
+stops early and still writes the report for the finished windows.
+
+Without ``--adversary`` the mix is: 1 diligent, 1 freerider, 1 noise,
+1 copier, 1 malformed, 1 late.  Behaviours: see ``sim/behaviours.py``.
+"""
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+import time
+from pathlib import Path
+
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+
+from dso.config import Config, ConfigError, HParams, set_key
+from dso.data import DataError
+from sim import report as run_report
+from sim.behaviours import BEHAVIOURS
+from sim.localnet import LocalNet, plan_nodes
+
+DEFAULT_MIX = [("diligent", 1), ("freerider", 1), ("noise", 1), ("copier", 1), ("malformed", 1), ("late", 1)]
+
+
+def adversary(text: str) -> tuple[str, int]:
+    kind, _, count = text.partition(":")
+    if kind not in BEHAVIOURS:
+        raise argparse.ArgumentTypeError(f"unknown behaviour {kind!r}; choose from {', '.join(BEHAVIOURS)}")
+    try:
+        n = int(count) if count else 1
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"count in {text!r} must be a whole number") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"count in {text!r} must be at least 1")
+    return kind, n
+
+
+def positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} must be at least 1")
+    return value
+
+
+def parse(argv: list[str] | None) -> tuple[argparse.Namespace, HParams]:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--windows", type=positive, default=20, help="windows to run (default 20)")
+    p.add_argument("--miners", type=int, default=4, help="honest miners (default 4)")
+    p.add_argument("--adversary", type=adversary, action="append", metavar="KIND[:COUNT]",
+                   help="add COUNT miners of a behaviour (repeatable; default mix when absent)")
+    p.add_argument("--validators", type=positive, default=1, help="validators, with decreasing stakes (default 1)")
+    p.add_argument("--report-dir", default="runs/localnet", help="report and run files (default runs/localnet)")
+    p.add_argument("--seed", type=int, default=None, help="run seed (model init, data assignment)")
+    p.add_argument("--set", action="append", default=[], metavar="hparams.KEY=VALUE",
+                   help="override a run hyper-parameter, e.g. --set hparams.commit_reveal=true")
+    p.add_argument("--block-time", type=float, default=1.0, help="seconds per block (default 1)")
+    args = p.parse_args(argv)
+    if args.miners < 0:
+        p.error("--miners must be >= 0")
+    cfg = Config()
+    try:
+        for item in args.set:
+            key, sep, value = item.partition("=")
+            if not sep or not key.startswith("hparams."):
+                raise ConfigError(f"--set {item!r}: expected hparams.KEY=VALUE")
+            set_key(cfg, key, value)
+        if args.seed is not None:
+            cfg.hparams.seed = args.seed
+        cfg.validate()
+    except ConfigError as e:
+        p.error(str(e))
+    return args, cfg.hparams
+
+
+def live_table(net: LocalNet, names: dict[int, tuple[str, str]], windows: int, started: float) -> Table:
+    lines = net.validator_lines()
+    last = lines[-1] if lines else {}
+    title = (f"window {last.get('window', '-')}  ({len(lines)}/{windows} done)   "
+             f"val loss {last.get('val_loss', float('nan')):.4f}   {time.time() - started:.0f}s")
+    table = Table(title=title, title_justify="left")
+    for col in ("uid", "miner", "behaviour", "score", "LossRating", "μ", "weight", "rejections"):
+        table.add_column(col, justify="right" if col not in ("miner", "behaviour", "rejections") else "left")
+    counts: dict[str, dict[str, int]] = {}
+    for line in lines:
+        for uid, reason in line.get("rejections", {}).items():
+            counts.setdefault(uid, {}).setdefault(reason, 0)
+            counts[uid][reason] += 1
+    for uid, (name, behaviour) in sorted(names.items()):
+        key = str(uid)
+        fmt = lambda d, f="{:.3f}": f.format(d[key]) if key in d else "-"  # noqa: E731
+        table.add_row(key, name, behaviour, fmt(last.get("scores", {})), fmt(last.get("loss_ratings", {}), "{:.1f}"),
+                      fmt(last.get("mu", {}), "{:.2f}"), fmt(last.get("weights", {}), "{:.3f}"),
+                      ", ".join(f"{r}×{n}" for r, n in counts.get(key, {}).items()))
+    return table
+
+
+def run(argv: list[str] | None = None) -> int:
+    args, hp = parse(argv)
+    mix = args.adversary if args.adversary is not None else DEFAULT_MIX
+    nodes = plan_nodes(args.miners, mix, args.validators)
+    out = Path(args.report_dir)
+    net = LocalNet(out / "run", hp, nodes, block_time=args.block_time)
+    console = Console()
+    started = time.time()
+    command = "python scripts/localnet.py " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
+    try:
+        console.print(f"localnet: preparing {len(nodes)} nodes (embedded S3, LocalChain, wallets)…")
+        net.prepare()
+        net.start()
+        console.print(f"localnet: started; run files in {net.run_dir}, logs in {net.logs}")
+        names = {n.uid: (n.name, n.behaviour) for n in nodes if n.role == "miner"}
+        with Live(live_table(net, names, args.windows, started), console=console, refresh_per_second=1,
+                  transient=not console.is_terminal) as live:
+            while len(net.validator_lines()) < args.windows:
+                dead = [n.name for n in net.dead() if n.role == "validator"]
+                if dead:
+                    console.print(f"localnet: validator {dead[0]} exited; see {net.logs / (dead[0] + '.log')}")
+                    break
+                time.sleep(1.0)
+                live.update(live_table(net, names, args.windows, started))
+    except KeyboardInterrupt:
+        console.print("localnet: interrupted; stopping and writing the report for the finished windows")
+    except (DataError, RuntimeError) as e:
+        console.print(f"localnet: {e}")
+        net.stop()
+        return 1
+    finally:
+        posted = None
+        if net.chain is not None:
+            leader = next((n.uid for n in nodes if n.name == "validator0"), None)
+            posted = net.chain.weights().get(leader)
+        net.stop()
+    lines = net.validator_lines()
+    report = run_report.build(lines, {n.uid: (n.name, n.behaviour) for n in nodes if n.role == "miner"}, posted)
+    run_report.write(report, out, command)
+    s = report["summary"]
+    loss = [f"{v:.4f}" if v is not None else "—" for v in (s["val_loss_first"], s["val_loss_last"])]
+    console.print(f"localnet: {report['windows']} windows in {time.time() - started:.0f}s; validation loss "
+                  f"{loss[0]} → {loss[1]}; honest+diligent weight {100 * s['good_share']:.1f}%, "
+                  f"largest adversary {100 * s['max_adversary_share']:.2f}%; report in {out}/report.md")
+    return 0
+
+
+def cli() -> None:
+    """Console entry point ``dso-localnet``."""
+    sys.exit(run())

@@ -1,0 +1,167 @@
+"""Adversarial miners for the local network: the honest miner with a behaviour from sim/behaviours.py.
+
+    python -m sim.miner --behaviour noise [every neurons/miner.py flag]
+
+:class:`AdversarialMiner` overrides the honest miner's steps (neurons/miner.py):
+what it trains, what it uploads and when, and whether it follows the network.
+Nothing in the production code paths knows about it (the core never imports
+``sim``).
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from dso.clock import PutWindow, reveal_time, reveal_window_after
+from dso.codec import CompressedUpdate
+from dso.commit import new_nonce
+from dso.config import build_parser, parse_args
+from dso.rejections import Rejection
+from neurons import reveal
+from neurons.context import build_context
+from neurons.lifecycle import Fatal, run_main
+from neurons.miner import UPLOAD_MARGIN, Miner
+from sim import behaviours
+from storage.gather import gather
+from storage.reveal import seal
+from storage.wire import Expect, Payload, decode_payload, encode_payload
+
+log = logging.getLogger("dso.sim.miner")
+READ_AFTER_REVEALS = 0.5  # under commit-reveal, readers of others' updates read this long after reveals start
+
+
+class AdversarialMiner(Miner):
+    def __init__(self, ctx: Any, behaviour: str):
+        if behaviour not in behaviours.BEHAVIOURS:
+            raise Fatal(f"--behaviour {behaviour!r}: choose from {', '.join(behaviours.BEHAVIOURS)}")
+        super().__init__(ctx)
+        self.behaviour = behaviour
+        self.noise_gen = torch.Generator().manual_seed(ctx.hp.seed * 7919 + ctx.uid)
+        self.sybil_dir = Path(ctx.cfg.neuron.state_dir).expanduser() / "sybil"
+
+    def plan(self, t: int) -> behaviours.Plan:
+        return behaviours.plan(self.behaviour, t)
+
+    # ------------------------------------------------------ the three steps
+    def train(self, t: int) -> tuple[CompressedUpdate | None, float]:
+        plan = self.plan(t)
+        if not plan.train:
+            return None, float("nan")
+        self.sequences = self.ctx.hp.batch_size * plan.data_batches
+        return super().train(t)
+
+    def upload(self, t: int, own: CompressedUpdate | None, put: PutWindow) -> bool:
+        plan = self.plan(t)
+        if not plan.upload or (self.budget_spent and plan.train):
+            return False
+        if not plan.late and time.time() >= put.close - UPLOAD_MARGIN:
+            return False
+        if self.ctx.hp.commit_reveal:
+            return self.commit_then_reveal(t, plan, own, put)
+        data = self.build(t, plan, own, put.open + 0.6, put.close)
+        if data is None:
+            return False
+        if plan.late and not self.ctx.clock.sleep_until(put.close + behaviours.LATE_BY, self.ctx.stop):
+            return False
+        return self.put_payload(t, data)
+
+    def follow(self, t: int) -> str:
+        plan = self.plan(t)
+        if not plan.apply_aggregate:
+            return "not following (desync)"
+        if not plan.self_aggregate:  # what a cost-minimising attacker does: replay the leader's aggregate
+            return "replaying the leader's aggregate"
+        return super().follow(t)
+
+    def follows(self, t: int) -> bool:
+        return self.plan(t).apply_aggregate
+
+    def describe(self) -> dict[str, Any]:
+        return {"behaviour": self.behaviour}
+
+    # ------------------------------------------------------------ pieces
+    def commit_then_reveal(self, t: int, plan: behaviours.Plan, own: CompressedUpdate | None,
+                           put: PutWindow) -> bool:
+        """Readers of others' updates can read nothing before commitments close: the best they can do is
+        commit to a placeholder in time and reveal a copy, which cannot match the commitment."""
+        ctx = self.ctx
+        if plan.reads_peers:
+            sealed = seal(new_nonce(), t, ctx.uid)
+        else:
+            data = self.build(t, plan, own, put.open + 0.6, put.close)
+            if data is None:
+                return False
+            sealed = seal(data, t, ctx.uid)
+        if plan.late and not ctx.clock.sleep_until(put.close + behaviours.LATE_BY, ctx.stop):
+            return False
+        if not reveal.commit(ctx, sealed):
+            return False
+        if plan.reads_peers:
+            if not ctx.clock.sleep_until(reveal_time(put), ctx.stop):
+                return False
+            data = self.build(t, plan, own, reveal_time(put) + READ_AFTER_REVEALS, reveal_window_after(put).close)
+            if data is None:
+                return False
+            sealed = seal(data, t, ctx.uid)  # the copy with a fresh nonce: it cannot match the commitment
+        return reveal.reveal(ctx, sealed, put)
+
+    def build(self, t: int, plan: behaviours.Plan, own: CompressedUpdate | None, read_from: float,
+              read_until: float) -> bytes | None:
+        """The payload bytes this behaviour uploads for window t (None = nothing); behaviours that build on
+        others' updates read them between ``read_from`` and ``read_until``."""
+        ctx = self.ctx
+        sync = self.sync_samples(t)
+        if sync is None:
+            return None
+        others = self.read_payloads(t, read_from, read_until) if plan.reads_peers else []
+        if self.behaviour == "malformed":
+            update = behaviours.zeros(ctx.codec, t)
+        else:
+            update = behaviours.transform(self.behaviour, ctx.codec, own, t, self.noise_gen,
+                                          [p.update for p in others])
+        if self.behaviour == "copier" and others:
+            sync = others[0].sync_values  # a careful copier copies the victim's sync samples as well
+        if self.behaviour == "sybil":
+            update = self.sybil_update(t, update, sync, read_until)
+        if update is None:
+            return None
+        data = encode_payload(ctx.codec, update, sync, self.meta(t))
+        return behaviours.malformed_bytes(data, t) if self.behaviour == "malformed" else data
+
+    def read_payloads(self, t: int, start: float, until: float) -> list[Payload]:
+        """Other miners' payloads of window t as readable between ``start`` and ``until``."""
+        ctx = self.ctx
+        ctx.clock.sleep_until(start, ctx.stop)
+        others = {u: c for u, c in ctx.peers.commitments().items() if u in ctx.peers.miners()}
+        result = gather(t, others, ctx.codec, Expect.from_hparams(ctx.hp, t), None,
+                        max(0.5, until - time.time() - 0.5), readers=ctx.readers)
+        self.follower.bytes += result.bytes_down
+        log.info("window %d: %s read %d updates of others", t, self.behaviour, len(result.payloads))
+        return [result.payloads[u] for u in sorted(result.payloads)]
+
+    def sybil_update(self, t: int, update: CompressedUpdate | None, sync: torch.Tensor,
+                     until: float) -> CompressedUpdate | None:
+        """All sybils of a group upload the update the lowest uid of the group trained."""
+        ctx = self.ctx
+        mine = encode_payload(ctx.codec, update, sync, self.meta(t)) if update is not None else None
+        shared = behaviours.sybil_exchange(self.sybil_dir, ctx.uid, t, mine, until - time.time() - 0.5)
+        if shared is None:
+            return None
+        payload = decode_payload(shared, ctx.codec, Expect.from_hparams(ctx.hp, t))
+        return None if isinstance(payload, Rejection) else payload.update
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser: argparse.ArgumentParser = build_parser(__doc__ or "")
+    parser.add_argument("--behaviour", required=True, help=f"one of {', '.join(behaviours.BEHAVIOURS)}")
+    cfg, ns = parse_args(argv, parser=parser)
+    return AdversarialMiner(build_context(cfg, "miner"), ns.behaviour).run()
+
+
+if __name__ == "__main__":
+    run_main(main)
