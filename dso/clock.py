@@ -17,6 +17,9 @@ from dataclasses import dataclass
 from dso.chain.base import Chain
 
 TOLERANCE_SECONDS = 1.0  # S3 LastModified has one-second resolution
+# Validators gather this long after the last upload of a window may land: an upload is provably late only
+# once it lands more than TOLERANCE_SECONDS after the close.
+GATHER_SETTLE_SECONDS = 1.5
 
 
 @dataclass(frozen=True)

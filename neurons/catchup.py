@@ -1,8 +1,10 @@
-"""Bring a node's model to the network's: replay the leader's published aggregates, from a checkpoint if needed.
+"""Bring a node's model to the network's: apply the leader's window bundles, from a checkpoint if needed.
 
 ``model_window = w`` means the model is θ_w, the model peers train on in window
-w; the aggregate of window w turns θ_w into θ_{w+1}.  Every replayed step is
-checked against the hashes the validator recorded before and after it.
+w; the bundle of window w (storage/aggregate.py) turns θ_w into θ_{w+1}.  Every
+applied bundle is checked against the hashes the leader recorded before and
+after it.  Following the network window by window and catching up after a gap
+are the same operation: apply the next bundle.
 """
 from __future__ import annotations
 
@@ -10,25 +12,40 @@ import logging
 
 import torch
 
+from dso.codecs import Codec
+from dso.config import HParams
 from dso.model import model_hash
 from dso.rejections import Reason, Rejection
 from neurons.context import NodeContext, Source
-from storage.aggregate import apply_aggregate, get_aggregate
+from neurons.engine import aggregate_window
+from storage.aggregate import Bundle, get_bundle
 from storage.checkpoint import load_checkpoint, read_latest
 
 log = logging.getLogger("dso.catchup")
 
 
-def replay(ctx: NodeContext, model: torch.nn.Module, model_window: int, target: int, source: Source
-           ) -> tuple[int, Rejection | None]:
-    """Apply aggregates model_window … target−1 from ``source`` = (client, bucket), stopping at the first
-    that is missing or does not fit.  Returns (model window reached, why it stopped early or None)."""
-    client, bucket = source
+def apply_bundle(model: torch.nn.Module, codec: Codec, hp: HParams, bundle: Bundle,
+                 device: str | torch.device = "cpu") -> Rejection | None:
+    """θ_w → θ_{w+1} with the leader's bundle of window w, exactly as the validator computed it.
+
+    The model must be at the bundle's ``model_hash_before``; when the result is not its
+    ``model_hash_after`` the model has changed and must be reloaded from a checkpoint."""
+    if model_hash(model) != bundle.model_hash_before:
+        return Rejection(Reason.METADATA_MISMATCH, f"window {bundle.window}: model is not at model_hash_before")
+    agg = aggregate_window(model, codec, hp, bundle.window, bundle.payloads, bundle.uids, device)
+    if agg.hash_after != bundle.model_hash_after:
+        return Rejection(Reason.METADATA_MISMATCH, f"window {bundle.window}: replay did not reach model_hash_after")
+    return None
+
+
+def replay(ctx: NodeContext, model_window: int, target: int, source: Source) -> tuple[int, Rejection | None]:
+    """Apply bundles model_window … target−1 from ``source`` = (client, bucket), stopping at the first that
+    is missing or does not fit.  Returns (model window reached, why it stopped early or None)."""
     while model_window < target:
-        agg = get_aggregate(client, bucket, model_window, ctx.shapes, ctx.hp)
-        if isinstance(agg, Rejection):
-            return model_window, agg
-        bad = apply_aggregate(model, agg, ctx.hp.weight_decay)
+        bundle = get_bundle(*source, ctx.codec, ctx.hp, model_window, ctx.run)
+        if isinstance(bundle, Rejection):
+            return model_window, bundle
+        bad = apply_bundle(ctx.model, ctx.codec, ctx.hp, bundle, ctx.device)
         if bad:
             return model_window, bad
         model_window += 1
@@ -39,30 +56,29 @@ def sync_to(ctx: NodeContext, model_window: int, target: int) -> int:
     """Make the node's model θ_target as far as the leader's objects allow; returns the model window reached.
 
     Replays from where the model is.  Falls back on the leader's latest checkpoint when the model does not
-    fit the next aggregate (it diverged), or when the checkpoint is ahead of what replay reached (the
-    aggregates in between are gone or the node is new)."""
-    model = ctx.model
+    fit the next bundle (it diverged), or when the checkpoint is ahead of what replay reached (the bundles
+    in between are gone or the node is new)."""
     source = ctx.peers.leader()
-    if source is None or isinstance(source, Rejection):
-        log.warning("catch-up: no leading validator bucket (%s)", source)
+    if source is None or isinstance(source, Rejection) or not ctx.run:
+        log.warning("catch-up: no leading validator's run to follow yet (%s)", source)
         return model_window
     if model_window >= 0:
-        reached, stop = replay(ctx, model, model_window, target, source)
+        reached, stop = replay(ctx, model_window, target, source)
         if reached >= target:
             return reached
         diverged = stop is not None and stop.reason == Reason.METADATA_MISMATCH
     else:  # no model yet (new node) or one known to be wrong: start from a checkpoint
         reached, diverged = model_window, True
-    pointer = read_latest(*source, ctx.hp.protocol_version)
+    pointer = read_latest(*source, ctx.hp.protocol_version, ctx.run)
     if isinstance(pointer, Rejection) or (pointer.window <= reached and not diverged):
         return reached
-    ckpt = load_checkpoint(*source, pointer.window, ctx.shapes, ctx.hp, expect_hash=pointer.model_hash)
+    ckpt = load_checkpoint(*source, pointer.window, ctx.shapes, ctx.hp, expect_hash=pointer.model_hash, run=ctx.run)
     if isinstance(ckpt, Rejection):
         log.warning("catch-up: checkpoint of window %d unusable: %s", pointer.window, ckpt)
         return reached
-    ckpt.load_into(model)
-    log.info("catch-up: loaded checkpoint of window %d (%s…)", ckpt.window, model_hash(model)[:10])
-    reached, stop = replay(ctx, model, ckpt.window, target, source)
+    ckpt.load_into(ctx.model)
+    log.info("catch-up: loaded checkpoint of window %d (%s…)", ckpt.window, model_hash(ctx.model)[:10])
+    reached, stop = replay(ctx, ckpt.window, target, source)
     if stop is not None and reached < target:
         log.info("catch-up: at window %d of %d (%s)", reached, target, stop)
     return reached

@@ -27,7 +27,7 @@ from dso.data import DataError, Dataset
 from dso.model import Decoder, build_model, parameter_shapes
 from dso.rejections import Rejection
 from neurons.lifecycle import Fatal, StopFlag
-from neurons.manifest import manifest, manifest_problem
+from neurons.manifest import manifest, manifest_problem, run_of
 from storage import keys
 from storage.client import S3Client, StorageError
 from storage.commitment import BucketInfo, format_commitment, parse_commitment
@@ -93,7 +93,8 @@ class EventLog:
 
 @dataclass
 class NodeContext:
-    """A node's connections and shared state.  ``model`` holds the node's θ."""
+    """A node's connections and shared state.  ``model`` holds the node's θ; ``run`` is the network run
+    the node takes part in ("" until it is known: a validator's genesis, or the leader's manifest)."""
 
     cfg: Config
     role: str
@@ -110,9 +111,9 @@ class NodeContext:
     dataset: Dataset
     model: Decoder
     codec: Codec
-    manifest: dict[str, Any]
     state_dir: Path
     events: EventLog
+    run: str = ""
 
     @property
     def hp(self) -> HParams:
@@ -122,18 +123,30 @@ class NodeContext:
     def shapes(self) -> Shapes:
         return self.codec.shapes
 
-    def check_manifest(self) -> None:
-        """Refuse to run with other protocol settings or data than the leading validator's run."""
+    def manifest(self, genesis_window: int = 0) -> dict[str, Any]:
+        return manifest(self.hp, self.dataset.data_hash, self.run, genesis_window)
+
+    def join_run(self) -> bool:
+        """Take the run id from the leading validator's manifest; refuse to run (Fatal) with other protocol
+        settings or data than that run's.  False while there is no leader or manifest yet."""
         lead = self.peers.leader()
         if lead is None or isinstance(lead, Rejection):
-            return
+            return False
         theirs = get_json(*lead, keys.manifest(self.hp.protocol_version))
-        problem = manifest_problem(self.manifest, theirs)
+        problem = manifest_problem(self.manifest(), theirs)
         if problem:
             raise Fatal(f"refusing to run: {problem}")
+        run = run_of(theirs)
+        if isinstance(run, Rejection):
+            return False
+        if run != self.run:
+            log.info("joining run %s", run)
+        self.run = run
+        return True
 
-    def publish_manifest(self) -> None:
-        put_json(self.own.client, self.own.bucket, keys.manifest(self.hp.protocol_version), self.manifest)
+    def publish_manifest(self, genesis_window: int) -> None:
+        put_json(self.own.client, self.own.bucket, keys.manifest(self.hp.protocol_version),
+                 self.manifest(genesis_window))
 
     def wait_randomness(self, window: int, timeout: float = 5.0) -> bytes | None:
         """Chain randomness of the window (available once its put window has opened)."""
@@ -179,8 +192,7 @@ def build_context(cfg: Config, role: str, handle_signals: bool = True) -> NodeCo
                       clock=Clock(chain, hp.blocks_per_window, hp.put_window_seconds), wallet=wallet, hotkey=hotkey,
                       uid=uid, own=own, peers=PeerDirectory(chain, readers, uid, own), readers=readers,
                       dataset=dataset, model=model, codec=make_codec(parameter_shapes(model), hp),
-                      manifest=manifest(hp, dataset.data_hash), state_dir=state_dir,
-                      events=EventLog(cfg.neuron.log_json, role, uid))
+                      state_dir=state_dir, events=EventLog(cfg.neuron.log_json, role, uid))
     log.info("%s uid %d hotkey %s… bucket %s, data %s…, hparams %s", role, uid, hotkey[:8], own.bucket,
              dataset.data_hash[:10], hp.digest())
     return ctx

@@ -1,4 +1,4 @@
-"""The pure part of a validator window: copies → aggregate → scoring → contributions → ledger record.
+"""The pure part of a validator window: aggregate → copies → scoring → contributions → ledger record.
 
 :func:`run_window` is a function of explicit inputs: the validator's scoring
 state, the model at θ_t, the run's codec, data and hyper-parameters, and what
@@ -10,12 +10,14 @@ the two cannot drift apart.
 
 Order within a window:
 
-1. copy detection at θ_t (identical update contents; the earliest upload or,
+1. the aggregate: the list in effect for the window ∩ the payloads, under the
+   run's rule, applied as a signed step (θ_t → θ_{t+1}); ``on_aggregate`` lets
+   the caller publish it (the window's bundle, storage/aggregate.py) before the
+   slower rest, since every other node waits for it.  A validator that does not
+   lead aggregates the leader's bundle instead of its own view
+   (``WindowInputs.bundle``), so every node holds the same θ_{t+1};
+2. copy detection at θ_t (identical update contents; the earliest upload or,
    tied, proof of computation keeps it);
-2. the aggregate: the list in effect for the window ∩ the payloads, under the
-   run's rule, applied as a signed step (θ_t → θ_{t+1}) — it depends only on what
-   every node can verify, so followers compute the same bits; ``on_aggregate``
-   lets the caller publish it before the slower scoring;
 3. scoring at θ_t (fast checks, primary evaluation, ratings, weights, next list);
 4. contributions (ZIP-400) of every update read, and the provenance record.
 """
@@ -55,12 +57,14 @@ class WindowInputs:
     active: Mapping[int, str]              # peers to score: uid → hotkey
     aggregation_list: Sequence[int]        # the top-G list in effect for the window
     randomness: bytes                      # the window's chain randomness (sync positions)
+    bundle: Mapping[int, Payload] | None = None  # the leader's payloads to aggregate, when not leading
 
 
 @dataclass
 class Aggregation:
     window: int
-    used: list[int]                        # uids whose updates were aggregated
+    used: list[int]                        # uids whose updates were aggregated, in aggregation order
+    payloads: dict[int, Payload]           # their payloads (what the window's bundle carries)
     delta: dict[str, torch.Tensor]         # Δ before the sign
     signs: dict[str, torch.Tensor]
     learning_rate: float
@@ -100,7 +104,8 @@ def aggregate_window(model: torch.nn.Module, codec: Codec, hp: HParams, window: 
     lr = learning_rate(hp, window)
     before = model_hash(model)
     signed_step(model, signs, lr, hp.weight_decay)
-    return Aggregation(window, used, delta, signs, lr, before, model_hash(model), info)
+    return Aggregation(window, used, {u: payloads[u] for u in used}, delta, signs, lr, before, model_hash(model),
+                       info)
 
 
 def run_window(state: ValidatorState, model: torch.nn.Module, codec: Codec, dataset: Dataset, hp: HParams,
@@ -112,22 +117,23 @@ def run_window(state: ValidatorState, model: torch.nn.Module, codec: Codec, data
     updates = {u: p.update for u, p in payloads.items()}
     step = hp.eval_scale * learning_rate(hp, t)
 
-    # 1. copies, at θ_t
-    rejections = dict(inputs.rejections)
-    times = {u: p.last_modified if p.last_modified is not None else float("inf") for u, p in payloads.items()}
-    rejections.update(find_copies(codec, updates, times, assigned_gains(model, codec, dataset, hp, t, step, updates)))
-    scored = {u: (p.update, p.sync_values) for u, p in payloads.items() if u not in rejections}
-
-    # 2. the aggregate: θ_t → θ_{t+1}
+    # 1. the aggregate: θ_t → θ_{t+1}, published at once
     theta_t = ParameterSnapshot(model)
-    aggregation = aggregate_window(model, codec, hp, t, payloads, inputs.aggregation_list, device)
+    to_aggregate = payloads if inputs.bundle is None else inputs.bundle
+    order = inputs.aggregation_list if inputs.bundle is None else list(inputs.bundle)
+    aggregation = aggregate_window(model, codec, hp, t, to_aggregate, order, device)
     theta_next = ParameterSnapshot(model)
     if on_aggregate is not None:
         on_aggregate(aggregation)
-
-    # 3. score window t at θ_t
     theta_t.restore()
     try:
+        # 2. copies, at θ_t
+        rejections = dict(inputs.rejections)
+        times = {u: p.last_modified if p.last_modified is not None else float("inf") for u, p in payloads.items()}
+        gains = assigned_gains(model, codec, dataset, hp, t, step, updates)
+        rejections.update(find_copies(codec, updates, times, gains))
+        # 3. score window t at θ_t
+        scored = {u: (p.update, p.sync_values) for u, p in payloads.items() if u not in rejections}
         report = score_window(state, model, codec, dataset, hp, t, scored, rejections, inputs.active,
                               inputs.randomness)
     finally:

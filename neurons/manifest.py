@@ -1,16 +1,28 @@
-"""The run manifest: the leading validator's protocol settings and data hash, which other nodes must match."""
+"""The run manifest: the leading validator's run id, protocol settings and data hash.
+
+The run id scopes every protocol object of the run (storage/keys.py): a node learns it here, and a node
+whose settings or data differ from the run's refuses to join."""
 from __future__ import annotations
 
 from dataclasses import asdict
 from typing import Any
 
 from dso.config import HParams
-from dso.rejections import Rejection
+from dso.rejections import Reason, Rejection
+from storage.keys import is_run_id
 
 
-def manifest(hp: HParams, data_hash: str) -> dict[str, Any]:
+def manifest(hp: HParams, data_hash: str, run: str = "", genesis_window: int = 0) -> dict[str, Any]:
     return {"version": hp.protocol_version, "hparams_digest": hp.digest(), "data_hash": data_hash,
-            "hparams": asdict(hp)}
+            "hparams": asdict(hp), "run": run, "genesis_window": genesis_window}
+
+
+def run_of(theirs: dict[str, Any] | Rejection) -> str | Rejection:
+    """The run id a published manifest names."""
+    if isinstance(theirs, Rejection):
+        return theirs
+    run = theirs.get("run")
+    return run if is_run_id(run) else Rejection(Reason.MALFORMED, f"manifest run id {str(run)[:32]!r}")
 
 
 def manifest_problem(mine: dict[str, Any], theirs: dict[str, Any] | Rejection) -> str | None:

@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from dso.clock import PutWindow
+from dso.clock import GATHER_SETTLE_SECONDS, PutWindow
 from dso.codec import CompressedUpdate, ErrorFeedback
 from dso.config import Config, parse_args
 from dso.model import model_hash
@@ -43,12 +43,13 @@ from neurons.lifecycle import Fatal, run_main
 from neurons.persist import load_tensors, save_tensors
 from scoring.sync import sample_parameters, sync_positions
 from storage import keys
+from storage.cleanup import cleanup
 from storage.client import StorageError
 from storage.wire import PayloadMeta, encode_payload
 
 log = logging.getLogger("dso.miner")
-SETTLE_SECONDS = 0.5    # after the put window closes, before reading others' uploads
 UPLOAD_MARGIN = 0.5     # an upload started later than this before the put window closes would land late
+BUNDLE_MARGIN = 3.0     # how long past the validator's gather deadline a miner waits for the window's bundle
 
 
 class Miner:
@@ -89,9 +90,13 @@ class Miner:
     # ----------------------------------------------------------------- loop
     def run(self) -> int:
         ctx = self.ctx
-        ctx.check_manifest()
+        ctx.join_run()
         done = 0
         while not ctx.stop():
+            if not ctx.run and not ctx.join_run():
+                log.info("waiting for the leading validator's run manifest")
+                ctx.stop.sleep(1.0)
+                continue
             t = ctx.clock.current_window()
             following = self.follows(t)
             if self.model_window < 0 or (following and self.model_window < t):
@@ -127,11 +132,11 @@ class Miner:
         if not ctx.clock.sleep_until(put.open, ctx.stop):
             return
         uploaded = self.upload(t, own, put)
-        if not ctx.clock.sleep_until(ctx.clock.uploads_close(t, ctx.hp.commit_reveal) + SETTLE_SECONDS, ctx.stop):
-            return
         applied = self.follow(t)
         if own is not None:
             save_tensors(self.ef_file, self.feedback.state())
+        if t % 10 == 0:
+            self.clean_bucket(t)
         record = {"window": t, "loss": loss, "uploaded": uploaded, "bytes_up": ctx.own.client.bytes_up - up0,
                   "bytes_down": ctx.own.client.bytes_down - down0 + self.follower.take_bytes(),
                   "t_train": round(trained - started, 3), "t_total": round(time.time() - started, 3),
@@ -178,13 +183,18 @@ class Miner:
         return self.put_payload(t, data)
 
     def follow(self, t: int) -> str:
-        """Apply window t's aggregate (θ_t → θ_{t+1}); a summary for the log."""
+        """Apply the leader's bundle of window t (θ_t → θ_{t+1}) once it is published; a summary for the log."""
+        ctx = self.ctx
         if self.model_window != t:
-            return "replaying the leader's aggregate"
-        applied = self.follower.aggregate(t)
-        self.model_window = -1 if self.follower.diverged else t + 1  # -1: reload from the leader
-        self.follower.diverged = False
-        return applied
+            return "replaying the leader's bundles"
+        until = (ctx.clock.uploads_close(t, ctx.hp.commit_reveal) + GATHER_SETTLE_SECONDS
+                 + ctx.cfg.storage.gather_deadline_seconds + BUNDLE_MARGIN)
+        applied, summary = self.follower.aggregate(t, until)
+        if applied:
+            self.model_window = t + 1
+        elif self.follower.diverged:  # reload from the leader's checkpoint
+            self.model_window, self.follower.diverged = -1, False
+        return summary
 
     def follows(self, t: int) -> bool:
         """Whether this miner keeps up with the network in window t (an honest one always does)."""
@@ -213,11 +223,19 @@ class Miner:
     def put_payload(self, t: int, data: bytes) -> bool:
         ctx = self.ctx
         try:
-            ctx.own.client.put(ctx.own.bucket, keys.gradient(t, ctx.uid, ctx.hp.protocol_version), data)
+            ctx.own.client.put(ctx.own.bucket, keys.gradient(t, ctx.uid, ctx.hp.protocol_version, ctx.run), data)
         except StorageError as e:
             log.warning("window %d: upload failed: %s", t, e)
             return False
         return True
+
+    def clean_bucket(self, t: int) -> None:
+        """Delete our objects older than the retention, and every object an earlier run left in the bucket."""
+        ctx = self.ctx
+        try:
+            cleanup(ctx.own.client, ctx.own.bucket, t, ctx.cfg.storage.retention_windows, ctx.run)
+        except StorageError as e:
+            log.warning("window %d: cleanup failed: %s", t, e)
 
     def meta(self, t: int) -> PayloadMeta:
         ctx = self.ctx

@@ -30,7 +30,7 @@ def settings_problem(hp: HParams) -> str | None:
 
 def commit(ctx: NodeContext, sealed: Sealed) -> bool:
     try:
-        put_commit(ctx.own.client, ctx.own.bucket, sealed, ctx.hp.protocol_version)
+        put_commit(ctx.own.client, ctx.own.bucket, sealed, ctx.hp.protocol_version, ctx.run)
     except StorageError as e:
         log.warning("window %d: commitment upload failed: %s", sealed.window, e)
         return False
@@ -45,7 +45,7 @@ def reveal(ctx: NodeContext, sealed: Sealed, put: PutWindow) -> bool:
         log.warning("window %d: past the reveal window; not revealing", sealed.window)
         return False
     try:
-        put_reveal(ctx.own.client, ctx.own.bucket, sealed, ctx.hp.protocol_version)
+        put_reveal(ctx.own.client, ctx.own.bucket, sealed, ctx.hp.protocol_version, ctx.run)
     except StorageError as e:
         log.warning("window %d: reveal failed: %s", sealed.window, e)
         return False

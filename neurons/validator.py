@@ -6,21 +6,24 @@
 Each window t, after its put window closes (docs/design.md §6; with
 commit-reveal, after the reveal window that follows it): gather all active
 peers' payloads (strict checks, per-peer deadline; commitments) → the window
-engine (neurons/engine.py: copies, the aggregate of the top-G list announced
-for t, fast checks, primary evaluation, OpenSkill, μ, weights, contributions,
-provenance record) → publish the aggregate, the top-G list for window t+2, the
-record and (every N windows) a checkpoint → post weights.  State is saved after
-every window; a restart continues exactly where it stopped.  Nothing a peer
-sends can stop it: every bad input is a logged rejection.  ``--help`` lists
-every flag.
+engine (neurons/engine.py: the aggregate of the top-G list announced for t,
+copies, fast checks, primary evaluation, OpenSkill, μ, weights, contributions,
+provenance record) → publish the window's bundle (at once), the top-G list for
+window t+2, the record and (every N windows) a checkpoint → post weights.  A
+validator that does not lead applies the leader's bundle, so it holds the
+network's θ.  State is saved after every window; a restart continues exactly
+where it stopped.  Nothing a peer sends can stop it: every bad input is a
+logged rejection.  ``--help`` lists every flag.
 """
 from __future__ import annotations
 
 import logging
+import secrets
 import time
 from typing import Any
 
 from dso.chain import ChainError
+from dso.clock import GATHER_SETTLE_SECONDS
 from dso.config import Config, parse_args
 from dso.model import model_hash
 from dso.provenance import record_hash
@@ -29,12 +32,13 @@ from neurons import validator_state
 from neurons.context import NodeContext, build_context
 from neurons.engine import (LIST_LEAD, Aggregation, WindowInputs, WindowOutcome, announce_list, genesis_lists,
                             run_window)
+from neurons.catchup import sync_to
 from neurons.follow import Follower
 from neurons.lifecycle import Fatal, run_main
 from neurons.reveal import settings_problem
 from scoring import state as scoring_state
 from storage import keys
-from storage.aggregate import encode_aggregate, put_aggregate
+from storage.aggregate import Bundle, encode_bundle, put_bundle
 from storage.checkpoint import save_checkpoint
 from storage.cleanup import cleanup
 from storage.client import StorageError
@@ -42,12 +46,10 @@ from storage.gather import GatherResult
 from storage.jsonobj import put_json
 from storage.peers import PeersList, put_peers
 from storage.reveal import gather_window
-from storage.wire import Expect
+from storage.wire import Expect, Payload
 
 log = logging.getLogger("dso.validator")
-SETTLE_SECONDS = 1.5   # after the put window closes, before gathering: S3 LastModified has 1 s resolution,
-                       # so an upload is provably late only once it lands > 1 s after the close
-LIST_WAIT_SECONDS = 3.0  # a non-leading validator waits this long past the settle time for the leader's list
+BUNDLE_WAIT_SECONDS = 6.0  # a validator that does not lead waits this long past its own gather for the bundle
 
 
 class Validator:
@@ -64,7 +66,9 @@ class Validator:
         self.fresh = loaded is None
         if loaded:
             self.scores, self.book = loaded
-            log.info("resumed at window %d (model %s…)", self.book.model_window, model_hash(ctx.model)[:10])
+            ctx.run = self.book.run
+            log.info("resumed run %s at window %d (model %s…)", ctx.run, self.book.model_window,
+                     model_hash(ctx.model)[:10])
         else:
             self.scores = scoring_state.ValidatorState.new(hp.digest())
             self.book = validator_state.Bookkeeping(ctx.clock.current_window())
@@ -76,14 +80,13 @@ class Validator:
 
     def run(self) -> int:
         ctx = self.ctx
-        if not self.leading():
-            ctx.check_manifest()
-        if self.fresh:
-            self.genesis()
+        if self.fresh and not self.genesis():
+            return 0
         done = 0
         while not ctx.stop():
             t = self.book.model_window
-            if not ctx.clock.sleep_until(ctx.clock.uploads_close(t, ctx.hp.commit_reveal) + SETTLE_SECONDS, ctx.stop):
+            if not ctx.clock.sleep_until(ctx.clock.uploads_close(t, ctx.hp.commit_reveal) + GATHER_SETTLE_SECONDS,
+                                         ctx.stop):
                 break
             try:
                 self.process(t)
@@ -97,33 +100,49 @@ class Validator:
         log.info("stopped at window %d", self.book.model_window)
         return 0
 
-    def genesis(self) -> None:
-        """First start: θ_w = θ_0 for the current window w; publish what joining miners need."""
-        ctx, t = self.ctx, self.book.model_window
-        self.book.lists = genesis_lists(t, list(ctx.peers.miners()), ctx.hp.topg)
+    def genesis(self) -> bool:
+        """First start.  Leading: a new run — θ_w = θ_0 for the current window w, a fresh run id, and what
+        joining nodes need.  Otherwise: join the leader's run at its latest checkpoint.  False if stopped."""
+        ctx = self.ctx
         if self.leading():
-            ctx.publish_manifest()
-            save_checkpoint(ctx.own.client, ctx.own.bucket, ctx.model, t, ctx.hp)
+            t = self.book.model_window
+            ctx.run = secrets.token_hex(8)
+            ctx.publish_manifest(t)
+            save_checkpoint(ctx.own.client, ctx.own.bucket, ctx.model, t, ctx.hp, ctx.run)
+        else:
+            while not ctx.join_run() or (t := sync_to(ctx, -1, ctx.clock.current_window())) < 0:
+                log.info("waiting for the leading validator's run and first checkpoint")
+                if not ctx.stop.sleep(1.0):
+                    return False
+        self.book = validator_state.Bookkeeping(t, genesis_lists(t, list(ctx.peers.miners()), ctx.hp.topg),
+                                                run=ctx.run)
+        if self.leading():
             for w, uids in self.book.lists.items():
-                put_peers(ctx.own.client, ctx.own.bucket, PeersList(w, ctx.hp.protocol_version, uids))
+                put_peers(ctx.own.client, ctx.own.bucket, PeersList(w, ctx.hp.protocol_version, uids), ctx.run)
         self.save()
-        log.info("genesis at window %d with %d peers", t, len(self.book.lists[t]))
+        log.info("genesis of run %s at window %d with %d peers", ctx.run, t, len(self.book.lists[t]))
+        return True
 
     # -------------------------------------------------------------- window
     def gather(self, t: int, peers: list[int]) -> GatherResult:
         """Window t's payloads of ``peers``, under the run's upload rules (plain or commit-reveal)."""
         ctx = self.ctx
         commitments = ctx.peers.commitments()
-        return gather_window(t, {u: commitments.get(u) for u in peers}, ctx.codec, Expect.from_hparams(ctx.hp, t),
+        return gather_window(t, {u: commitments.get(u) for u in peers}, ctx.codec,
+                             Expect.from_hparams(ctx.hp, t, run=ctx.run),
                              ctx.clock.put_window(t), ctx.cfg.storage.gather_deadline_seconds,
                              commit_reveal=ctx.hp.commit_reveal, readers=ctx.readers)
 
-    def aggregation_list(self, t: int) -> list[int]:
-        """The top-G list in effect for window t: ours when leading, else the leader's."""
+    def leader_bundle(self, t: int) -> dict[int, Payload] | None:
+        """What a validator that does not lead aggregates: the leader's bundle (None when leading, or when
+        the leader published none in time — then our own list; docs/protocol.md)."""
         if self.leading():
-            return self.book.lists.get(t, [])
-        until = self.ctx.clock.uploads_close(t, self.ctx.hp.commit_reveal) + SETTLE_SECONDS + LIST_WAIT_SECONDS
-        return self.follower.peers_list(t, until)[0]
+            return None
+        got = self.follower.bundle(t, time.time() + BUNDLE_WAIT_SECONDS)
+        if isinstance(got, Bundle):
+            return {u: got.payloads[u] for u in got.uids}
+        log.warning("window %d: no bundle from the leader (%s); aggregating our own list", t, got)
+        return None
 
     def process(self, t: int) -> dict[str, Any]:
         ctx, started = self.ctx, time.time()
@@ -132,8 +151,8 @@ class Validator:
         active = ctx.peers.miners()
         got = self.gather(t, sorted(active))
         timings["gather"] = round(time.perf_counter() - mark, 3)
-        inputs = WindowInputs(t, got.payloads, got.rejections, active, self.aggregation_list(t),
-                              ctx.clock.window_randomness(t))
+        inputs = WindowInputs(t, got.payloads, got.rejections, active, self.book.lists.get(t, []),
+                              ctx.clock.window_randomness(t), bundle=self.leader_bundle(t))
         outcome = run_window(self.scores, ctx.model, ctx.codec, ctx.dataset, ctx.hp, inputs,
                              ledger_prev_hash=self.book.ledger_hash, validator=ctx.hotkey, device=ctx.device,
                              on_aggregate=self.publish_aggregate)
@@ -156,6 +175,7 @@ class Validator:
                     timings: dict[str, float]) -> dict[str, Any]:
         report = outcome.report.to_dict()
         return {"window": t, "val_loss": val_loss, "model_hash": outcome.aggregation.hash_after,
+                "model_hash_before": outcome.aggregation.hash_before,
                 "aggregated": outcome.aggregation.used, "rule": outcome.aggregation.info.rule,
                 "seconds": round(time.time() - started, 2), "timings": timings,
                 "rejections": {str(u): str(r.reason.value) for u, r in outcome.rejections.items()},
@@ -166,13 +186,13 @@ class Validator:
 
     # ------------------------------------------------------------- publish
     def publish_aggregate(self, agg: Aggregation) -> None:
-        """The leader publishes the aggregate as soon as it exists: nodes catching up need not wait."""
+        """The leader publishes the window's bundle as soon as it exists: every other node waits for it."""
         if not self.leading():
             return
-        hp = self.ctx.hp
-        data = encode_aggregate(agg.signs, agg.window, agg.hash_before, agg.hash_after, agg.learning_rate,
-                                hp.protocol_version, hp.digest())
-        put_aggregate(self.ctx.own.client, self.ctx.own.bucket, data, agg.window, hp.protocol_version)
+        ctx, hp = self.ctx, self.ctx.hp
+        data = encode_bundle(ctx.codec, agg.window, agg.used, agg.payloads, agg.hash_before, agg.hash_after,
+                             hp.protocol_version, hp.digest())
+        put_bundle(ctx.own.client, ctx.own.bucket, data, agg.window, hp.protocol_version, ctx.run)
 
     def publish_window(self, t: int, outcome: WindowOutcome, announce: int) -> None:
         ctx, hp, v = self.ctx, self.ctx.hp, self.ctx.hp.protocol_version
@@ -181,17 +201,17 @@ class Validator:
         if not self.leading():  # miners follow the leader's objects only
             return
         client, bucket = ctx.own.client, ctx.own.bucket
-        put_peers(client, bucket, PeersList(announce, v, outcome.report.top_g))
-        put_json(client, bucket, keys.ledger(t, v), outcome.record)
+        put_peers(client, bucket, PeersList(announce, v, outcome.report.top_g), ctx.run)
+        put_json(client, bucket, keys.ledger(t, v, ctx.run), outcome.record)
         try:
             ctx.chain.append_ledger(ctx.wallet, outcome.record)
         except ChainError as e:
             if e.reason != "unsupported":
                 log.warning("window %d: ledger record not on chain: %s", t, e)
         if (t + 1) % hp.checkpoint_every == 0:
-            save_checkpoint(client, bucket, ctx.model, t + 1, hp)
+            save_checkpoint(client, bucket, ctx.model, t + 1, hp, ctx.run)
         if t % 10 == 0:
-            cleanup(client, bucket, t, ctx.cfg.storage.retention_windows)
+            cleanup(client, bucket, t, ctx.cfg.storage.retention_windows, ctx.run)
 
     def post_weights(self, t: int, weights: dict[int, float]) -> None:
         uids = sorted(u for u, w in weights.items() if w > 0)

@@ -18,6 +18,7 @@ from dso.model import model_hash
 from dso.atomic import atomic_write
 from neurons.persist import load_json, load_tensors, save_json, save_tensors
 from scoring import state as scoring_state
+from storage import keys
 
 KEEP = 3  # folders kept (the newest is current)
 
@@ -27,10 +28,11 @@ class Bookkeeping:
     model_window: int                                   # the model is θ_{model_window}
     lists: dict[int, list[int]] = field(default_factory=dict)  # top-G list in effect per window
     ledger_hash: str = ""                               # hash of the last provenance record
+    run: str = ""                                       # the network run this state belongs to
 
     def to_json(self, model_digest: str) -> dict:
         return {"model_window": self.model_window, "model_hash": model_digest, "ledger_hash": self.ledger_hash,
-                "lists": {str(t): uids for t, uids in sorted(self.lists.items())}}
+                "lists": {str(t): uids for t, uids in sorted(self.lists.items())}, "run": self.run}
 
 
 def save(root: Path, scores: scoring_state.ValidatorState, model: torch.nn.Module, book: Bookkeeping) -> None:
@@ -69,7 +71,9 @@ def load(root: Path, model: torch.nn.Module, run_digest: str
     try:
         book = Bookkeeping(int(meta["model_window"]), {int(t): [int(u) for u in uids]
                                                        for t, uids in meta["lists"].items()},
-                           str(meta.get("ledger_hash", "")))
+                           str(meta.get("ledger_hash", "")), str(meta["run"]))
+        if not keys.is_run_id(book.run):
+            raise ValueError(f"run {book.run[:32]!r} is not a run id")
     except (KeyError, TypeError, ValueError, AttributeError) as e:
         raise scoring_state.StateError(f"{folder}/meta.json: {e}") from None
     return scores, book

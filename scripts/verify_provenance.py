@@ -4,9 +4,9 @@
     python scripts/verify_provenance.py --config RUN/config.json [--validator UID] [--source both|chain|bucket]
                                         [--start-hash H] [--json]
 
-Reads, for the leading validator (or ``--validator``):
-* its records: ``ledger/{t}`` in its bucket, and the chain's ledger when the chain keeps one (LocalChain);
-* every checkpoint in its bucket, each strictly decoded and checked against its own content hash.
+Reads, for the leading validator (or ``--validator``), in the run its manifest names:
+* its records: ``{run}/ledger/{t}`` in its bucket, and the chain's ledger when the chain keeps one (LocalChain);
+* every checkpoint of the run in its bucket, each strictly decoded and checked against its own content hash.
 
 Then checks every record's schema and self-hash, the hash links, strictly increasing windows, model
 continuity (the new model of one round is the previous model of the next) and that each checkpoint holds
@@ -23,22 +23,19 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from dso.chain import ChainError  # noqa: E402
-from dso.chain.factory import open_chain  # noqa: E402
-from dso.config import ConfigError, from_dict, load_file  # noqa: E402
-from dso.model import build_model, parameter_shapes  # noqa: E402
-from dso.provenance import GENESIS, verify_chain  # noqa: E402
-from dso.rejections import Rejection  # noqa: E402
-from storage import keys  # noqa: E402
-from storage.checkpoint import load_checkpoint  # noqa: E402
-from storage.client import StorageError  # noqa: E402
-from storage.commitment import parse_commitment  # noqa: E402
-from storage.gather import ReaderCache  # noqa: E402
-from storage.jsonobj import get_json  # noqa: E402
+from dso.chain import ChainError
+from dso.chain.factory import open_chain
+from dso.config import ConfigError, from_dict, load_file
+from dso.model import build_model, parameter_shapes
+from dso.provenance import GENESIS, verify_chain
+from dso.rejections import Rejection
+from storage import keys
+from storage.checkpoint import load_checkpoint
+from storage.client import StorageError
+from storage.commitment import parse_commitment
+from storage.gather import ReaderCache
+from storage.jsonobj import get_json
 
 
 class Unreadable(Exception):
@@ -64,11 +61,21 @@ def open_bucket(chain, uid: int):
     return ReaderCache().get(info), info.bucket
 
 
-def bucket_records(client, bucket: str, version: int) -> tuple[list, list[str]]:
-    """Records stored as ledger/{t} (oldest first) and the problems met reading them."""
+def run_of_bucket(client, bucket: str, version: int) -> str:
+    """The run id the validator's manifest names."""
+    manifest = get_json(client, bucket, keys.manifest(version))
+    run = None if isinstance(manifest, Rejection) else manifest.get("run")
+    if not keys.is_run_id(run):
+        raise Unreadable(f"the validator's bucket holds no run manifest naming a run ({manifest})")
+    return run
+
+
+def bucket_records(client, bucket: str, version: int, run: str) -> tuple[list, list[str]]:
+    """Records stored as {run}/ledger/{t} (oldest first) and the problems met reading them."""
     records, problems = [], []
-    found = sorted((p.window, o.key) for o in client.list(bucket, "ledger/")
-                   if (p := keys.parse(o.key)) is not None and p.kind == "ledger" and p.version == version)
+    found = sorted((p.window, o.key) for o in client.list(bucket, f"{run}/ledger/")
+                   if (p := keys.parse(o.key)) is not None and p.kind == "ledger" and p.version == version
+                   and p.run == run)
     for window, key in found:
         obj = get_json(client, bucket, key)
         if isinstance(obj, Rejection):
@@ -91,15 +98,15 @@ def chain_records(chain, hotkey: str) -> tuple[list, list[str]] | None:
     return [row["record"] for row in rows if row.get("hotkey") == hotkey], [f"chain ledger: {p}" for p in problems]
 
 
-def checkpoint_hashes(client, bucket: str, hp) -> tuple[dict[int, str], list[str]]:
-    """{round w: model hash after round w} from every checkpoint in the bucket, each verified on load."""
+def checkpoint_hashes(client, bucket: str, hp, run: str) -> tuple[dict[int, str], list[str]]:
+    """{round w: model hash after round w} from every checkpoint of the run in the bucket, each verified on load."""
     shapes = parameter_shapes(build_model(hp.model, hp.seed))
     out, problems = {}, []
-    windows = sorted(p.window for o in client.list(bucket, "checkpoint/")
+    windows = sorted(p.window for o in client.list(bucket, f"{run}/checkpoint/")
                      if (p := keys.parse(o.key)) is not None and p.kind == "checkpoint"
-                     and p.version == hp.protocol_version)
+                     and p.version == hp.protocol_version and p.run == run)
     for window in windows:
-        ckpt = load_checkpoint(client, bucket, window, shapes, hp)
+        ckpt = load_checkpoint(client, bucket, window, shapes, hp, run=run)
         if isinstance(ckpt, Rejection):
             problems.append(f"checkpoint of window {window}: {ckpt}")
         else:
@@ -135,12 +142,13 @@ def verify(args) -> dict:
         if hotkey is None:
             raise Unreadable(f"uid {uid} is not registered")
         client, bucket = open_bucket(chain, uid)
+        run = run_of_bucket(client, bucket, hp.protocol_version)
         problems: list[str] = []
         on_chain = chain_records(chain, hotkey) if args.source in ("both", "chain") else None
         if args.source == "chain" and on_chain is None:
             raise Unreadable("this chain keeps no provenance ledger; use --source bucket")
-        in_bucket = bucket_records(client, bucket, hp.protocol_version) if args.source != "chain" else None
-        ckpts, ckpt_problems = checkpoint_hashes(client, bucket, hp)
+        in_bucket = bucket_records(client, bucket, hp.protocol_version, run) if args.source != "chain" else None
+        ckpts, ckpt_problems = checkpoint_hashes(client, bucket, hp, run)
     except ChainError as e:
         raise Unreadable(f"chain: {e}") from None
     except StorageError as e:
@@ -156,7 +164,7 @@ def verify(args) -> dict:
         problems += read_problems
         source = "bucket"
     problems += ckpt_problems + verify_chain(records, ckpts, args.start_hash)
-    return {"ok": not problems, "validator": uid, "source": source, "records": len(records),
+    return {"ok": not problems, "validator": uid, "run": run, "source": source, "records": len(records),
             "windows": [r.get("window") for r in records if isinstance(r, dict)],
             "checkpoints": sorted(w + 1 for w in ckpts), "problems": problems}
 

@@ -58,10 +58,14 @@ def plan_nodes(miners: int, adversaries: list[tuple[str, int]], validators: int)
 
 class LocalNet:
     def __init__(self, run_dir: Path, hp: HParams, nodes: list[NodeSpec], *, block_time: float = 1.0,
-                 corpus: str = "shakespeare", cache_dir: str = "~/.cache/dso", tempo: int = 10):
+                 corpus: str = "shakespeare", cache_dir: str = "~/.cache/dso", tempo: int = 10,
+                 s3: EmbeddedS3 | None = None):
+        """``s3``: an S3 server to run against (kept running afterwards), e.g. a store an earlier run used;
+        by default the network starts its own and stops it at the end."""
         self.run_dir, self.hp, self.nodes = Path(run_dir), hp, nodes
         self.block_time, self.corpus, self.cache_dir, self.tempo = block_time, corpus, cache_dir, tempo
-        self.s3: EmbeddedS3 | None = None
+        self.s3: EmbeddedS3 | None = s3
+        self._own_s3 = s3 is None
         self.chain: LocalChain | None = None
         self._creds: dict = {}
         self.logs = self.run_dir / "logs"
@@ -76,7 +80,8 @@ class LocalNet:
         ds = Dataset.from_config(self.corpus, self.cache_dir, self.hp.model.seq_len, self.hp.seed,
                                  self.hp.val_fraction)
         self.hp.data_hash = ds.data_hash
-        self.s3 = EmbeddedS3.start()
+        if self.s3 is None:
+            self.s3 = EmbeddedS3.start()
         chain_file = self.run_dir / "chain.sqlite"
         chain_file.unlink(missing_ok=True)
         self.chain = LocalChain.create(chain_file, block_time=self.block_time, tempo=self.tempo,
@@ -170,7 +175,7 @@ class LocalNet:
         deadline = time.time() + timeout
         for node in self.nodes:
             self._reap(node, deadline - time.time())
-        if self.s3 is not None:
+        if self.s3 is not None and self._own_s3:
             self.s3.stop()
             self.s3 = None
 

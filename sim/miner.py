@@ -74,8 +74,8 @@ class AdversarialMiner(Miner):
         plan = self.plan(t)
         if not plan.apply_aggregate:
             return "not following (desync)"
-        if not plan.self_aggregate:  # what a cost-minimising attacker does: replay the leader's aggregate
-            return "replaying the leader's aggregate"
+        if not plan.self_aggregate:  # replays the bundle later, when it catches up
+            return "replaying the leader's bundles"
         return super().follow(t)
 
     def follows(self, t: int) -> bool:
@@ -138,7 +138,7 @@ class AdversarialMiner(Miner):
         ctx = self.ctx
         ctx.clock.sleep_until(start, ctx.stop)
         others = {u: c for u, c in ctx.peers.commitments().items() if u in ctx.peers.miners()}
-        result = gather(t, others, ctx.codec, Expect.from_hparams(ctx.hp, t), None,
+        result = gather(t, others, ctx.codec, Expect.from_hparams(ctx.hp, t, run=ctx.run), None,
                         max(0.5, until - time.time() - 0.5), readers=ctx.readers)
         self.follower.bytes += result.bytes_down
         log.info("window %d: %s read %d updates of others", t, self.behaviour, len(result.payloads))

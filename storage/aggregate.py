@@ -1,142 +1,135 @@
-"""The per-window aggregate, published for catch-up: sign(Δ) of every parameter, 2 bits each.
+"""The window's bundle: exactly the payloads the leading validator aggregated, in aggregation order.
 
-Object ``aggregate/{window}-v{v}.safetensors``: one uint8 tensor per parameter
-holding ``pack_codes(sign + 1, bits=2)`` (codes 0, 1, 2 = −1, 0, +1; code 3 is
-invalid), metadata ``format``, ``protocol_version``, ``window``,
-``model_hash_before``, ``model_hash_after``, ``learning_rate`` (``repr`` of the
-float, exact round trip) and ``hparams``.  A node that is behind replays
-``θ ← θ·(1 − α·wd) − α·sign`` window by window and can check both hashes.
+Object ``{run}/aggregate/{window}-v{v}.safetensors``.  Tensors: ``payload.{uid}``
+(uint8, the payload's canonical encoding, see storage/wire.py) for every
+aggregated uid.  Metadata: ``format``, ``protocol_version``, ``window``,
+``hparams``, ``uids`` (comma-separated, aggregation order), ``sha256``
+(comma-separated content hashes, same order), ``model_hash_before`` and
+``model_hash_after``.
+
+Every node applies the leader's bundle for window t — miners following the
+network, other validators, a node catching up — so every honest node
+aggregates exactly the same set of payloads, identified by content hash, and
+a peer that deletes or rewrites its object after the put window cannot split
+the network's view of the window.  Replaying a bundle is the same computation
+as the validator's (neurons/engine.py ``aggregate_window``) and both model
+hashes are checked.
+
+Decoding is strict and never raises: size cap, header, metadata, exact tensor
+set, content hashes, and every payload through :func:`storage.wire.decode_payload`.
 """
 from __future__ import annotations
 
-import math
+import hashlib
 from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 import safetensors.numpy
-import torch
 
-from dso.aggregation import signed_step
-from dso.model import model_hash
-from dso.packing import PackingError, codes_nbytes, pack_codes, unpack_codes
+from dso.codecs import Codec
 from dso.rejections import Reason, Rejection
 from storage import keys
 from storage.client import S3Client, StorageError
 from storage.jsonobj import rejection_for
 from storage.tensorfile import check_spec, header_allowance, load_arrays, parse_uint, read_capped
+from storage.wire import Expect, Payload, decode_payload, encode_payload, payload_size_cap
 
-FORMAT = "dso-aggregate"
-BITS = 2
+FORMAT = "dso-bundle"
 _HEX = set("0123456789abcdef")
+_FIELDS = {"format", "protocol_version", "window", "hparams", "uids", "sha256", "model_hash_before",
+           "model_hash_after"}
 
 
 @dataclass
-class Aggregate:
+class Bundle:
     window: int
+    uids: list[int]                    # aggregation order
+    payloads: dict[int, Payload]
     model_hash_before: str
     model_hash_after: str
-    learning_rate: float
-    signs: dict[str, torch.Tensor]  # float32 in {-1, 0, +1}, parameter shapes
+    nbytes: int = 0                    # size of the object read
 
 
-def aggregate_spec(shapes: dict[str, tuple[int, ...]]) -> dict[str, tuple[str, tuple[int, ...]]]:
-    return {n: ("uint8", (codes_nbytes(math.prod(s), BITS),)) for n, s in shapes.items()}
+def bundle_size_cap(codec: Codec, sync_samples: int, max_peers: int) -> int:
+    return 8 + header_allowance(max_peers) + 96 * max_peers + max_peers * payload_size_cap(codec, sync_samples)
 
 
-def aggregate_size_cap(shapes: dict[str, tuple[int, ...]]) -> int:
-    return 8 + header_allowance(len(shapes)) + sum(s[0] for _, s in aggregate_spec(shapes).values())
-
-
-def encode_aggregate(signs: dict[str, torch.Tensor], window: int, model_hash_before: str, model_hash_after: str,
-                     learning_rate: float, protocol_version: int, hparams_digest: str) -> bytes:
-    tensors = {}
-    for name, s in signs.items():
-        flat = s.detach().to("cpu").reshape(-1)
-        if not bool(((flat == -1) | (flat == 0) | (flat == 1)).all()):
-            raise ValueError(f"aggregate {name}: values must be -1, 0 or +1")
-        tensors[name] = pack_codes((flat.to(torch.int64) + 1).to(torch.uint8).numpy(), BITS)
-    if not math.isfinite(learning_rate) or learning_rate < 0:
-        raise ValueError("learning_rate must be finite and >= 0")
+def encode_bundle(codec: Codec, window: int, uids: Sequence[int], payloads: Mapping[int, Payload],
+                  model_hash_before: str, model_hash_after: str, protocol_version: int, hparams_digest: str) -> bytes:
+    """The bundle of ``uids`` (in aggregation order), each payload re-encoded canonically."""
+    blobs = {u: encode_payload(codec, payloads[u].update, payloads[u].sync_values, payloads[u].meta) for u in uids}
+    tensors = {f"payload.{u}": np.frombuffer(blobs[u], dtype=np.uint8) for u in uids}
     metadata = {"format": FORMAT, "protocol_version": str(protocol_version), "window": str(window),
-                "model_hash_before": model_hash_before, "model_hash_after": model_hash_after,
-                "learning_rate": repr(float(learning_rate)), "hparams": hparams_digest}
+                "hparams": hparams_digest, "uids": ",".join(str(u) for u in uids),
+                "sha256": ",".join(hashlib.sha256(blobs[u]).hexdigest() for u in uids),
+                "model_hash_before": model_hash_before, "model_hash_after": model_hash_after}
     return safetensors.numpy.save(tensors, metadata=metadata)
 
 
-def decode_aggregate(data: bytes, shapes: dict[str, tuple[int, ...]], protocol_version: int,
-                     expect_window: int | None = None, hparams_digest: str | None = None) -> Aggregate | Rejection:
-    """Strictly validate an aggregate against the model's ``shapes``; never raises."""
+def decode_bundle(data: bytes, codec: Codec, expect: Expect, max_peers: int) -> Bundle | Rejection:
+    """Strictly validate a bundle for ``expect.window``; never raises."""
     try:
-        return _decode(data, shapes, protocol_version, expect_window, hparams_digest)
-    except Exception as e:  # noqa: BLE001
+        return _decode(data, codec, expect, max_peers)
+    except Exception as e:  # noqa: BLE001 — last line of defence: a bug must not stop a node
         return Rejection(Reason.MALFORMED, f"unexpected {type(e).__name__}: {str(e)[:120]}")
 
 
-def _decode(data, shapes, protocol_version, expect_window, hparams_digest):
-    header = read_capped(data, aggregate_size_cap(shapes), len(shapes), {
-        "format", "protocol_version", "window", "model_hash_before", "model_hash_after", "learning_rate", "hparams"})
+def _decode(data: bytes, codec: Codec, expect: Expect, max_peers: int) -> Bundle | Rejection:
+    header = read_capped(data, bundle_size_cap(codec, expect.sync_samples, max_peers), max_peers, _FIELDS)
     if isinstance(header, Rejection):
         return header
     md = header.metadata
-    checks = [("format", md["format"], FORMAT), ("protocol_version", md["protocol_version"], str(protocol_version))]
-    if expect_window is not None:
-        checks.append(("window", md["window"], str(expect_window)))
-    if hparams_digest is not None:
-        checks.append(("hparams", md["hparams"], hparams_digest))
-    for name, got, wanted in checks:
-        if got != wanted:
-            return Rejection(Reason.METADATA_MISMATCH, f"{name}: got {got[:64]!r}, expected {wanted[:64]!r}")
-    window = parse_uint(md["window"])
-    try:
-        lr = float(md["learning_rate"]) if len(md["learning_rate"]) <= 32 else float("nan")
-    except ValueError:
-        lr = float("nan")
-    if window is None or not math.isfinite(lr) or lr < 0:
-        return Rejection(Reason.METADATA_MISMATCH, "window or learning_rate unparsable")
-    for k in ("model_hash_before", "model_hash_after"):
-        if len(md[k]) != 64 or not set(md[k]) <= _HEX:
-            return Rejection(Reason.METADATA_MISMATCH, f"{k} is not a sha256 hex digest")
-    bad = check_spec(header, aggregate_spec(shapes))
+    for name, want in (("format", FORMAT), ("protocol_version", str(expect.protocol_version)),
+                       ("window", str(expect.window)), ("hparams", expect.hparams_digest)):
+        if md[name] != want:
+            return Rejection(Reason.METADATA_MISMATCH, f"bundle {name}: got {md[name][:64]!r}, expected {want!r}")
+    uids = [parse_uint(u) for u in md["uids"].split(",")] if md["uids"] else []
+    hashes = md["sha256"].split(",") if md["sha256"] else []
+    if any(u is None for u in uids) or len(set(uids)) != len(uids) or len(uids) > max_peers:
+        return Rejection(Reason.METADATA_MISMATCH, f"bundle uids must be at most {max_peers} distinct integers")
+    if len(hashes) != len(uids) or not all(len(h) == 64 and set(h) <= _HEX for h in hashes):
+        return Rejection(Reason.METADATA_MISMATCH, "bundle sha256 must hold one hex digest per uid")
+    for name in ("model_hash_before", "model_hash_after"):
+        if len(md[name]) != 64 or not set(md[name]) <= _HEX:
+            return Rejection(Reason.METADATA_MISMATCH, f"bundle {name} is not a sha256 hex digest")
+    cap = payload_size_cap(codec, expect.sync_samples)
+    wanted = {f"payload.{u}" for u in uids}
+    if set(header.entries) != wanted or any(len(e.shape) != 1 or e.shape[0] > cap for e in header.entries.values()):
+        return Rejection(Reason.BAD_KEYS, "bundle tensors must be exactly one payload per listed uid")
+    bad = check_spec(header, {k: ("uint8", e.shape) for k, e in header.entries.items()})
     if bad:
         return bad
     arrays = load_arrays(data)
     if isinstance(arrays, Rejection):
         return arrays
-    signs = {}
-    for name, shape in shapes.items():
-        try:
-            codes = unpack_codes(arrays[name], math.prod(shape), BITS)
-        except PackingError as e:
-            return Rejection(Reason.BAD_ENCODING, f"{name}: {e}")
-        if (codes > 2).any():
-            return Rejection(Reason.BAD_ENCODING, f"{name}: sign code 3 is not defined")
-        signs[name] = torch.from_numpy(codes.astype(np.float32) - 1.0).reshape(shape)
-    return Aggregate(window, md["model_hash_before"], md["model_hash_after"], lr, signs)
+    payloads: dict[int, Payload] = {}
+    for uid, digest in zip(uids, hashes):
+        assert uid is not None
+        blob = arrays[f"payload.{uid}"].tobytes()
+        if hashlib.sha256(blob).hexdigest() != digest:
+            return Rejection(Reason.METADATA_MISMATCH, f"bundle payload of uid {uid} does not match its sha256")
+        payload = decode_payload(blob, codec, expect.for_uid(uid))
+        if isinstance(payload, Rejection):
+            return Rejection(payload.reason, f"bundle payload of uid {uid}: {payload.detail}")
+        payloads[uid] = payload
+    return Bundle(expect.window, [u for u in uids if u is not None], payloads, md["model_hash_before"],
+                  md["model_hash_after"], len(data))
 
 
-def apply_aggregate(model: torch.nn.Module, agg: Aggregate, weight_decay: float = 0.0) -> Rejection | None:
-    """Replay one window: requires the model to be at ``model_hash_before``; checks ``model_hash_after``.
-    On an after-hash mismatch the model has been changed and should be reloaded from a checkpoint."""
-    before = model_hash(model)
-    if before != agg.model_hash_before:
-        return Rejection(Reason.METADATA_MISMATCH, f"window {agg.window}: model is not at model_hash_before")
-    signed_step(model, agg.signs, agg.learning_rate, weight_decay)
-    if model_hash(model) != agg.model_hash_after:
-        return Rejection(Reason.METADATA_MISMATCH, f"window {agg.window}: replay did not reach model_hash_after")
-    return None
-
-
-def put_aggregate(client: S3Client, bucket: str, data: bytes, window: int, protocol_version: int) -> str:
-    key = keys.aggregate(window, protocol_version)
+def put_bundle(client: S3Client, bucket: str, data: bytes, window: int, protocol_version: int, run: str = "") -> str:
+    key = keys.aggregate(window, protocol_version, run)
     client.put(bucket, key, data)
     return key
 
 
-def get_aggregate(client: S3Client, bucket: str, window: int, shapes: dict[str, tuple[int, ...]], hp
-                  ) -> Aggregate | Rejection:
-    cap = aggregate_size_cap(shapes)
+def get_bundle(client: S3Client, bucket: str, codec: Codec, hp: Any, window: int, run: str = ""
+               ) -> Bundle | Rejection:
+    """The bundle of ``window`` from ``bucket`` (a Rejection when absent or unusable)."""
+    expect = Expect.from_hparams(hp, window, run=run)
+    cap = bundle_size_cap(codec, hp.sync_samples, hp.topg)
     try:
-        data = client.get(bucket, keys.aggregate(window, hp.protocol_version), max_bytes=cap)
+        data = client.get(bucket, keys.aggregate(window, hp.protocol_version, run), max_bytes=cap)
     except StorageError as e:
         return rejection_for(e)
-    return decode_aggregate(data, shapes, hp.protocol_version, window, hp.digest())
+    return decode_bundle(data, codec, expect, hp.topg)

@@ -112,20 +112,21 @@ def _decode(data, shapes, protocol_version, hparams_digest, expect_window, expec
 
 
 # ------------------------------------------------------------------ S3
-def save_checkpoint(client: S3Client, bucket: str, model: torch.nn.Module, window: int, hp) -> LatestPointer:
+def save_checkpoint(client: S3Client, bucket: str, model: torch.nn.Module, window: int, hp,
+                    run: str = "") -> LatestPointer:
     """Upload the model's checkpoint for ``window``, then move the latest pointer to it."""
     data, model_hash = encode_checkpoint(model.named_parameters(), window, hp.protocol_version, hp.digest(),
                                          hp.data_hash)
-    key = keys.checkpoint(window, hp.protocol_version)
+    key = keys.checkpoint(window, hp.protocol_version, run)
     client.put(bucket, key, data)
     pointer = LatestPointer(window, hp.protocol_version, key, model_hash)
-    put_json(client, bucket, keys.latest_checkpoint(hp.protocol_version),
+    put_json(client, bucket, keys.latest_checkpoint(hp.protocol_version, run),
              {"window": window, "version": hp.protocol_version, "key": key, "model_hash": model_hash})
     return pointer
 
 
-def read_latest(client: S3Client, bucket: str, version: int) -> LatestPointer | Rejection:
-    obj = get_json(client, bucket, keys.latest_checkpoint(version), max_bytes=4096)
+def read_latest(client: S3Client, bucket: str, version: int, run: str = "") -> LatestPointer | Rejection:
+    obj = get_json(client, bucket, keys.latest_checkpoint(version, run), max_bytes=4096)
     if isinstance(obj, Rejection):
         return obj
     if set(obj) != {"window", "version", "key", "model_hash"}:
@@ -133,7 +134,7 @@ def read_latest(client: S3Client, bucket: str, version: int) -> LatestPointer | 
     window, ver, key, h = obj["window"], obj["version"], obj["key"], obj["model_hash"]
     if isinstance(window, bool) or not isinstance(window, int) or window < 0 or ver != version:
         return Rejection(Reason.METADATA_MISMATCH, "latest pointer: bad window or version")
-    if key != keys.checkpoint(window, version):  # never follow an arbitrary key
+    if key != keys.checkpoint(window, version, run):  # never follow an arbitrary key (or another run's)
         return Rejection(Reason.MALFORMED, "latest pointer: key does not match its window")
     if not isinstance(h, str) or len(h) != 64:
         return Rejection(Reason.MALFORMED, "latest pointer: model_hash is not a sha256 hex digest")
@@ -141,9 +142,9 @@ def read_latest(client: S3Client, bucket: str, version: int) -> LatestPointer | 
 
 
 def load_checkpoint(client: S3Client, bucket: str, window: int, shapes: dict[str, tuple[int, ...]], hp,
-                    expect_hash: str | None = None) -> Checkpoint | Rejection:
+                    expect_hash: str | None = None, run: str = "") -> Checkpoint | Rejection:
     cap = checkpoint_size_cap(shapes)
-    key = keys.checkpoint(window, hp.protocol_version)
+    key = keys.checkpoint(window, hp.protocol_version, run)
     try:
         if client.head(bucket, key).size > cap:
             return Rejection(Reason.TOO_LARGE, f"checkpoint larger than cap {cap}")
@@ -154,9 +155,9 @@ def load_checkpoint(client: S3Client, bucket: str, window: int, shapes: dict[str
 
 
 def load_latest_checkpoint(client: S3Client, bucket: str, shapes: dict[str, tuple[int, ...]],
-                           hp) -> Checkpoint | Rejection:
+                           hp, run: str = "") -> Checkpoint | Rejection:
     """Follow the latest pointer; the checkpoint must hash to what the pointer says."""
-    pointer = read_latest(client, bucket, hp.protocol_version)
+    pointer = read_latest(client, bucket, hp.protocol_version, run)
     if isinstance(pointer, Rejection):
         return pointer
-    return load_checkpoint(client, bucket, pointer.window, shapes, hp, expect_hash=pointer.model_hash)
+    return load_checkpoint(client, bucket, pointer.window, shapes, hp, expect_hash=pointer.model_hash, run=run)

@@ -1,8 +1,10 @@
 """Delete a peer's own objects older than a retention window.
 
 Only keys of our layout (:func:`storage.keys.parse`) are touched; anything
-else in the bucket is left alone.  The newest checkpoint of each protocol
-version is always kept, so the "latest" pointer never dangles.
+else in the bucket is left alone.  Objects of another network run (an earlier
+run in a reused bucket) are deleted whatever their window.  The newest
+checkpoint of each protocol version of the current run is always kept, so the
+"latest" pointer never dangles.
 """
 from __future__ import annotations
 
@@ -10,19 +12,24 @@ from storage import keys
 from storage.client import S3Client
 
 
-def expired_keys(all_keys: list[str], current_window: int, retention_windows: int) -> list[str]:
-    """Pure selection: keys whose window < current_window - retention_windows."""
+def expired_keys(all_keys: list[str], current_window: int, retention_windows: int, run: str = "") -> list[str]:
+    """Pure selection: keys of another run, and keys of ``run`` whose window < current_window - retention_windows."""
     if retention_windows < 0:
         raise ValueError("retention_windows must be >= 0")
     cutoff = current_window - retention_windows
     parsed = {k: keys.parse(k) for k in all_keys}
     newest_checkpoint: dict[int, int] = {}
     for p in parsed.values():
-        if p is not None and p.kind == "checkpoint":
+        if p is not None and p.kind == "checkpoint" and p.run == run:
             newest_checkpoint[p.version] = max(newest_checkpoint.get(p.version, -1), p.window)
     out = []
     for k, p in parsed.items():
-        if p is None or p.window >= cutoff:
+        if p is None:
+            continue
+        if p.run != run:
+            out.append(k)
+            continue
+        if p.window >= cutoff:
             continue
         if p.kind == "checkpoint" and p.window == newest_checkpoint[p.version]:
             continue
@@ -30,9 +37,9 @@ def expired_keys(all_keys: list[str], current_window: int, retention_windows: in
     return sorted(out)
 
 
-def cleanup(client: S3Client, bucket: str, current_window: int, retention_windows: int) -> list[str]:
+def cleanup(client: S3Client, bucket: str, current_window: int, retention_windows: int, run: str = "") -> list[str]:
     """Delete expired objects from our own bucket; returns the keys deleted."""
-    doomed = expired_keys([o.key for o in client.list(bucket)], current_window, retention_windows)
+    doomed = expired_keys([o.key for o in client.list(bucket)], current_window, retention_windows, run)
     if doomed:
         client.delete(bucket, doomed)
     return doomed

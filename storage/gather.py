@@ -147,7 +147,7 @@ def gather(window: int, peers: dict[int, BucketInfo | str | None], codec, expect
             else:
                 try:
                     client = readers.get(info)
-                    key = keys.gradient(window, uid, expect.protocol_version)
+                    key = keys.gradient(window, uid, expect.protocol_version, expect.run)
                     outcome = fetch(client, info.bucket, key, codec, expect.for_uid(uid), put_window, deadline)
                 except Exception as e:  # noqa: BLE001
                     outcome = (Rejection(Reason.UNREACHABLE, f"unexpected {type(e).__name__}: {str(e)[:160]}"), 0)

@@ -1,13 +1,19 @@
-"""Object keys (design §3), all versioned by the protocol version ``v``.
+"""Object keys (design §3), versioned by the protocol version ``v`` and scoped by the network run.
 
 Writers and readers build keys only through these functions, so a protocol
-bump (new ``v``) never reads an old-format object.  :func:`parse` is the
-inverse, used by cleanup to find the window a key belongs to.
+bump (new ``v``) never reads an old-format object, and a node never reads an
+object another run left in a reused bucket: every object of a run lives under
+``{run}/`` (the run id the leading validator publishes in its manifest, see
+docs/protocol.md).  ``run=""`` builds the unscoped key, for tools and tests
+that do not belong to a run.  The manifest itself is the one unscoped object: it
+is how a node learns the run.  :func:`parse` is the inverse, used by cleanup.
 """
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+
+RUN_ID_CHARS = 16  # hex digits of a run id
 
 
 def _nat(name: str, value: int) -> int:
@@ -16,43 +22,56 @@ def _nat(name: str, value: int) -> int:
     return value
 
 
-def gradient(window: int, uid: int, version: int) -> str:
-    return f"gradient/{_nat('window', window)}/{_nat('uid', uid)}-v{_nat('version', version)}.safetensors"
+def is_run_id(run: object) -> bool:
+    return isinstance(run, str) and len(run) == RUN_ID_CHARS and all(c in "0123456789abcdef" for c in run)
 
 
-def commit(window: int, uid: int, version: int) -> str:
+def _scoped(run: str, key: str) -> str:
+    if run == "":
+        return key
+    if not is_run_id(run):
+        raise ValueError(f"run must be {RUN_ID_CHARS} lowercase hex digits or empty, got {run!r}")
+    return f"{run}/{key}"
+
+
+def gradient(window: int, uid: int, version: int, run: str = "") -> str:
+    return _scoped(run, f"gradient/{_nat('window', window)}/{_nat('uid', uid)}-v{_nat('version', version)}"
+                        ".safetensors")
+
+
+def commit(window: int, uid: int, version: int, run: str = "") -> str:
     """Commit-reveal: the hash a miner publishes before its update becomes readable."""
-    return f"commit/{_nat('window', window)}/{_nat('uid', uid)}-v{_nat('version', version)}.json"
+    return _scoped(run, f"commit/{_nat('window', window)}/{_nat('uid', uid)}-v{_nat('version', version)}.json")
 
 
-def reveal(window: int, uid: int, version: int) -> str:
+def reveal(window: int, uid: int, version: int, run: str = "") -> str:
     """Commit-reveal: the nonce that opens the commitment, uploaded with the payload after the put window."""
-    return f"reveal/{_nat('window', window)}/{_nat('uid', uid)}-v{_nat('version', version)}.json"
+    return _scoped(run, f"reveal/{_nat('window', window)}/{_nat('uid', uid)}-v{_nat('version', version)}.json")
 
 
-def checkpoint(window: int, version: int) -> str:
-    return f"checkpoint/{_nat('window', window)}-v{_nat('version', version)}.safetensors"
+def checkpoint(window: int, version: int, run: str = "") -> str:
+    return _scoped(run, f"checkpoint/{_nat('window', window)}-v{_nat('version', version)}.safetensors")
 
 
-def latest_checkpoint(version: int) -> str:
-    return f"checkpoint/latest-v{_nat('version', version)}.json"
+def latest_checkpoint(version: int, run: str = "") -> str:
+    return _scoped(run, f"checkpoint/latest-v{_nat('version', version)}.json")
 
 
 def manifest(version: int) -> str:
-    """The run's protocol settings, published by a validator so nodes can refuse a mismatch."""
+    """The run's protocol settings and run id, published by the leading validator (unscoped: it names the run)."""
     return f"run/manifest-v{_nat('version', version)}.json"
 
 
-def peers(window: int, version: int) -> str:
-    return f"peers/{_nat('window', window)}-v{_nat('version', version)}.json"
+def peers(window: int, version: int, run: str = "") -> str:
+    return _scoped(run, f"peers/{_nat('window', window)}-v{_nat('version', version)}.json")
 
 
-def aggregate(window: int, version: int) -> str:
-    return f"aggregate/{_nat('window', window)}-v{_nat('version', version)}.safetensors"
+def aggregate(window: int, version: int, run: str = "") -> str:
+    return _scoped(run, f"aggregate/{_nat('window', window)}-v{_nat('version', version)}.safetensors")
 
 
-def ledger(window: int, version: int) -> str:
-    return f"ledger/{_nat('window', window)}-v{_nat('version', version)}.json"
+def ledger(window: int, version: int, run: str = "") -> str:
+    return _scoped(run, f"ledger/{_nat('window', window)}-v{_nat('version', version)}.json")
 
 
 @dataclass(frozen=True)
@@ -61,9 +80,11 @@ class ParsedKey:
     window: int
     version: int
     uid: int | None = None
+    run: str = ""      # "" = unscoped
 
 
 _NUM = r"(0|[1-9][0-9]{0,17})"
+_RUN = re.compile(rf"([0-9a-f]{{{RUN_ID_CHARS}}})/(.*)", re.DOTALL)
 _PATTERNS = [
     (kind, re.compile(pattern))
     for kind, pattern in (
@@ -80,11 +101,15 @@ _PATTERNS = [
 
 def parse(key: str) -> ParsedKey | None:
     """The window-bearing key's parts, or None for anything else (e.g. the latest pointer)."""
+    run = ""
+    scoped = _RUN.fullmatch(key)
+    if scoped:
+        run, key = scoped.groups()
     for kind, pattern in _PATTERNS:
         m = pattern.fullmatch(key)
         if m:
             nums = [int(g) for g in m.groups()]
             if len(nums) == 3:
-                return ParsedKey(kind, nums[0], nums[2], uid=nums[1])
-            return ParsedKey(kind, nums[0], nums[1])
+                return ParsedKey(kind, nums[0], nums[2], uid=nums[1], run=run)
+            return ParsedKey(kind, nums[0], nums[1], run=run)
     return None

@@ -1,4 +1,4 @@
-"""The validator's peers list: ``peers/{window}-v{v}.json``, the top-G uids in effect from that window.
+"""The validator's peers list: ``{run}/peers/{window}-v{v}.json``, the top-G uids in effect for that window.
 
 ``{"window": t, "version": v, "uids": [...], ...}`` — other keys (e.g. the
 validator's uid, scores) are carried through as ``extra``.  Parsing is strict:
@@ -59,12 +59,12 @@ def encode_peers(peers: PeersList) -> bytes:
     return encode_json(peers.to_json())
 
 
-def put_peers(client: S3Client, bucket: str, peers: PeersList) -> str:
-    key = keys.peers(peers.window, peers.version)
+def put_peers(client: S3Client, bucket: str, peers: PeersList, run: str = "") -> str:
+    key = keys.peers(peers.window, peers.version, run)
     put_json(client, bucket, key, peers.to_json())
     return key
 
 
-def get_peers(client: S3Client, bucket: str, window: int, version: int) -> PeersList | Rejection:
-    obj = get_json(client, bucket, keys.peers(window, version))
+def get_peers(client: S3Client, bucket: str, window: int, version: int, run: str = "") -> PeersList | Rejection:
+    obj = get_json(client, bucket, keys.peers(window, version, run))
     return obj if isinstance(obj, Rejection) else peers_from_json(obj, window, version)

@@ -89,17 +89,17 @@ def parse_reveal(obj: dict, window: int, uid: int) -> bytes | Rejection:
 
 
 # ---------------------------------------------------------------- writes
-def put_commit(client: S3Client, bucket: str, sealed: Sealed, version: int) -> None:
-    client.put(bucket, keys.commit(sealed.window, sealed.uid, version),
+def put_commit(client: S3Client, bucket: str, sealed: Sealed, version: int, run: str = "") -> None:
+    client.put(bucket, keys.commit(sealed.window, sealed.uid, version, run),
                encode_json(commit_object(sealed.window, sealed.uid, sealed.commitment)),
                content_type="application/json")
 
 
-def put_reveal(client: S3Client, bucket: str, sealed: Sealed, version: int) -> None:
+def put_reveal(client: S3Client, bucket: str, sealed: Sealed, version: int, run: str = "") -> None:
     """The nonce first, then the payload: a reader that sees the payload finds the nonce too."""
-    client.put(bucket, keys.reveal(sealed.window, sealed.uid, version),
+    client.put(bucket, keys.reveal(sealed.window, sealed.uid, version, run),
                encode_json(reveal_object(sealed.window, sealed.uid, sealed.nonce)), content_type="application/json")
-    client.put(bucket, keys.gradient(sealed.window, sealed.uid, version), sealed.payload)
+    client.put(bucket, keys.gradient(sealed.window, sealed.uid, version, run), sealed.payload)
 
 
 # ----------------------------------------------------------------- reads
@@ -130,7 +130,7 @@ def fetch_revealed(client: S3Client, bucket: str, key: str, codec, expect: Expec
 
 def _fetch_revealed(client, bucket, key, codec, expect, reveal, deadline, put, counted):
     window, uid, version = expect.window, expect.uid, expect.protocol_version
-    obj, commit_time, n = _small_json(client, bucket, keys.commit(window, uid, version), deadline)
+    obj, commit_time, n = _small_json(client, bucket, keys.commit(window, uid, version, expect.run), deadline)
     counted[0] += n
     if isinstance(obj, Rejection):
         return obj if obj.reason != Reason.MALFORMED else Rejection(Reason.BAD_COMMITMENT, f"commit object: {obj}")
@@ -163,7 +163,7 @@ def _fetch_revealed(client, bucket, key, codec, expect, reveal, deadline, put, c
         bad = timed("payload", head.last_modified)
         if bad:
             return bad
-    obj, reveal_time, n = _small_json(client, bucket, keys.reveal(window, uid, version), deadline)
+    obj, reveal_time, n = _small_json(client, bucket, keys.reveal(window, uid, version, expect.run), deadline)
     counted[0] += n
     if isinstance(obj, Rejection):
         return obj

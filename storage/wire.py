@@ -51,6 +51,7 @@ class Expect:
     uid: int | None = None
     data_hash: str | None = None
     model_hash: str | None = None
+    run: str = ""                  # the network run the payload is read under (its key prefix)
 
     @classmethod
     def from_hparams(cls, hp, window: int, **kw) -> "Expect":

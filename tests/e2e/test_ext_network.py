@@ -26,7 +26,8 @@ from dso.model import build_model
 from sim.localnet import ROOT, LocalNet, NodeSpec, plan_nodes, read_jsonl, wait_for
 from storage import keys
 from storage.checkpoint import encode_checkpoint
-from storage.jsonobj import encode_json
+from neurons.manifest import run_of
+from storage.jsonobj import encode_json, get_json
 
 pytestmark = pytest.mark.slow
 CR_WINDOWS = 8
@@ -135,7 +136,8 @@ def test_tampered_record_or_checkpoint_fails_verification(cr_network, verify_her
     net = cr_network
     client, bucket = _validator_bucket(net)
     v = net.hp.protocol_version
-    records = sorted((keys.parse(o.key).window, o.key) for o in client.list(bucket, "ledger/"))
+    run = run_of(get_json(client, bucket, keys.manifest(net.hp.protocol_version)))
+    records = sorted((keys.parse(o.key).window, o.key) for o in client.list(bucket, f"{run}/ledger/"))
     window, key = records[len(records) // 2]
     original = client.get(bucket, key)
     record = json.loads(original)
@@ -160,10 +162,10 @@ def test_tampered_record_or_checkpoint_fails_verification(cr_network, verify_her
     assert record["window"] == window
 
     # 3. a checkpoint replaced by a well-formed one of another model (θ_0): it loads, but is not the ledger's
-    ckpts = sorted(keys.parse(o.key).window for o in client.list(bucket, "checkpoint/")
+    ckpts = sorted(keys.parse(o.key).window for o in client.list(bucket, f"{run}/checkpoint/")
                    if keys.parse(o.key) is not None and keys.parse(o.key).kind == "checkpoint")
     target = ckpts[-1]
-    ckpt_key = keys.checkpoint(target, v)
+    ckpt_key = keys.checkpoint(target, v, run)
     original = client.get(bucket, ckpt_key)
     try:
         data, _ = encode_checkpoint(build_model(net.hp.model, net.hp.seed).named_parameters(), target, v,

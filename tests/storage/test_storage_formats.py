@@ -1,4 +1,4 @@
-"""Formats without a server: keys, commitments, wire payloads, checkpoints, aggregates, peers lists, cleanup."""
+"""Formats without a server: keys, commitments, wire payloads, checkpoints, bundles, peers lists, cleanup."""
 from __future__ import annotations
 
 import json
@@ -13,17 +13,38 @@ from dso.model import model_hash, state_hash
 from dso.rejections import Reason, Rejection
 from st_craft import build, hostile, honest, metadata_variants, split
 from storage import keys
-from storage.aggregate import apply_aggregate, decode_aggregate, encode_aggregate
+from storage.aggregate import decode_bundle, encode_bundle
 from storage.checkpoint import decode_checkpoint, encode_checkpoint
 from storage.cleanup import expired_keys
 from storage.commitment import BucketInfo, bucket_name_problem, format_commitment, parse_commitment
 from storage.gather import check_time
 from storage.peers import PeersList, encode_peers, parse_peers
 from storage.tensorfile import read_header
-from storage.wire import Expect, Payload, decode_payload, payload_size_cap
+from storage.wire import Expect, Payload, PayloadMeta, decode_payload, encode_payload, payload_size_cap
 
 
 # ------------------------------------------------------------------ keys
+RUN, OTHER = "0123456789abcdef", "fedcba9876543210"
+
+
+def test_run_scoped_keys_parse_back_and_refuse_a_bad_run():
+    key = keys.ledger(9, 1, RUN)
+    assert key == f"{RUN}/ledger/9-v1.json" and keys.parse(key) == keys.ParsedKey("ledger", 9, 1, run=RUN)
+    assert keys.parse(keys.gradient(4, 2, 1, RUN)).run == RUN and keys.parse(keys.gradient(4, 2, 1)).run == ""
+    assert keys.manifest(1) == "run/manifest-v1.json"  # unscoped: it is how a node learns the run
+    for bad in ("ABCDEF0123456789", "0123", "../../../etc/pa", 5):
+        with pytest.raises(ValueError):
+            keys.gradient(1, 1, 1, bad)
+    assert keys.parse(f"{RUN}/{RUN}/ledger/9-v1.json") is None
+
+
+def test_cleanup_removes_every_object_of_another_run():
+    ours = [keys.gradient(w, 1, 1, RUN) for w in range(8, 10)] + [keys.checkpoint(0, 1, RUN)]
+    theirs = [keys.gradient(9, 1, 1, OTHER), keys.checkpoint(9, 1, OTHER), keys.ledger(9, 1)]
+    doomed = expired_keys(ours + theirs + ["notes.txt"], current_window=10, retention_windows=5, run=RUN)
+    assert doomed == sorted(theirs)  # the newest checkpoint of our run stays, whatever its window
+
+
 def test_keys_follow_the_design_layout_and_parse_back():
     assert keys.gradient(12, 3, 1) == "gradient/12/3-v1.safetensors"
     assert keys.checkpoint(40, 2) == "checkpoint/40-v2.safetensors"
@@ -215,47 +236,57 @@ def test_checkpoint_shape_and_finiteness_checks(model, shapes, hp):
     assert decode_checkpoint(data, shapes, hp.protocol_version + 1).reason is Reason.METADATA_MISMATCH
 
 
-# --------------------------------------------------------------- aggregates
-def test_aggregate_round_trip_packs_two_bits_per_parameter(shapes, hp):
-    gen = torch.Generator().manual_seed(0)
-    signs = {n: torch.randint(-1, 2, s, generator=gen).float() for n, s in shapes.items()}
-    data = encode_aggregate(signs, 3, "a" * 64, "b" * 64, 1.5e-3, hp.protocol_version, hp.digest())
-    n_params = sum(math.prod(s) for s in shapes.values())
-    body = sum(-(-math.prod(s) * 2 // 8) for s in shapes.values())
-    assert len(data) - 8 - int.from_bytes(data[:8], "little") == body
-    assert body <= n_params // 4 + len(shapes)
-    agg = decode_aggregate(data, shapes, hp.protocol_version, expect_window=3, hparams_digest=hp.digest())
-    assert not isinstance(agg, Rejection), agg
-    assert agg.learning_rate == 1.5e-3 and agg.model_hash_after == "b" * 64
-    assert all(torch.equal(agg.signs[n], signs[n]) for n in shapes)
+# ------------------------------------------------------------------ bundles
+def _payloads(codec, make_update, hp, window, uids):
+    out = {}
+    for uid in uids:
+        meta = PayloadMeta(uid, window, hp.protocol_version, hp.digest())
+        data = encode_payload(codec, make_update(uid), torch.full((hp.sync_samples,), 0.5), meta)
+        out[uid] = decode_payload(data, codec, Expect.from_hparams(hp, window, uid=uid))
+    return out
 
 
-def test_aggregate_invalid_code_and_window(shapes, hp):
-    signs = {n: torch.zeros(s) for n, s in shapes.items()}
-    data = encode_aggregate(signs, 3, "a" * 64, "b" * 64, 1e-3, hp.protocol_version, hp.digest())
-    entries, md = split(data)
-    name = next(iter(entries))
-    dtype, shape, raw = entries[name]
-    entries[name] = (dtype, shape, b"\xff" + raw[1:])  # four codes of 3
-    assert decode_aggregate(build(entries, md), shapes, hp.protocol_version).reason is Reason.BAD_ENCODING
-    assert decode_aggregate(data, shapes, hp.protocol_version, expect_window=4).reason is Reason.METADATA_MISMATCH
-    with pytest.raises(ValueError):
-        encode_aggregate({name: torch.full(shapes[name], 0.5)}, 3, "a" * 64, "b" * 64, 1e-3, 1, "x")
+def test_bundle_round_trip_keeps_the_aggregation_order(codec, make_update, hp):
+    payloads = _payloads(codec, make_update, hp, 3, (7, 2, 5))
+    data = encode_bundle(codec, 3, [7, 2, 5], payloads, "a" * 64, "b" * 64, hp.protocol_version, hp.digest())
+    bundle = decode_bundle(data, codec, Expect.from_hparams(hp, 3), max_peers=4)
+    assert not isinstance(bundle, Rejection), bundle
+    assert bundle.uids == [7, 2, 5] and list(bundle.payloads) == [7, 2, 5] and bundle.nbytes == len(data)
+    assert (bundle.model_hash_before, bundle.model_hash_after) == ("a" * 64, "b" * 64)
+    for uid in (7, 2, 5):
+        assert bundle.payloads[uid].meta.uid == uid
+        assert codec.to_wire(bundle.payloads[uid].update).keys() == codec.to_wire(payloads[uid].update).keys()
+        for key, value in codec.to_wire(bundle.payloads[uid].update).items():
+            assert np.array_equal(value, codec.to_wire(payloads[uid].update)[key]), key
+    empty = encode_bundle(codec, 3, [], {}, "a" * 64, "a" * 64, hp.protocol_version, hp.digest())
+    assert decode_bundle(empty, codec, Expect.from_hparams(hp, 3), max_peers=4).uids == []
 
 
-def test_aggregate_replay_reaches_the_published_hash(hp):
-    from dso.aggregation import signed_step
-    from dso.model import build_model
-
-    a, b = build_model(hp.model, hp.seed), build_model(hp.model, hp.seed)
-    gen = torch.Generator().manual_seed(1)
-    signs = {n: torch.randint(-1, 2, p.shape, generator=gen).float() for n, p in a.named_parameters()}
-    before = model_hash(a)
-    signed_step(a, signs, 2e-3)
-    data = encode_aggregate(signs, 0, before, model_hash(a), 2e-3, hp.protocol_version, hp.digest())
-    agg = decode_aggregate(data, {n: tuple(p.shape) for n, p in b.named_parameters()}, hp.protocol_version)
-    assert apply_aggregate(b, agg) is None and model_hash(b) == model_hash(a)
-    assert apply_aggregate(b, agg).reason is Reason.METADATA_MISMATCH  # b is no longer at "before"
+def test_bundle_strictness(codec, make_update, hp):
+    payloads = _payloads(codec, make_update, hp, 3, (1, 2))
+    good = encode_bundle(codec, 3, [1, 2], payloads, "a" * 64, "b" * 64, hp.protocol_version, hp.digest())
+    expect = Expect.from_hparams(hp, 3)
+    entries, md = split(good)
+    dtype, shape, raw = entries["payload.2"]
+    flipped = dict(entries, **{"payload.2": (dtype, shape, raw[:-1] + bytes([raw[-1] ^ 1]))})
+    cases = {
+        "content hash": (build(flipped, md), Reason.METADATA_MISMATCH),
+        "window": (good, Reason.METADATA_MISMATCH),  # read as window 4 below
+        "duplicate uid": (build(entries, dict(md, uids="1,1")), Reason.METADATA_MISMATCH),
+        "more uids than G": (build(entries, dict(md, uids="1,2,3", sha256=",".join([md["sha256"][:64]] * 3))),
+                             Reason.METADATA_MISMATCH),
+        "extra tensor": (build(dict(entries, extra=entries["payload.1"]), md), Reason.BAD_KEYS),
+        "hash field": (build(entries, dict(md, model_hash_after="zz")), Reason.METADATA_MISMATCH),
+    }
+    for name, (data, reason) in cases.items():
+        got = decode_bundle(data, codec, Expect.from_hparams(hp, 4) if name == "window" else expect, max_peers=2)
+        assert isinstance(got, Rejection) and got.reason is reason, (name, got)
+    # a payload inside that breaks the wire rules is the payload's own rejection
+    bad_meta = PayloadMeta(2, 3, hp.protocol_version, "f" * 16)
+    payloads[2] = decode_payload(encode_payload(codec, make_update(2), torch.zeros(hp.sync_samples), bad_meta), codec,
+                                 Expect(3, hp.protocol_version, "f" * 16, hp.sync_samples))
+    forged = encode_bundle(codec, 3, [1, 2], payloads, "a" * 64, "b" * 64, hp.protocol_version, hp.digest())
+    assert decode_bundle(forged, codec, expect, max_peers=2).reason is Reason.METADATA_MISMATCH
 
 
 # --------------------------------------------------------------- peers list

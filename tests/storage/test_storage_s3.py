@@ -13,7 +13,7 @@ from dso.model import build_model, model_hash
 from dso.rejections import Reason, Rejection
 from st_craft import build, hostile, honest, split
 from storage import keys
-from storage.aggregate import encode_aggregate, get_aggregate, put_aggregate
+from storage.aggregate import encode_bundle, get_bundle, put_bundle
 from storage.checkpoint import load_latest_checkpoint, read_latest, save_checkpoint
 from storage.cleanup import cleanup
 from storage.client import S3Client, StorageError
@@ -202,14 +202,15 @@ def test_checkpoint_latest_pointer_and_tampering(alice, hp, shapes):
     assert read_latest(r, alice.bucket, hp.protocol_version).reason is Reason.MALFORMED
 
 
-def test_aggregate_and_peers_objects(alice, hp, shapes):
+def test_bundle_and_peers_objects(alice, hp, codec):
     w, r = alice.write_client(), alice.read_client()
-    signs = {n: torch.ones(s) for n, s in shapes.items()}
-    put_aggregate(w, alice.bucket, encode_aggregate(signs, 6, "a" * 64, "b" * 64, 1e-3, hp.protocol_version,
-                                                    hp.digest()), 6, hp.protocol_version)
-    agg = get_aggregate(r, alice.bucket, 6, shapes, hp)
-    assert not isinstance(agg, Rejection) and all(bool((agg.signs[n] == 1).all()) for n in shapes)
-    assert get_aggregate(r, alice.bucket, 7, shapes, hp).reason is Reason.MISSING
+    run = "00112233445566ff"
+    data = encode_bundle(codec, 6, [], {}, "a" * 64, "b" * 64, hp.protocol_version, hp.digest())
+    put_bundle(w, alice.bucket, data, 6, hp.protocol_version, run)
+    bundle = get_bundle(r, alice.bucket, codec, hp, 6, run)
+    assert not isinstance(bundle, Rejection) and bundle.model_hash_after == "b" * 64
+    assert get_bundle(r, alice.bucket, codec, hp, 7, run).reason is Reason.MISSING
+    assert get_bundle(r, alice.bucket, codec, hp, 6).reason is Reason.MISSING  # another run's (unscoped) key
     put_peers(w, alice.bucket, PeersList(6, hp.protocol_version, (3, 1, 2)))
     assert get_peers(r, alice.bucket, 6, hp.protocol_version).uids == (3, 1, 2)
     w.put(alice.bucket, keys.peers(8, hp.protocol_version), b"{" * 10)
