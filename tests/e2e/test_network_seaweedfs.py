@@ -1,0 +1,67 @@
+"""A short local network (2 miners, 1 validator) whose every bucket lives on SeaweedFS instead of moto.
+
+Until ``neurons/localnet.py`` takes ``start_engine(kind)`` (docs/deployment.md), the test hands LocalNet
+the session's SeaweedFS server in place of ``EmbeddedS3.start()``; LocalNet only uses the engine
+interface (endpoint, admin.region, provision, stop), so nothing else changes.
+"""
+from __future__ import annotations
+
+import pytest
+
+from neurons import localnet
+from neurons.localnet import LocalNet, plan_nodes, wait_for
+
+pytestmark = pytest.mark.slow
+WINDOWS = 6
+
+
+class _Shared:
+    """The session's engine, which LocalNet must not stop (other tests still use it)."""
+
+    def __init__(self, engine):
+        self._engine = engine
+
+    def __getattr__(self, name):
+        return getattr(self._engine, name)
+
+    def stop(self) -> None:
+        pass
+
+
+@pytest.fixture(scope="module")
+def seaweed_network(tmp_path_factory, stdlib_corpus, network_hparams, seaweedfs_engine):
+    root = tmp_path_factory.mktemp("seaweednet")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(localnet, "EmbeddedS3", type("SeaweedStart", (), {"start": staticmethod(
+            lambda: _Shared(seaweedfs_engine))}))
+        net = LocalNet(root / "run", network_hparams(), plan_nodes(2, [], 1), block_time=0.5,
+                       corpus=str(stdlib_corpus), cache_dir=str(root / "cache"))
+        with net:
+            net.prepare()
+            net.start()
+            done = wait_for(lambda: len(net.validator_lines()) >= WINDOWS or bool(net.dead()), timeout=240,
+                            step=0.2)
+            logs = {p.name: p.read_text()[-3000:] for p in net.logs.glob("*.log")}
+            assert done and not net.dead(), f"network on SeaweedFS did not complete {WINDOWS} windows: {logs}"
+            yield net
+
+
+def test_the_network_ran_on_seaweedfs(seaweed_network, seaweedfs_engine):
+    net = seaweed_network
+    assert net.s3.name == "seaweedfs" and net.s3.endpoint == seaweedfs_engine.endpoint
+    validator = next(n for n in net.nodes if n.role == "validator")
+    creds = net.credentials(validator)
+    keys = [o.key for o in creds.read_client().list(creds.bucket)]
+    assert any(k.startswith("checkpoint") or k.startswith("aggregate") for k in keys), keys
+
+
+def test_weights_and_models_agree_on_seaweedfs(seaweed_network):
+    net = seaweed_network
+    validator = next(n for n in net.nodes if n.role == "validator")
+    posted = net.chain.weights().get(validator.uid)
+    assert posted and all(posted.get(m.uid, 0.0) > 0 for m in net.nodes if m.role == "miner"), posted
+    reference = {line["window"]: line["model_hash"] for line in net.validator_lines()}
+    for name, lines in net.miner_lines().items():
+        compared = [line for line in lines if line["window"] in reference]
+        assert len(compared) >= WINDOWS - 3, f"{name} followed too few windows"
+        assert all(line["model_hash"] == reference[line["window"]] for line in compared), name
