@@ -127,6 +127,30 @@ class Chain(ABC):
         return pick_leader(self.protocol_validators(), self.block() if max_idle_blocks is not None else None,
                            max_idle_blocks)
 
+    def post_weights(self, wallet: Any, scores: dict[int, float], *, pad: bool = True,
+                     version_key: int | None = None):
+        """Post ``scores`` as the chain will accept them (dso.chain.weights.plan_weights: version key,
+        rate limit, minimum count with padding, clip); returns the WeightPlan posted, or raises
+        WeightsRefused (a ChainError whose ``refusal`` says why and from which block a post is allowed)."""
+        from dso.chain.wallets import WalletError, hotkey_address
+        from dso.chain.weights import WeightRefusal, WeightsRefused, plan_weights
+
+        try:
+            hotkey = hotkey_address(wallet)
+        except WalletError as e:
+            raise ChainError("bad_input", str(e)) from None
+        graph = self.metagraph()
+        me = next((n for n in graph if n.hotkey == hotkey), None)
+        if me is None:
+            raise ChainError("not_registered", f"hotkey {hotkey} is not registered")
+        plan = plan_weights(scores, self.weight_rules(), registered=[n.uid for n in graph], own_uid=me.uid,
+                            version_key=self.weights_version if version_key is None else version_key,
+                            last_update=me.last_update, now=self.block(), pad=pad)
+        if isinstance(plan, WeightRefusal):
+            raise WeightsRefused(plan)
+        self.set_weights(wallet, plan.uids, plan.weights, plan.version_key)
+        return plan
+
     def close(self) -> None:
         """Release connections; the default has none."""
 
