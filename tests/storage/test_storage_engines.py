@@ -26,3 +26,20 @@ def test_every_engine_serves_the_localnet_contract(s3):
     assert node.commitment().startswith(f"dso1|{s3.endpoint}|us-east-1|dso-engine-node|")
     node.write_client().put(node.bucket, "k", b"v")
     assert node.read_client().get(node.bucket, "k") == b"v"
+
+
+def test_an_external_engine_hands_out_the_operators_key_sets(s3, tmp_path):
+    from storage.engines import ExternalEngine
+
+    made = s3.provision("ext-node")  # stands for keys an operator made with the provider's tools
+    made.save(tmp_path / "ext-node.json")
+    external = ExternalEngine(s3.endpoint + "/", tmp_path, region=s3.region)
+    got = external.provision("ext-node")
+    assert got == made and external.endpoint == s3.endpoint
+    got.write_client().put(got.bucket, "k", b"v")
+    external.stop()  # not ours: the server still answers
+    assert got.read_client().get(got.bucket, "k") == b"v"
+    with pytest.raises(ValueError, match="no-such-node.json"):
+        external.provision("no-such-node")
+    with pytest.raises(ValueError, match="is for"):
+        ExternalEngine("http://127.0.0.1:1", tmp_path).provision("ext-node")
