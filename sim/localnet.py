@@ -1,4 +1,4 @@
-"""A whole network on one machine: embedded S3, a LocalChain, funded wallets, miner and validator processes.
+"""A whole network on one machine: an S3 engine, a LocalChain, funded wallets, miner and validator processes.
 
 Used by ``scripts/localnet.py`` and the end-to-end tests.  Everything lives in
 one run folder: ``chain.sqlite``, ``wallets/``, ``state/``, ``config.json``
@@ -22,7 +22,7 @@ from dso.chain.local import LocalChain
 from dso.chain.wallets import create_local_wallet, hotkey_address
 from dso.config import HParams
 from dso.data import Dataset
-from storage.server import EmbeddedS3
+from storage.engines import DEFAULT_ENGINE, Engine, start_engine
 
 ROOT = Path(__file__).resolve().parents[1]
 VALIDATOR_STAKES = (1000.0, 400.0, 200.0, 100.0)
@@ -59,12 +59,12 @@ def plan_nodes(miners: int, adversaries: list[tuple[str, int]], validators: int)
 class LocalNet:
     def __init__(self, run_dir: Path, hp: HParams, nodes: list[NodeSpec], *, block_time: float = 1.0,
                  corpus: str = "shakespeare", cache_dir: str = "~/.cache/dso", tempo: int = 10,
-                 s3: EmbeddedS3 | None = None):
-        """``s3``: an S3 server to run against (kept running afterwards), e.g. a store an earlier run used;
-        by default the network starts its own and stops it at the end."""
+                 engine: str = DEFAULT_ENGINE, s3: Engine | None = None):
+        """``engine``: the S3 server the network starts (and stops at the end): moto or SeaweedFS.  ``s3``: an
+        engine to run against instead, left running (e.g. a store an earlier run used, or an external one)."""
         self.run_dir, self.hp, self.nodes = Path(run_dir), hp, nodes
         self.block_time, self.corpus, self.cache_dir, self.tempo = block_time, corpus, cache_dir, tempo
-        self.s3: EmbeddedS3 | None = s3
+        self.engine, self.s3 = engine, s3
         self._own_s3 = s3 is None
         self.chain: LocalChain | None = None
         self._creds: dict = {}
@@ -81,7 +81,7 @@ class LocalNet:
                                  self.hp.val_fraction)
         self.hp.data_hash = ds.data_hash
         if self.s3 is None:
-            self.s3 = EmbeddedS3.start()
+            self.s3 = start_engine(self.engine)
         chain_file = self.run_dir / "chain.sqlite"
         chain_file.unlink(missing_ok=True)
         self.chain = LocalChain.create(chain_file, block_time=self.block_time, tempo=self.tempo,
@@ -93,7 +93,7 @@ class LocalNet:
             if node.stake:
                 self.chain.add_stake(hotkey_address(wallet), node.stake)
         config = {"subtensor": {"network": "localchain", "localchain_path": str(chain_file)},
-                  "storage": {"endpoint": self.s3.endpoint, "region": self.s3.admin.region},
+                  "storage": {"endpoint": self.s3.endpoint, "region": self.s3.region},
                   "data": {"corpus": self.corpus, "cache_dir": self.cache_dir},
                   "neuron": {"state_dir": str(self.run_dir / "state")},
                   "hparams": asdict(self.hp)}

@@ -31,6 +31,7 @@ from dso.data import DataError
 from sim import report as run_report
 from sim.behaviours import BEHAVIOURS
 from sim.localnet import LocalNet, plan_nodes
+from storage.engines import ENGINES, ExternalEngine, engine_problem
 
 DEFAULT_MIX = [("diligent", 1), ("freerider", 1), ("noise", 1), ("copier", 1), ("malformed", 1), ("late", 1)]
 
@@ -70,9 +71,20 @@ def parse(argv: list[str] | None) -> tuple[argparse.Namespace, HParams]:
     p.add_argument("--set", action="append", default=[], metavar="hparams.KEY=VALUE",
                    help="override a run hyper-parameter, e.g. --set hparams.commit_reveal=true")
     p.add_argument("--block-time", type=float, default=1.0, help="seconds per block (default 1)")
+    p.add_argument("--storage.engine", dest="engine", choices=ENGINES, default="moto",
+                   help="S3 server the network starts on loopback: moto (default) or seaweedfs")
+    p.add_argument("--storage.endpoint", dest="endpoint", default="",
+                   help="run against this S3 endpoint instead of starting one; needs --storage.credentials")
+    p.add_argument("--storage.credentials", dest="credentials", default="", metavar="DIR",
+                   help="with --storage.endpoint: one NAME.json of keys per node (docs/deployment.md)")
     args = p.parse_args(argv)
     if args.miners < 0:
         p.error("--miners must be >= 0")
+    if bool(args.endpoint) != bool(args.credentials):
+        p.error("--storage.endpoint and --storage.credentials go together")
+    problem = None if args.endpoint else engine_problem(args.engine)
+    if problem:
+        p.error(problem)
     cfg = Config()
     try:
         for item in args.set:
@@ -115,7 +127,8 @@ def run(argv: list[str] | None = None) -> int:
     mix = args.adversary if args.adversary is not None else DEFAULT_MIX
     nodes = plan_nodes(args.miners, mix, args.validators)
     out = Path(args.report_dir)
-    net = LocalNet(out / "run", hp, nodes, block_time=args.block_time)
+    external = ExternalEngine(args.endpoint, args.credentials) if args.endpoint else None
+    net = LocalNet(out / "run", hp, nodes, block_time=args.block_time, engine=args.engine, s3=external)
     console = Console()
     started = time.time()
     command = "python scripts/localnet.py " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))

@@ -2,10 +2,14 @@
 
 Format (ASCII, at most :data:`MAX_LENGTH` characters, fields separated by ``|``)::
 
-    dso1|<endpoint URL>|<region>|<bucket>|<read key id>|<read secret>
+    dso1|<endpoint URL>|<region>|<bucket>|<read key id>|<read secret>[|<role>]
 
 The leading tag carries the format version so the layout can change later
-without ambiguity.  ``|`` and whitespace cannot occur in any field.  Parsing
+without ambiguity.  The optional seventh field is a role from
+:data:`dso.chain.roles.ROLES` (``validator``: a validator running this
+protocol, which the leader is chosen among); without it, as in every
+commitment written before roles existed, the peer is a miner.  Any other
+seventh field is rejected.  ``|`` and whitespace cannot occur in any field.  Parsing
 another peer's commitment never raises: anything malformed is a
 ``Rejection(BAD_COMMITMENT)`` naming the field.
 """
@@ -16,6 +20,7 @@ import re
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
+from dso.chain.roles import ROLES, with_role
 from dso.rejections import Reason, Rejection
 
 TAG = "dso1"
@@ -37,10 +42,11 @@ class BucketInfo:
     bucket: str
     access_key_id: str
     secret_access_key: str
+    role: str = ""  # "" = miner; else one of dso.chain.roles.ROLES
 
     def __repr__(self) -> str:  # keep secrets out of logs
         return f"BucketInfo(endpoint={self.endpoint!r}, region={self.region!r}, bucket={self.bucket!r}, " \
-               f"access_key_id={self.access_key_id!r}, secret_access_key='***')"
+               f"access_key_id={self.access_key_id!r}, secret_access_key='***', role={self.role!r})"
 
 
 def bucket_name_problem(name: str) -> str | None:
@@ -93,6 +99,8 @@ def _problem(info: BucketInfo) -> str | None:
     for field, problem in checks:
         if problem:
             return f"{field}: {problem}"
+    if info.role and info.role not in ROLES:
+        return f"role: unknown role {info.role[:16]!r} (known: {', '.join(ROLES)})"
     return None
 
 
@@ -103,6 +111,8 @@ def format_commitment(info: BucketInfo) -> str:
         raise ValueError(f"cannot publish this bucket: {problem}")
     text = SEPARATOR.join((TAG, info.endpoint, info.region, info.bucket, info.access_key_id,
                            info.secret_access_key))
+    if info.role:
+        text = with_role(text, info.role)
     if len(text) > MAX_LENGTH:
         raise ValueError(f"commitment is {len(text)} characters, limit {MAX_LENGTH}")
     return text
@@ -122,8 +132,10 @@ def parse_commitment(text: object) -> BucketInfo | Rejection:
     fields = text.split(SEPARATOR)
     if fields[0] != TAG:
         return bad(f"unknown format tag {fields[0][:16]!r} (expected {TAG!r})")
-    if len(fields) != 6:
-        return bad(f"{len(fields)} fields, expected 6")
+    if len(fields) not in (6, 7):
+        return bad(f"{len(fields)} fields, expected 6 (or 7 with a role)")
+    if len(fields) == 7 and fields[6] not in ROLES:
+        return bad(f"role: unknown role {fields[6][:16]!r} (known: {', '.join(ROLES)})")
     info = BucketInfo(*fields[1:])
     problem = _problem(info)
     return bad(problem) if problem else info

@@ -16,11 +16,11 @@ user (``s3:*`` on that bucket only) and a read-only user (``s3:GetObject`` and
 
     python -m storage.server --port 9090 --admin-file ~/.dso/localnet/s3-admin.json
     python -m storage.server provision alice --admin-file ~/.dso/localnet/s3-admin.json
+    python -m storage.server check alice.json      # keys made by any provider (R2, MinIO, ...)
 """
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import os
 import re
@@ -31,116 +31,22 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import boto3
-from botocore.config import Config as BotoConfig
-
 from storage.client import S3Client, StorageError
-from storage.commitment import BucketInfo, format_commitment
+from storage.credentials import (ADMIN_USER, BUCKET_PREFIX, REGION, AdminCredentials,  # noqa: F401 (re-exported)
+                                 PeerCredentials, iam_client, provision_peer)
+from storage.engines import Engine
 
-ADMIN_USER = "dso-admin"
-BUCKET_PREFIX = "dso-"
 DEFAULT_ADMIN_FILE = "~/.dso/localnet/s3-admin.json"
-REGION = "us-east-1"
-_PEER_NAME = re.compile(r"[a-z0-9](?:[a-z0-9-]{0,38}[a-z0-9])?")
 _ALLOWED_SERVICES = {"s3", "iam"}
 
 
-@dataclass(frozen=True)
-class AdminCredentials:
-    endpoint: str
-    region: str
-    access_key_id: str
-    secret_access_key: str
-
-    @classmethod
-    def load(cls, path: str | Path) -> "AdminCredentials":
-        data = json.loads(Path(path).expanduser().read_text())
-        return cls(**{k: str(data[k]) for k in ("endpoint", "region", "access_key_id", "secret_access_key")})
-
-    def save(self, path: str | Path) -> None:
-        path = Path(path).expanduser()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            json.dump(asdict(self), f)
-        os.replace(tmp, path)  # readers never see a half-written file
-
-
-@dataclass(frozen=True)
-class PeerCredentials:
-    name: str
-    endpoint: str
-    region: str
-    bucket: str
-    write_key_id: str
-    write_secret: str
-    read_key_id: str
-    read_secret: str
-
-    def read_info(self) -> BucketInfo:
-        return BucketInfo(self.endpoint, self.region, self.bucket, self.read_key_id, self.read_secret)
-
-    def commitment(self) -> str:
-        return format_commitment(self.read_info())
-
-    def write_client(self, **kw) -> S3Client:
-        return S3Client(self.endpoint, self.region, self.write_key_id, self.write_secret, **kw)
-
-    def read_client(self, **kw) -> S3Client:
-        return S3Client(self.endpoint, self.region, self.read_key_id, self.read_secret, **kw)
-
-    def __repr__(self) -> str:
-        return f"PeerCredentials(name={self.name!r}, endpoint={self.endpoint!r}, bucket={self.bucket!r})"
-
-
-def _policy(actions: list[str], bucket: str) -> str:
-    return json.dumps({"Version": "2012-10-17", "Statement": [{
-        "Effect": "Allow", "Action": actions,
-        "Resource": [f"arn:aws:s3:::{bucket}", f"arn:aws:s3:::{bucket}/*"]}]})
-
-
-@functools.lru_cache(maxsize=8)
-def _iam(endpoint: str, key: str, secret: str):
-    """IAM client (cached: building one loads the service model, ~0.1 s)."""
-    return boto3.session.Session().client(
-        "iam", endpoint_url=endpoint, region_name=REGION, aws_access_key_id=key, aws_secret_access_key=secret,
-        config=BotoConfig(connect_timeout=10, read_timeout=30, retries={"max_attempts": 3, "mode": "standard"}))
-
-
-def _user_with_fresh_key(iam, user: str, policy_name: str, policy: str) -> tuple[str, str]:
-    """Create (or reuse) an IAM user, set its only policy, and issue a fresh key (old keys revoked)."""
-    try:
-        iam.create_user(UserName=user)
-    except iam.exceptions.EntityAlreadyExistsException:
-        for key in iam.list_access_keys(UserName=user)["AccessKeyMetadata"]:
-            iam.delete_access_key(UserName=user, AccessKeyId=key["AccessKeyId"])
-    iam.put_user_policy(UserName=user, PolicyName=policy_name, PolicyDocument=policy)
-    key = iam.create_access_key(UserName=user)["AccessKey"]
-    return key["AccessKeyId"], key["SecretAccessKey"]
-
-
-def provision_peer(admin: AdminCredentials, name: str, create_bucket: bool = True) -> PeerCredentials:
-    """Bucket ``dso-<name>`` + write and read-only users.  Re-provisioning a name revokes its old keys."""
-    if not isinstance(name, str) or not _PEER_NAME.fullmatch(name) or "--" in name:
-        raise ValueError(f"peer name {name!r}: 1-40 characters of a-z, 0-9 and single '-', not at the ends")
-    bucket = BUCKET_PREFIX + name
-    iam = _iam(admin.endpoint, admin.access_key_id, admin.secret_access_key)
-    write = _user_with_fresh_key(iam, f"dso-{name}-write", "bucket-owner", _policy(["s3:*"], bucket))
-    read = _user_with_fresh_key(iam, f"dso-{name}-read", "bucket-reader",
-                                _policy(["s3:GetObject", "s3:ListBucket"], bucket))
-    creds = PeerCredentials(name, admin.endpoint, admin.region, bucket, *write, *read)
-    if create_bucket:
-        creds.write_client().ensure_bucket(bucket)
-    return creds
-
-
 # ------------------------------------------------------------ parent side
-class EmbeddedS3:
-    """Handle on an embedded S3 server process started by :meth:`start`."""
+class EmbeddedS3(Engine):
+    """Handle on an embedded S3 server process started by :meth:`start` (the ``moto`` engine)."""
+
+    name = "moto"
 
     def __init__(self, admin: AdminCredentials, process: subprocess.Popen | None = None,
                  state_dir: str | None = None):
@@ -151,6 +57,10 @@ class EmbeddedS3:
     @property
     def endpoint(self) -> str:
         return self.admin.endpoint
+
+    @property
+    def region(self) -> str:
+        return self.admin.region
 
     @classmethod
     def start(cls, port: int = 0, host: str = "127.0.0.1", timeout: float = 60.0,
@@ -196,12 +106,6 @@ class EmbeddedS3:
                 self._process.wait()
         if self._state_dir:
             shutil.rmtree(self._state_dir, ignore_errors=True)
-
-    def __enter__(self) -> "EmbeddedS3":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
 
 
 # ------------------------------------------------------------- child side
@@ -254,7 +158,7 @@ def serve(host: str, port: int, admin_file: str, verbose: bool = False, parent_p
     threading.Thread(target=server.serve_forever, daemon=True, name="moto-server").start()
     endpoint = f"http://{host}:{server.server_address[1]}"
 
-    iam = _iam(endpoint, bootstrap_key, bootstrap_secret)
+    iam = iam_client(endpoint, bootstrap_key, bootstrap_secret)
     iam.create_user(UserName=ADMIN_USER)
     iam.put_user_policy(UserName=ADMIN_USER, PolicyName="admin", PolicyDocument=json.dumps(
         {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "*", "Resource": "*"}]}))
@@ -288,15 +192,10 @@ def _self_check(endpoint: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if argv and argv[0] == "provision":
-        p = argparse.ArgumentParser(prog="python -m storage.server provision",
-                                    description="Create bucket dso-NAME with a write and a read-only key pair.")
-        p.add_argument("name")
-        p.add_argument("--admin-file", default=DEFAULT_ADMIN_FILE)
-        a = p.parse_args(argv[1:])
-        creds = provision_peer(AdminCredentials.load(a.admin_file), a.name)
-        print(json.dumps({**asdict(creds), "commitment": creds.commitment()}, indent=2))
-        return 0
+    if argv and argv[0] in ("provision", "check"):
+        from storage.provision_cli import main as provision_main
+
+        return provision_main(argv)
     p = argparse.ArgumentParser(prog="python -m storage.server", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--host", default="127.0.0.1", help="bind address (keep it on loopback)")

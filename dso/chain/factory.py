@@ -14,7 +14,10 @@ def open_chain(cfg: Config, *, allow_burned_register: bool = False) -> Chain:
     if cfg.subtensor.network == LOCAL_NETWORK:
         from dso.chain.local import LocalChain
 
-        return LocalChain.open(expand(cfg.subtensor.localchain_path))
+        chain = LocalChain.open(expand(cfg.subtensor.localchain_path))
+        chain.weights_version = cfg.subtensor.weights_version
+        return chain
     from dso.chain.bittensor_chain import BittensorChain
 
-    return BittensorChain(cfg.subtensor.network, cfg.netuid, allow_burned_register=allow_burned_register)
+    return BittensorChain(cfg.subtensor.network, cfg.netuid, allow_burned_register=allow_burned_register,
+                          weights_version=cfg.subtensor.weights_version)

@@ -7,31 +7,30 @@ ledger — so "the state at block x" is a query, and the lazily computed
 consensus of each tempo is the same whoever computes it and whenever.
 
 Every write is signed by the wallet's hotkey and verified twice: on write
-(a process cannot write as another) and on read (a row inserted into the file
-directly, without the hotkey's key, is ignored).  Writers serialise with
+(a process cannot write as another) and on first read of the row (a row
+inserted into the file directly, without the hotkey's key, is ignored;
+:mod:`dso.chain.local_state`).  Writers serialise with
 ``BEGIN IMMEDIATE`` + a busy timeout in WAL mode; SQLite's journal makes each
 write atomic, so a killed writer never leaves a half-written state.
 Rules and their reasons are in docs/chain.md.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import secrets
 import sqlite3
 import threading
 import time
-from collections import OrderedDict
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-import numpy as np
-
 from dso.chain import rules
-from dso.chain.base import Chain, ChainError, ChainUnavailable, Neuron
+from dso.chain.base import Chain, ChainError, ChainUnavailable, Neuron, WeightRules
+from dso.chain.local_epochs import EpochsMixin
 from dso.chain.local_ledger import LedgerMixin
+from dso.chain.local_state import StateMixin
 from dso.chain.local_store import LocalChainParams, check_block, connect, create_file, params_from
 from dso.chain.wallets import WalletError, hotkey_address, is_valid_address, sign, verify
 
@@ -39,7 +38,7 @@ _DOMAIN = b"dso-localchain/v1:"  # signatures made for this chain never verify e
 _KEEP_COMMITMENTS = 4            # history kept per hotkey (only the latest valid one is read)
 
 
-class LocalChain(LedgerMixin, Chain):
+class LocalChain(EpochsMixin, StateMixin, LedgerMixin, Chain):
     """One subnet in a SQLite file.  Create with :meth:`create`, attach with :meth:`open`."""
 
     def __init__(self, path: Path, conn: sqlite3.Connection, params: LocalChainParams, chain_id: str,
@@ -47,7 +46,7 @@ class LocalChain(LedgerMixin, Chain):
         self.path, self.params, self.chain_id = path, params, chain_id
         self._conn, self._clock = conn, clock
         self._lock = threading.RLock()
-        self._verified: OrderedDict[tuple, bool] = OrderedDict()  # signature checks are ~0.1 ms each
+        self._init_state()
 
     # ------------------------------------------------------------ lifecycle
     @classmethod
@@ -112,14 +111,6 @@ class LocalChain(LedgerMixin, Chain):
         body = {"chain": self.chain_id, "op": op, "hotkey": hotkey, "block": block, **fields}
         return _DOMAIN + rules.canonical_json(body)
 
-    def _valid(self, hotkey: str, message: bytes, signature: str) -> bool:
-        key = (hotkey, hashlib.sha256(message).digest(), signature)
-        if key not in self._verified:
-            self._verified[key] = verify(hotkey, message, signature)
-            if len(self._verified) > 20_000:
-                self._verified.popitem(last=False)
-        return self._verified[key]
-
     def _signed(self, wallet: Any, op: str, block: int, **fields: Any) -> tuple[str, str]:
         """(hotkey, signature) for a write; refuses a wallet that cannot sign for its claimed hotkey."""
         try:
@@ -128,7 +119,7 @@ class LocalChain(LedgerMixin, Chain):
             signature = sign(wallet, message)
         except WalletError as e:
             raise ChainError(rules.BAD_SIGNATURE, str(e)) from None
-        if not is_valid_address(hotkey) or not self._valid(hotkey, message, signature):
+        if not is_valid_address(hotkey) or not verify(hotkey, message, signature):
             raise ChainError(rules.BAD_SIGNATURE,
                              f"signature does not match hotkey {hotkey}: no process can write as another")
         return hotkey, signature
@@ -139,126 +130,6 @@ class LocalChain(LedgerMixin, Chain):
             return hotkey_address(wallet)
         except WalletError as e:
             raise ChainError(rules.BAD_INPUT, str(e)) from None
-
-    # ------------------------------------------------------ state at a block
-    def _occupants(self, conn: sqlite3.Connection, upto: int) -> dict[int, tuple[str, int]]:
-        """uid -> (hotkey, registration block) after block ``upto``; forged rows are skipped."""
-        occupant: dict[int, tuple[str, int]] = {}
-        uid_of: dict[str, int] = {}
-        rows = conn.execute("SELECT uid, hotkey, block, signature FROM registrations WHERE block <= ? "
-                            "ORDER BY id", (upto,))
-        for uid, hotkey, block, signature in rows:
-            if not (isinstance(uid, int) and 0 <= uid < self.params.max_uids and isinstance(signature, str)) or \
-                    not self._valid(hotkey, self._message("register", hotkey, block, uid=uid), signature):
-                continue
-            if uid in occupant:
-                uid_of.pop(occupant[uid][0], None)
-            if hotkey in uid_of:  # one uid per hotkey: its latest registration wins
-                occupant.pop(uid_of[hotkey])
-            occupant[uid], uid_of[hotkey] = (hotkey, block), uid
-        return occupant
-
-    @staticmethod
-    def _stakes(conn: sqlite3.Connection, upto: int) -> dict[str, float]:
-        rows = conn.execute("SELECT hotkey, SUM(delta) FROM stake_log WHERE block <= ? GROUP BY hotkey", (upto,))
-        return {hotkey: max(0.0, total) for hotkey, total in rows}
-
-    def _permits(self, occupants: dict[int, tuple[str, int]], stakes: dict[str, float]) -> set[int]:
-        by_uid = {uid: stakes.get(hotkey, 0.0) for uid, (hotkey, _) in occupants.items()}
-        return rules.validator_permits(by_uid, self.params.max_validators, self.params.min_validator_stake)
-
-    def _latest_weights(self, conn, hotkey: str, upto: int, since: int) -> tuple[int, dict[int, float]] | None:
-        rows = conn.execute("SELECT block, uids, weights, signature FROM weights WHERE hotkey = ? AND block <= ? "
-                            "AND block >= ? ORDER BY block DESC, id DESC", (hotkey, upto, since))
-        for block, uids_json, weights_json, signature in rows:
-            try:
-                uids, weights = json.loads(uids_json), json.loads(weights_json)
-                message = self._message("weights", hotkey, block, uids=uids, weights=weights)
-                if self._valid(hotkey, message, signature):
-                    return block, rules.normalise_weights(uids, weights, n_uids=self.params.max_uids)
-            except (ValueError, TypeError, ChainError):
-                continue
-        return None
-
-    def _latest_commitment(self, conn, hotkey: str, upto: int) -> tuple[int, str] | None:
-        rows = conn.execute("SELECT block, data, signature FROM commitments WHERE hotkey = ? AND block <= ? "
-                            "ORDER BY block DESC, id DESC", (hotkey, upto))
-        for block, data, signature in rows:
-            if isinstance(data, str) and self._valid(hotkey, self._message("commit", hotkey, block, data=data),
-                                                     signature):
-                return block, data
-        return None
-
-    @staticmethod
-    def _incentive(conn) -> dict[int, tuple[str, float]]:
-        (text,) = conn.execute("SELECT incentive FROM consensus WHERE id = 1").fetchone()
-        return {int(uid): (hotkey, float(value)) for uid, (hotkey, value) in json.loads(text).items()}
-
-    # ----------------------------------------------------------- consensus
-    def _epoch_incentive(self, conn, upto: int) -> dict[int, tuple[str, float]]:
-        """Consensus over the state after block ``upto``: uid -> (hotkey, incentive)."""
-        occupants = self._occupants(conn, upto)
-        stakes = self._stakes(conn, upto)
-        uids = sorted(occupants)
-        column = {uid: i for i, uid in enumerate(uids)}
-        rows, row_stakes = [], []
-        for v in sorted(self._permits(occupants, stakes)):
-            hotkey, registered = occupants[v]
-            latest = self._latest_weights(conn, hotkey, upto, since=registered)
-            if latest is None:
-                continue
-            set_at, weights = latest
-            row = np.zeros(len(uids))
-            for j, w in weights.items():
-                # no self-weight; a weight set before uid j got its current hotkey does not count
-                if j != v and j in occupants and occupants[j][1] <= set_at:
-                    row[column[j]] = w
-            if row.sum() > 0:
-                rows.append(row / row.sum())
-                row_stakes.append(stakes.get(hotkey, 0.0))
-        W = np.array(rows).reshape(len(rows), len(uids))
-        _, incentive = rules.yuma_consensus(W, row_stakes, self.params.kappa)
-        return {uid: (occupants[uid][0], float(incentive[column[uid]])) for uid in uids}
-
-    def _process_epochs(self, conn) -> None:
-        """Run every consensus due up to now (inside a write transaction; idempotent).
-
-        Epoch k runs at block k*tempo on the state after block k*tempo - 1.  Runs
-        with no registration, stake or weight change in between give the same
-        result, so they are accrued together instead of recomputed.
-        """
-        p = self.params
-        (done,) = conn.execute("SELECT epoch FROM consensus WHERE id = 1").fetchone()
-        due = self.block() // p.tempo
-        if done >= due:
-            return
-        k, incentive = done + 1, {}
-        while k <= due:
-            upto = k * p.tempo - 1
-            incentive = self._epoch_incentive(conn, upto)
-            (next_change,) = conn.execute(
-                "SELECT MIN(b) FROM (SELECT MIN(block) AS b FROM registrations WHERE block > ?1 UNION ALL "
-                "SELECT MIN(block) FROM stake_log WHERE block > ?1 UNION ALL "
-                "SELECT MIN(block) FROM weights WHERE block > ?1)", (upto,)).fetchone()
-            last = due if next_change is None else min(due, next_change // p.tempo)
-            per_epoch = p.emission_per_block * p.tempo
-            conn.executemany(
-                "INSERT INTO emission VALUES (?1, ?2) ON CONFLICT(hotkey) DO UPDATE SET amount = amount + ?2",
-                [(hk, inc * per_epoch * (last - k + 1)) for hk, inc in incentive.values() if inc > 0])
-            k = last + 1
-        conn.execute("UPDATE consensus SET epoch = ?, incentive = ? WHERE id = 1",
-                     (due, json.dumps({str(u): [hk, inc] for u, (hk, inc) in incentive.items()})))
-        # weights superseded before the last run can never be read again
-        cutoff = due * p.tempo - 1
-        conn.execute("DELETE FROM weights WHERE block <= ?1 AND id NOT IN "
-                     "(SELECT MAX(id) FROM weights WHERE block <= ?1 GROUP BY hotkey)", (cutoff,))
-
-    def _ensure_epochs(self) -> None:
-        with self._lock:
-            (done,) = self._conn.execute("SELECT epoch FROM consensus WHERE id = 1").fetchone()
-        if done < self.block() // self.params.tempo:
-            with self._txn(immediate=True):
-                pass
 
     # ----------------------------------------------------------- Chain API
     def block(self) -> int:
@@ -288,14 +159,26 @@ class LocalChain(LedgerMixin, Chain):
             permits = self._permits(occupants, stakes)
             incentive = self._incentive(conn)
             emission = dict(conn.execute("SELECT hotkey, amount FROM emission").fetchall())
+            updated = {uid: self._last_update(conn, hotkey, registered, now)
+                       for uid, (hotkey, registered) in occupants.items()}
         out = []
         for uid in sorted(occupants):
             hotkey = occupants[uid][0]
             inc_hotkey, inc = incentive.get(uid, (None, 0.0))
             out.append(Neuron(uid=uid, hotkey=hotkey, stake=stakes.get(hotkey, 0.0),
                               validator_permit=uid in permits, incentive=inc if inc_hotkey == hotkey else 0.0,
-                              emission=emission.get(hotkey, 0.0)))
+                              emission=emission.get(hotkey, 0.0), last_update=updated[uid]))
         return out
+
+    def _last_update(self, conn, hotkey: str, registered: int, now: int) -> int:
+        """Block of the hotkey's latest valid weight post since it registered (0 = none)."""
+        latest = self._latest_weights(conn, hotkey, now, since=registered)
+        return latest[0] if latest is not None else 0
+
+    def weight_rules(self) -> WeightRules:
+        p = self.params
+        return WeightRules(rate_limit_blocks=p.weights_rate_limit, min_allowed_weights=p.min_allowed_weights,
+                           max_weight_limit=p.max_weight_limit, version_key=p.weights_version)
 
     def register(self, wallet: Any) -> int:
         hotkey = self._hotkey(wallet)
@@ -359,8 +242,15 @@ class LocalChain(LedgerMixin, Chain):
                     out[uid] = latest[1]
             return out
 
-    def set_weights(self, wallet: Any, uids: list[int], weights: list[float]) -> None:
-        normalised = rules.normalise_weights(uids, weights, n_uids=self.params.max_uids)
+    def set_weights(self, wallet: Any, uids: list[int], weights: list[float],
+                    version_key: int | None = None) -> None:
+        """Checks in the real chain's order: registered, permit, version key, rate limit, enough positive
+        weights; then stored as posted (signed) and read back normalised and clipped to max_weight_limit."""
+        p = self.params
+        normalised = rules.normalise_weights(uids, weights, n_uids=p.max_uids)
+        version = self.weights_version if version_key is None else version_key
+        if not rules.is_int(version) or version < 0:
+            raise ChainError(rules.BAD_INPUT, f"version_key must be an integer >= 0, got {version!r}")
         hotkey = self._hotkey(wallet)
         with self._txn(immediate=True) as conn:
             now = self.block()
@@ -368,8 +258,20 @@ class LocalChain(LedgerMixin, Chain):
             stakes = self._stakes(conn, now)
             if uid not in self._permits(occupants, stakes):
                 raise ChainError(rules.NO_PERMIT, f"uid {uid} has no validator permit: stake "
-                                 f"{stakes.get(hotkey, 0.0):g}, needs >= {self.params.min_validator_stake:g} "
-                                 f"and a top-{self.params.max_validators} stake")
+                                 f"{stakes.get(hotkey, 0.0):g}, needs >= {p.min_validator_stake:g} "
+                                 f"and a top-{p.max_validators} stake")
+            if version < p.weights_version:
+                raise ChainError(rules.OUTDATED_VERSION, f"version key {version} is below the subnet's weights "
+                                 f"version {p.weights_version}: upgrade, or set --subtensor.weights_version")
+            last = self._last_update(conn, hotkey, occupants[uid][1], now)
+            if last and now - last < p.weights_rate_limit:
+                raise ChainError(rules.RATE_LIMITED, f"weights were set at block {last}; one post per "
+                                 f"{p.weights_rate_limit} blocks, next allowed at block {last + p.weights_rate_limit}")
+            needed = rules.required_weights(p.min_allowed_weights, len(occupants))
+            positive = sum(1 for w in normalised.values() if w > 0)
+            if positive < needed and not rules.is_self_weight(normalised, uid):
+                raise ChainError(rules.TOO_FEW_WEIGHTS, f"{positive} positive weights; the subnet needs at least "
+                                 f"{needed} (min_allowed_weights {p.min_allowed_weights}, {len(occupants)} uids)")
             unknown = sorted(u for u in normalised if u not in occupants)
             if unknown:
                 raise ChainError(rules.BAD_WEIGHTS, f"uids {unknown} are not registered")

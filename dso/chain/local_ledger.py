@@ -58,8 +58,8 @@ class LedgerMixin:
                 return f"seq {seq}: content does not match its hash"
         except (ValueError, TypeError):
             return f"seq {seq}: record is not valid JSON"
-        message = self._message("ledger", hotkey, block, seq=seq, prev_hash=prev, hash=digest)
-        if not self._valid(hotkey, message, signature):
+        if not self._row_valid(("ledger", seq, block, hotkey, prev, digest, signature), hotkey, signature,
+                               lambda: self._message("ledger", hotkey, block, seq=seq, prev_hash=prev, hash=digest)):
             return f"seq {seq}: signature is not {hotkey}'s"
         return None
 

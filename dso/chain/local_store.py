@@ -54,7 +54,9 @@ class LocalChainParams:
     block_time: float = 1.0            # seconds per block
     max_uids: int = 256
     tempo: int = 10                    # blocks between consensus runs
-    immunity_blocks: int = 100         # a new neuron cannot be evicted for this long
+    # a new neuron cannot be evicted for this long: the real chain's default, and far more than a new
+    # honest miner needs to earn incentive (~20 windows of 12 blocks + a tempo; docs/chain.md)
+    immunity_blocks: int = 4096
     commit_max_bytes: int = rules.REAL_CHAIN_COMMIT_BYTES
     commit_interval_blocks: int = 10   # at most one (changed) commitment per hotkey per interval
     max_validators: int = 64           # permits go to the largest stakes ...
@@ -62,6 +64,12 @@ class LocalChainParams:
     emission_per_block: float = 1.0    # accrued to uids by incentive, every tempo
     kappa: float = 0.5                 # consensus needs MORE than this share of stake
     ledger_max_bytes: int = 262_144    # canonical JSON size of one ledger record
+    # --- the real chain's weight and stake rules (docs/chain.md: the real chain's values and why these defaults)
+    weights_rate_limit: int = 0        # blocks between two weight posts of a hotkey (subtensor: 100)
+    min_allowed_weights: int = 0       # positive weights a post needs, capped at the subnet size
+    max_weight_limit: float = 1.0      # largest share one uid may get; rows are clipped to it
+    weights_version: int = 0           # posts with a lower version key are refused
+    emission_to_stake: float = 0.0     # share of each tempo's emission staked on the earner's hotkey (subtensor: 1)
 
     def validate(self) -> "LocalChainParams":
         for f in dataclasses.fields(self):
@@ -78,6 +86,11 @@ class LocalChainParams:
         for name in ("immunity_blocks", "commit_interval_blocks", "min_validator_stake", "emission_per_block"):
             if not getattr(self, name) >= 0:
                 raise ChainError(rules.BAD_INPUT, f"{name} must be >= 0, got {getattr(self, name)!r}")
+        for name in ("weights_rate_limit", "min_allowed_weights", "weights_version", "emission_to_stake"):
+            if not getattr(self, name) >= 0:
+                raise ChainError(rules.BAD_INPUT, f"{name} must be >= 0, got {getattr(self, name)!r}")
+        if not 0 < self.max_weight_limit <= 1:
+            raise ChainError(rules.BAD_INPUT, f"max_weight_limit must be in (0, 1], got {self.max_weight_limit}")
         if not 0 < self.kappa < 1:
             raise ChainError(rules.BAD_INPUT, f"kappa must be in (0, 1), got {self.kappa}")
         return self

@@ -29,6 +29,8 @@ SUBNET_FULL = "subnet_full"        # every uid is taken and still immune
 FUTURE_BLOCK = "future_block"      # randomness of a block not produced yet
 BAD_RECORD = "bad_record"          # ledger record not a JSON object
 UNSUPPORTED = "unsupported"        # the backend has no such feature
+OUTDATED_VERSION = "outdated_version"  # weights posted with a version key below the subnet's
+TOO_FEW_WEIGHTS = "too_few_weights"    # fewer positive weights than min_allowed_weights
 
 # Subtensor's Commitments pallet holds at most 3 ``Raw`` fields of at most 128 bytes each.
 RAW_FIELD_BYTES = 128
@@ -111,6 +113,44 @@ def normalise_weights(uids: Any, weights: Any, *, n_uids: int | None = None) -> 
     scaled = [float(w) / top for w in weights]  # scale by the max first: the sum cannot overflow
     total = math.fsum(scaled)
     return {int(u): w / total for u, w in zip(uids, scaled)}
+
+
+def clip_max_weight(weights: dict[int, float], limit: float) -> dict[int, float]:
+    """Normalised weights with no share above ``limit``, mass moved to the others (water-filling).
+
+    Everything above a cutoff t is cut to t, the rest kept, and the row rescaled
+    so that the cut entries land exactly on ``limit``: t = limit * R_k / (1 - k * limit)
+    for the k largest cut and R_k the sum of the others.  A limit no row of this
+    many positive entries can meet (n * limit <= 1) gives them equal shares.
+    """
+    total = math.fsum(weights.values())
+    if total <= 0:
+        raise ChainError(BAD_WEIGHTS, "all weights are zero")
+    share = {u: w / total for u, w in weights.items()}
+    positive = sorted((w for w in share.values() if w > 0), reverse=True)
+    if not positive or positive[0] <= limit:
+        return share
+    if len(positive) * limit <= 1:
+        return {u: (1.0 / len(positive) if w > 0 else 0.0) for u, w in share.items()}
+    cutoff = positive[0]
+    for k in range(1, len(positive) + 1):  # k = how many of the largest are cut
+        rest = math.fsum(positive[k:])  # summed afresh: subtracting from the total cancels catastrophically
+        cutoff = limit * rest / (1 - k * limit)
+        if k == len(positive) or positive[k] <= cutoff:
+            break
+    clipped = {u: min(w, cutoff) for u, w in share.items()}
+    scale = math.fsum(clipped.values())
+    return {u: w / scale for u, w in clipped.items()}
+
+
+def required_weights(min_allowed_weights: int, registered: int) -> int:
+    """How many positive weights a post needs: the subnet minimum, capped at the number of uids."""
+    return max(0, min(min_allowed_weights, registered))
+
+
+def is_self_weight(weights: dict[int, float], own_uid: int | None) -> bool:
+    """A lone weight on the poster's own uid: exempt from the minimum and the clip, as on the real chain."""
+    return own_uid is not None and [u for u, w in weights.items() if w > 0] == [own_uid]
 
 
 # ---------------------------------------------------------------- permits

@@ -36,6 +36,10 @@ class FakeSubstrate:
         self.weight_rows: dict[int, list[tuple[int, int]]] = {}
         self.submitted: list[tuple[Any, str]] = []
         self.subnet_exists = True
+        self.hyper: dict[str, Any] = {}          # SubtensorModule item name -> value for this netuid
+        self.last_update: dict[str, int] = {}    # hotkey -> block of its last weight post
+        self.blocks_decoded = 0                  # get_block calls (a whole block fetched and decoded)
+        self.keeps_hashes = 4096                 # System.BlockHash holds this many recent blocks
 
     # -------------------------------------------------------------- set-up
     def add_neuron(self, hotkey: str, *, stake_tao: float = 0.0, incentive: float = 0.0,
@@ -59,6 +63,7 @@ class FakeSubstrate:
                 "owner_coldkey": hk[0] if hk else "", "network_registered_at": 1,
                 "validator_permit": [self.stake_rao[h] > 0 for h in hk],
                 "incentives": [self.incentive_u16[h] for h in hk],
+                "last_update": [self.last_update.get(h, 0) for h in hk],
                 "emission": [self.emission_rao[h] for h in hk],
                 "total_stake": [self.stake_rao[h] for h in hk]}
 
@@ -83,6 +88,7 @@ class FakeSubstrate:
 
     async def get_block(self, block_number=None, block_hash=None) -> Optional[dict]:
         number = self.head if block_number is None else block_number
+        self.blocks_decoded += 1
         if number > self.head:
             return None
         return {"header": {"number": number, "hash": await self.block_hash(number)}, "extrinsics": []}
@@ -97,7 +103,12 @@ class FakeSubstrate:
             return self.genesis_ms + int(self.block_time_s * 1000) * self._block_of(block_hash)
         if (module, name) == ("Commitments", "CommitmentOf"):
             return self.commitment_of.get(params[1])
-        return None  # every other item (hyperparameters read by SetWeights' preflight): unset
+        if (module, name) == ("System", "BlockHash"):
+            kept = 0 <= self.head - params[0] < self.keeps_hashes or params[0] == 0
+            return await self.block_hash(params[0]) if kept else "0x" + "00" * 32
+        if module == "SubtensorModule" and params == [self.netuid] and name in self.hyper:
+            return self.hyper[name]
+        return None  # every other item (the rest of SetWeights' preflight): unset
 
     async def query_map(self, module: str, name: str, params=None, block_hash=None) -> list:
         if (module, name) == ("Commitments", "CommitmentOf"):
@@ -130,4 +141,5 @@ class FakeSubstrate:
             self.commitment_of[hotkey] = {"block": self.head, "deposit": 0, "info": {"fields": fields}}
         elif (call.module, call.function) == ("SubtensorModule", "set_mechanism_weights"):
             self.weight_rows[self.hotkeys.index(hotkey)] = list(zip(call.params["dests"], call.params["weights"]))
+            self.last_update[hotkey] = self.head
         return ExtrinsicResult(success=True, message="included")

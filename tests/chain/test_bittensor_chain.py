@@ -6,10 +6,11 @@ import pytest
 from chain_helpers import hk
 from fake_substrate import FakeSubstrate
 
-from dso.chain.base import ChainError, ChainUnavailable
+from dso.chain.base import ChainError, ChainUnavailable, WeightRules
 from dso.chain.bittensor_chain import BittensorChain
 from dso.chain.factory import open_chain
 from dso.chain.local import LocalChain
+from dso.chain.roles import VALIDATOR, with_role
 from dso.chain.wallets import dev_wallet
 from dso.config import Config
 
@@ -138,3 +139,52 @@ def test_factory_picks_the_backend_from_the_config(tmp_path):
     with pytest.raises(ChainError) as e:
         open_chain(cfg)
     assert e.value.reason == "bad_input"
+
+
+# ------------------------------------------------------------------ issue 16: the real chain's rules
+def test_weight_rules_read_the_subnet_hyperparameters(fake):
+    assert on(fake).weight_rules() == WeightRules()  # nothing set: no limits, full max weight
+    fake.hyper = {"WeightsSetRateLimit": 100, "MinAllowedWeights": 8, "MaxWeightsLimit": 32767,
+                  "WeightsVersionKey": 2012, "CommitRevealWeightsEnabled": True, "RevealPeriodEpochs": 1}
+    got = on(fake).weight_rules()
+    assert (got.rate_limit_blocks, got.min_allowed_weights, got.version_key) == (100, 8, 2012)
+    assert got.max_weight_limit == pytest.approx(0.5, abs=1e-4) and got.commit_reveal and got.reveal_period_epochs == 1
+
+
+def test_set_weights_posts_the_configured_version_key(fake, tmp_path):
+    fake.add_neuron(hk(A), stake_tao=5.0)
+    fake.add_neuron(hk(B))
+    chain = BittensorChain("test", 5, client=bt.SyncClient("test", substrate=fake), weights_version=2012)
+    chain.set_weights(A, [1], [1.0])
+    assert fake.submitted[-1][0].params["version_key"] == 2012
+    chain.set_weights(A, [1], [1.0], version_key=7)
+    assert fake.submitted[-1][0].params["version_key"] == 7
+    assert chain.metagraph()[0].last_update == 2000  # the post is the neuron's last update
+    cfg = Config()
+    cfg.subtensor.network, cfg.netuid, cfg.subtensor.weights_version = "finney", 9, 31
+    assert open_chain(cfg).weights_version == 31  # from --subtensor.weights_version
+
+
+def test_randomness_reads_only_the_block_hash(fake):
+    chain = on(fake)
+    assert chain.randomness(1990) == (1990).to_bytes(32, "big")[::-1]
+    assert fake.blocks_decoded == 0  # one storage read, no block fetched and decoded
+    fake.keeps_hashes = 5  # an old block: the hash map no longer holds it, the block header does
+    assert chain.randomness(1990) == (1990).to_bytes(32, "big")[::-1] and fake.blocks_decoded == 1
+
+
+def test_protocol_validators_are_the_tagged_permit_holders(fake):
+    fake.add_neuron(hk(A), stake_tao=10.0)  # runs the protocol
+    fake.add_neuron(hk(B), stake_tao=50.0)  # a third-party validator: more stake, no tag
+    fake.add_neuron(hk(C))                  # a miner
+    chain = on(fake)
+    base = "dso1|https://s3.example.com|auto|dso-x|KEY|secret"
+    fake.commitment_of = {hk(A): _raw(with_role(base, VALIDATOR)), hk(B): _raw(base), hk(C): _raw(base)}
+    assert [n.uid for n in chain.protocol_validators()] == [0]
+    assert chain.leading_validator().uid == 1 and chain.leading_protocol_validator().uid == 0
+
+
+def _raw(text: str) -> dict:
+    raw = text.encode()
+    return {"block": 1990, "deposit": 0, "info": {"fields": [{f"Raw{len(raw[i:i + 128])}": "0x" + raw[i:i + 128].hex()}
+                                                               for i in range(0, len(raw), 128)]}}

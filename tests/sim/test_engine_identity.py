@@ -75,6 +75,7 @@ def validator_and_sim(tmp_path_factory, stdlib_corpus):
             line = validator.process(t)
             record = sim.conclude(t, payloads, rejections)
             pairs.append((line, record, model_hash(sim.model)))
+        assert validator.writer.wait(30)  # weights are posted off the window loop
         posted = chain.weights().get(0)
         yield pairs, posted
 

