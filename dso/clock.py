@@ -55,6 +55,11 @@ class Clock:
     def window_start(self, window: int) -> float:
         return self.chain.block_timestamp(self.first_block(window))
 
+    def window_seconds(self) -> float:
+        """How long the latest complete window lasted (chain time)."""
+        w = max(1, self.current_window())
+        return self.window_start(w) - self.window_start(w - 1)
+
     def put_window(self, window: int) -> PutWindow:
         opens = self.window_start(window + 1)
         return PutWindow(window, opens, opens + self.put_window_seconds)

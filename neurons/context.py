@@ -225,9 +225,9 @@ def _open_chain(cfg: Config) -> Chain:
 
 
 def leader_idle_blocks(cfg: Config) -> int:
-    """A validator that posted no weights for this many blocks no longer leads: four posting intervals
-    (``windows_per_weights`` windows; it posts a heartbeat when nobody has earned weight yet)."""
-    return 4 * cfg.hparams.windows_per_weights * cfg.hparams.blocks_per_window + cfg.hparams.blocks_per_window
+    """A validator that posted no weights for this many blocks no longer leads: two posting intervals
+    (``windows_per_weights`` windows; it posts a heartbeat when nobody has earned weight yet) and a window."""
+    return (2 * cfg.hparams.windows_per_weights + 1) * cfg.hparams.blocks_per_window
 
 
 def _own_bucket(cfg: Config, chain: Chain, wallet: Any, hotkey: str, uid: int, role: str) -> OwnBucket:

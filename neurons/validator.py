@@ -11,9 +11,11 @@ copies, fast checks, primary evaluation, OpenSkill, μ, weights, contributions,
 provenance record) → publish the window's bundle (at once), the top-G list for
 window t+2, the record and (every N windows) a checkpoint → post weights.  A
 validator that does not lead applies the leader's bundle, so it holds the
-network's θ.  State is saved after every window; a restart continues exactly
-where it stopped.  Nothing a peer sends can stop it: every bad input is a
-logged rejection.  ``--help`` lists every flag.
+network's θ, and republishes it with its checkpoints: when the leader stops,
+the next validator by stake already holds every bundle miners need.  State is
+saved after every window; a restart continues exactly where it stopped.
+Nothing a peer sends can stop it: every bad input is a logged rejection.
+``--help`` lists every flag.
 """
 from __future__ import annotations
 
@@ -52,6 +54,8 @@ from storage.wire import Expect, Payload
 
 log = logging.getLogger("dso.validator")
 BUNDLE_WAIT_SECONDS = 6.0  # a validator that does not lead waits this long past its own gather for the bundle
+SENIOR_WAIT_WINDOWS = 3    # at first start, how long to wait for a validator with more stake to start the run
+CAUGHT_UP_WINDOWS = 2      # a validator further behind the chain than this posts no weights (it does not lead)
 
 
 class Validator:
@@ -78,6 +82,8 @@ class Validator:
         # chain writes that wait for finality run on their own thread, with their own connection
         self.writer_chain = open_chain(ctx.cfg)
         self.writer = ChainWriter(log_path=ctx.state_dir / "chain_writes.jsonl", on_result=self.on_chain_write)
+        mine = ctx.chain.weights().get(ctx.uid, {})
+        self.last_row: dict[int, float] = {u: w for u, w in mine.items() if u != ctx.uid and w > 0}
 
     # ----------------------------------------------------------------- loop
     def leading(self) -> bool:
@@ -85,7 +91,6 @@ class Validator:
 
     def run(self) -> int:
         ctx = self.ctx
-        self.heartbeat()  # a validator that has not posted lately does not lead (neurons/context.py)
         if self.fresh and not self.genesis():
             return 0
         done = 0
@@ -108,19 +113,26 @@ class Validator:
         return 0
 
     def genesis(self) -> bool:
-        """First start.  Leading: a new run — θ_w = θ_0 for the current window w, a fresh run id, and what
-        joining nodes need.  Otherwise: join the leader's run at its latest checkpoint.  False if stopped."""
+        """First start: join the run a live protocol validator leads, at its latest checkpoint.  With none,
+        and no validator with more stake about to start one, begin a new run: θ_0 at the current window and a
+        fresh run id.  False if stopped while waiting."""
         ctx = self.ctx
-        if self.leading():
-            t = self.book.model_window
-            ctx.run = secrets.token_hex(8)
-            ctx.publish_manifest(t)
-            save_checkpoint(ctx.own.client, ctx.own.bucket, ctx.model, t, ctx.hp, ctx.run)
-        else:
-            while not ctx.join_run() or (t := sync_to(ctx, -1, ctx.clock.current_window())) < 0:
-                log.info("waiting for the leading validator's run and first checkpoint")
-                if not ctx.stop.sleep(1.0):
-                    return False
+        give_up = time.time() + SENIOR_WAIT_WINDOWS * ctx.clock.window_seconds()
+        while True:
+            if ctx.join_run():
+                t = sync_to(ctx, -1, ctx.clock.current_window())
+                if t >= 0:
+                    break
+            elif not self.senior_expected() or time.time() > give_up:
+                t = ctx.clock.current_window()
+                ctx.run = secrets.token_hex(8)
+                save_checkpoint(ctx.own.client, ctx.own.bucket, ctx.model, t, ctx.hp, ctx.run)
+                self.heartbeat()  # live on chain at once: joining nodes look for the live leader
+                break
+            log.info("waiting for the leading validator's run and first checkpoint")
+            if not ctx.stop.sleep(1.0):
+                return False
+        ctx.publish_manifest(t)
         self.book = validator_state.Bookkeeping(t, genesis_lists(t, list(ctx.peers.miners()), ctx.hp.topg),
                                                 run=ctx.run)
         if self.leading():
@@ -129,6 +141,15 @@ class Validator:
         self.save()
         log.info("genesis of run %s at window %d with %d peers", ctx.run, t, len(self.book.lists[t]))
         return True
+
+    def senior_expected(self) -> bool:
+        """A protocol validator with more stake than ours is registered: it will start (or lead) the run."""
+        mine = next((n.stake for n in self.ctx.chain.metagraph() if n.uid == self.ctx.uid), 0.0)
+        return any(n.stake > mine for n in self.ctx.chain.protocol_validators() if n.uid != self.ctx.uid)
+
+    def caught_up(self, t: int) -> bool:
+        """Whether window t is recent: a validator replaying a backlog must not post (and so lead) yet."""
+        return t >= self.ctx.clock.current_window() - CAUGHT_UP_WINDOWS
 
     # -------------------------------------------------------------- window
     def gather(self, t: int, peers: list[int]) -> GatherResult:
@@ -142,14 +163,21 @@ class Validator:
 
     def leader_bundle(self, t: int) -> dict[int, Payload] | None:
         """What a validator that does not lead aggregates: the leader's bundle (None when leading, or when
-        the leader published none in time — then our own list; docs/protocol.md)."""
+        the leader published none in time — then our own list; docs/protocol.md).  A bundle that does not
+        start from our θ_t means we went our own way (e.g. in a window the old leader died in): we reload
+        the leader's checkpoint and bundles up to t first."""
         if self.leading():
             return None
         got = self.follower.bundle(t, time.time() + BUNDLE_WAIT_SECONDS)
-        if isinstance(got, Bundle):
-            return {u: got.payloads[u] for u in got.uids}
-        log.warning("window %d: no bundle from the leader (%s); aggregating our own list", t, got)
-        return None
+        if not isinstance(got, Bundle):
+            log.warning("window %d: no bundle from the leader (%s); aggregating our own list", t, got)
+            return None
+        if got.model_hash_before != model_hash(self.ctx.model):
+            log.warning("window %d: the leader's bundle starts from another model; re-synchronising", t)
+            if sync_to(self.ctx, -1, t) != t:
+                log.warning("window %d: could not reach the leader's model; aggregating our own list", t)
+                return None
+        return {u: got.payloads[u] for u in got.uids}
 
     def process(self, t: int) -> dict[str, Any]:
         ctx, started = self.ctx, time.time()
@@ -194,9 +222,8 @@ class Validator:
 
     # ------------------------------------------------------------- publish
     def publish_aggregate(self, agg: Aggregation) -> None:
-        """The leader publishes the window's bundle as soon as it exists: every other node waits for it."""
-        if not self.leading():
-            return
+        """The window's bundle, as soon as it exists: every other node waits for the leader's.  Validators
+        that follow publish theirs (the leader's, re-encoded: the same bytes) so they can take over."""
         ctx, hp = self.ctx, self.ctx.hp
         data = encode_bundle(ctx.codec, agg.window, agg.used, agg.payloads, agg.hash_before, agg.hash_after,
                              hp.protocol_version, hp.digest())
@@ -204,11 +231,15 @@ class Validator:
 
     def publish_window(self, t: int, outcome: WindowOutcome, announce: int) -> None:
         ctx, hp, v = self.ctx, self.ctx.hp, self.ctx.hp.protocol_version
-        if t % hp.windows_per_weights == 0:
-            self.post_weights(t, outcome.report.weights)
-        if not self.leading():  # miners follow the leader's objects only
-            return
         client, bucket = ctx.own.client, ctx.own.bucket
+        if t % hp.windows_per_weights == 0 and self.caught_up(t):
+            self.post_weights(t, outcome.report.weights)
+        if (t + 1) % hp.checkpoint_every == 0:
+            save_checkpoint(client, bucket, ctx.model, t + 1, hp, ctx.run)
+        if t % 10 == 0:
+            cleanup(client, bucket, t, ctx.cfg.storage.retention_windows, ctx.run)
+        if not self.leading():  # the list and the provenance record are the leader's
+            return
         put_peers(client, bucket, PeersList(announce, v, outcome.report.top_g), ctx.run)
         put_json(client, bucket, keys.ledger(t, v, ctx.run), outcome.record)
         try:
@@ -216,28 +247,27 @@ class Validator:
         except ChainError as e:
             if e.reason != "unsupported":
                 log.warning("window %d: ledger record not on chain: %s", t, e)
-        if (t + 1) % hp.checkpoint_every == 0:
-            save_checkpoint(client, bucket, ctx.model, t + 1, hp, ctx.run)
-        if t % 10 == 0:
-            cleanup(client, bucket, t, ctx.cfg.storage.retention_windows, ctx.run)
 
     def post_weights(self, t: int, weights: dict[int, float]) -> None:
         """Post the window's weights off the window loop (a real chain waits for finality), as the chain's
-        rules accept them (version key, rate limit, minimum count, clipping: dso/chain/weights.py).  Before
-        anyone has earned weight, a self-weight keeps us visibly alive."""
+        rules accept them (version key, rate limit, minimum count, clipping: dso/chain/weights.py).  A window
+        where nobody has a positive score posts a heartbeat instead (we stay visibly alive: the leader is a
+        validator that posted lately)."""
         scores = {u: w for u, w in weights.items() if w > 0}
         if not scores:
-            log.info("window %d: no peer has a positive score yet; posting a heartbeat", t)
+            log.info("window %d: no peer has a positive score; posting a heartbeat", t)
             self.heartbeat()
             return
-        ctx = self.ctx
-        self.writer.submit("set_weights", lambda: self.writer_chain.post_weights(ctx.wallet, scores),
-                           key="set_weights")
+        self.last_row = scores
+        self.submit_weights(scores)
 
     def heartbeat(self) -> None:
-        ctx = self.ctx
-        self.writer.submit("set_weights", lambda: self.writer_chain.post_weights(ctx.wallet, {ctx.uid: 1.0}),
-                           key="set_weights")
+        """Our last real row again (a self-weight before there is one): alive, and no weight moves."""
+        self.submit_weights(self.last_row or {self.ctx.uid: 1.0})
+
+    def submit_weights(self, row: dict[int, float]) -> None:
+        wallet = self.ctx.wallet
+        self.writer.submit("set_weights", lambda: self.writer_chain.post_weights(wallet, row), key="set_weights")
 
     def on_chain_write(self, result: WriteResult) -> None:
         if not result.ok:
