@@ -23,6 +23,7 @@ from dso.commit import NONCE_BYTES, commitment_hash, is_commitment, judge_reveal
 from dso.rejections import Reason, Rejection
 from storage import keys
 from storage.client import S3Client, StorageError
+from storage.peer_client import PeerClient
 from storage.gather import GatherResult, ReaderCache, check_time, gather
 from storage.jsonobj import encode_json, parse_json_object, rejection_for
 from storage.wire import Expect, Payload, decode_payload, payload_size_cap
@@ -152,7 +153,7 @@ def _fetch_revealed(client, bucket, key, codec, expect, reveal, deadline, put, c
 
     cap = payload_size_cap(codec, expect.sync_samples)
     try:
-        head = client.head(bucket, key)
+        head = client.head(bucket, key, deadline=deadline)
     except StorageError as e:
         if e.kind != "missing":
             raise
