@@ -1,23 +1,26 @@
 """Issue 18 findings 1 and 2: stalled and slow-drip endpoints must not starve honest peers, and every
 thread and socket of a gather is released when it returns.  Impostors run in a child process
-(hostile_server.py) so the sockets counted here are the reader's own."""
+(scripts/benchmarks/hostile_server.py) so the sockets counted here are the reader's own."""
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
-import hostile_server
-from dso.rejections import Reason
-from st_craft import honest
-from storage import keys
-from storage.commitment import BucketInfo
-from storage.gather import ReaderCache, gather
-from storage.peer_client import PeerClient
-from storage.schedule import ordered, peer_share
-from storage.wire import Expect
+sys.path.append(str(Path(__file__).resolve().parents[2] / "scripts" / "benchmarks"))
+import hostile_server  # noqa: E402
+from dso.rejections import Reason  # noqa: E402
+from st_craft import honest  # noqa: E402
+from storage import keys  # noqa: E402
+from storage.commitment import BucketInfo  # noqa: E402
+from storage.gather import ReaderCache, gather  # noqa: E402
+from storage.peer_client import PeerClient  # noqa: E402
+from storage.schedule import ordered, peer_share  # noqa: E402
+from storage.wire import Expect  # noqa: E402
 
 WINDOW = 9
 N_HONEST = 8
