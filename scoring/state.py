@@ -90,6 +90,12 @@ class ValidatorState:
             self.peers[uid] = PeerState()
         return self.peers[uid]
 
+    def standing(self) -> list[int]:
+        """Known peers by last-window standing, best first: last weight, then μ, then uid.  The order a
+        validator gathers them in (``gather(..., priority=state.standing())``): peers that were honest
+        last window are fetched before unknown or failing ones, so impostors cannot delay them."""
+        return sorted(self.peers, key=lambda uid: (-self.weights.get(uid, 0.0), -self.peers[uid].mu, uid))
+
     def rng(self, window: int, purpose: int) -> np.random.Generator:
         """The validator's private randomness for one purpose of one window (restart-proof)."""
         key = bytes.fromhex(self.secret)

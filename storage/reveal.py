@@ -23,7 +23,6 @@ from dso.commit import NONCE_BYTES, commitment_hash, is_commitment, judge_reveal
 from dso.rejections import Reason, Rejection
 from storage import keys
 from storage.client import S3Client, StorageError
-from storage.peer_client import PeerClient
 from storage.gather import GatherResult, ReaderCache, check_time, gather
 from storage.jsonobj import encode_json, parse_json_object, rejection_for
 from storage.wire import Expect, Payload, decode_payload, payload_size_cap
@@ -200,10 +199,12 @@ def _fetch_revealed(client, bucket, key, codec, expect, reveal, deadline, put, c
 
 
 def gather_window(window: int, peers: dict, codec, expect: Expect, put: PutWindow, deadline_seconds: float, *,
-                  commit_reveal: bool, readers: ReaderCache | None = None) -> GatherResult:
+                  commit_reveal: bool, readers: ReaderCache | None = None,
+                  priority: list[int] | None = None) -> GatherResult:
     """Gather window ``window``'s updates the way the run's settings say: plain (payload in the put window)
-    or commit-reveal (commitment in the put window, payload + nonce in the reveal window that follows)."""
+    or commit-reveal (commitment in the put window, payload + nonce in the reveal window that follows).
+    ``priority``: uids to start first (see :func:`storage.gather.gather`)."""
     if not commit_reveal:
-        return gather(window, peers, codec, expect, put, deadline_seconds, readers=readers)
+        return gather(window, peers, codec, expect, put, deadline_seconds, readers=readers, priority=priority)
     return gather(window, peers, codec, expect, reveal_window_after(put), deadline_seconds, readers=readers,
-                  fetch=partial(fetch_revealed, put=put))
+                  fetch=partial(fetch_revealed, put=put), priority=priority)

@@ -136,3 +136,11 @@ def test_private_randomness_depends_on_secret_window_and_purpose_only(tmp_path):
     draws = {state.rng(7, 1).integers(1 << 62), state.rng(8, 1).integers(1 << 62),
              state.rng(7, 2).integers(1 << 62), ValidatorState.new(secret="10" * 16).rng(7, 1).integers(1 << 62)}
     assert len(draws) == 4
+
+
+def test_standing_orders_peers_by_last_weight_then_mu_then_uid():
+    state = ValidatorState.new(secret="0f" * 16)
+    for uid, mu in ((1, 0.2), (2, 0.5), (3, -0.3), (4, 0.5), (5, 0.0)):
+        state.peers[uid] = PeerState(mu=mu)
+    state.weights = {3: 0.6, 1: 0.4}
+    assert state.standing() == [3, 1, 2, 4, 5]

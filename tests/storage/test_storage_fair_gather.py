@@ -127,3 +127,24 @@ def test_peer_share_splits_what_is_left_fairly():
 def test_ordered_puts_priority_first_then_uids():
     assert ordered({5: 0, 1: 0, 9: 0, 3: 0}, [9, 7, 3, 9]) == [9, 3, 1, 5]
     assert ordered([4, 2, 0], None) == [0, 2, 4]
+
+
+def test_peer_client_reads_what_botocore_reads(s3):
+    """HEAD, GET and a paginated LIST through PeerClient agree with the botocore client on moto."""
+    creds = s3.provision("pclist")
+    writer = creds.write_client()
+    for i in range(3):
+        writer.put(creds.bucket, f"ledger/{i}-v1.json", b"x" * (i + 1))
+    writer.put(creds.bucket, "other/key with space", b"y")
+    peer = ReaderCache(allow_loopback=True).get(creds.read_info())
+    ours = [(o.key, o.size, int(o.last_modified)) for o in peer.list(creds.bucket, "ledger/")]
+    theirs = [(o.key, o.size, int(o.last_modified)) for o in creds.read_client().list(creds.bucket, "ledger/")]
+    assert ours == theirs and len(ours) == 3
+    assert peer.get(creds.bucket, "other/key with space") == b"y"
+    assert peer.head(creds.bucket, "ledger/2-v1.json").size == 3
+    with pytest.raises(Exception) as caught:
+        peer.get(creds.bucket, "ledger/absent")
+    assert getattr(caught.value, "kind", None) == "missing"
+    with pytest.raises(Exception) as caught:
+        peer.get(creds.bucket, "ledger/2-v1.json", max_bytes=2)
+    assert getattr(caught.value, "kind", None) == "too_large"
