@@ -187,6 +187,10 @@ class StorageConfig:
     timeout_seconds: float = _doc("per-request connect/read timeout", default=10.0)
     gather_deadline_seconds: float = _doc("per-peer deadline when gathering", default=8.0)
     retention_windows: int = _doc("own objects older than this are deleted", default=50)
+    # --- issue 18: which endpoints of other peers a node may send requests to (docs/storage.md)
+    allow_loopback_endpoints: bool = _doc(
+        "accept peers' endpoints on loopback addresses, over plain http (local networks and tests only); "
+        "otherwise peers must publish public https hosts", default=False)
 
 
 @dataclass

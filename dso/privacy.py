@@ -148,7 +148,18 @@ class RdpAccountant:
 
     @classmethod
     def load(cls, path: str | Path) -> "RdpAccountant":
-        """Strict inverse of :meth:`save`; raises :class:`PrivacyStateError` on anything unexpected."""
+        """Strict inverse of :meth:`save`; raises :class:`PrivacyStateError` on anything unexpected,
+        including a damaged file (absurd nesting, numbers too large for a double): never another error."""
+        try:
+            return cls._load(path)
+        except PrivacyStateError:
+            raise
+        except (RecursionError, OverflowError, TypeError, ValueError) as exc:
+            raise PrivacyStateError(f"privacy state {path} is damaged: {type(exc).__name__}: "
+                                    f"{str(exc)[:120]}") from None
+
+    @classmethod
+    def _load(cls, path: str | Path) -> "RdpAccountant":
         try:
             data = json.loads(Path(path).expanduser().read_text(), parse_constant=_reject_constant)
         except (OSError, ValueError) as exc:
@@ -161,8 +172,9 @@ class RdpAccountant:
         numbers = (data["noise_multiplier"], data["delta"], *_list(data["orders"]), *_list(data["rdp"]))
         if any(isinstance(v, bool) or not isinstance(v, (int, float)) for v in numbers):
             raise PrivacyStateError(f"privacy state {path}: non-numeric field")
-        if not isinstance(data["rounds"], int) or isinstance(data["rounds"], bool) or data["rounds"] < 0:
-            raise PrivacyStateError(f"privacy state {path}: rounds must be an integer >= 0")
+        rounds = data["rounds"]
+        if not isinstance(rounds, int) or isinstance(rounds, bool) or not 0 <= rounds <= 2 ** 53:
+            raise PrivacyStateError(f"privacy state {path}: rounds must be an integer in [0, 2**53]")
         if len(data["rdp"]) != len(data["orders"]) or any(not (r >= 0 and math.isfinite(r)) for r in data["rdp"]):
             raise PrivacyStateError(f"privacy state {path}: rdp must hold one finite value >= 0 per order")
         try:

@@ -193,7 +193,7 @@ def build_context(cfg: Config, role: str, handle_signals: bool = True) -> NodeCo
     except ChainError as e:
         raise Fatal(f"registration refused: {e}") from None
     own = _own_bucket(cfg, chain, wallet, hotkey, uid, role)
-    readers = ReaderCache(timeout=cfg.storage.timeout_seconds)
+    readers = ReaderCache.from_config(cfg.storage)
     try:
         dataset = Dataset.from_config(cfg.data.corpus, cfg.data.cache_dir, hp.model.seq_len, hp.seed,
                                       hp.val_fraction, hp.data_hash)

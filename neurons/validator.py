@@ -157,9 +157,10 @@ class Validator:
         ctx = self.ctx
         commitments = ctx.peers.commitments()
         return gather_window(t, {u: commitments.get(u) for u in peers}, ctx.codec,
-                             Expect.from_hparams(ctx.hp, t, run=ctx.run),
+                             Expect.from_hparams(ctx.hp, t, run=ctx.run, data_hash=ctx.dataset.data_hash),
                              ctx.clock.put_window(t), ctx.cfg.storage.gather_deadline_seconds,
-                             commit_reveal=ctx.hp.commit_reveal, readers=ctx.readers)
+                             commit_reveal=ctx.hp.commit_reveal, readers=ctx.readers,
+                             priority=self.scores.standing())
 
     def leader_bundle(self, t: int) -> dict[int, Payload] | None:
         """What a validator that does not lead aggregates: the leader's bundle (None when leading, or when

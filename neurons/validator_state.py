@@ -4,10 +4,13 @@ Each save writes a new folder ``w{model_window}/`` (scoring.json, model.safetens
 meta.json), then atomically repoints ``current`` at it, then prunes old folders.
 A validator killed at any moment restarts from the last complete window — the
 same state it had in memory — so it posts the weights it would have posted
-without the restart.
+without the restart.  A folder that is damaged or of an earlier state version is
+skipped (logged) and the next newest tried; with none left the validator starts
+clean (docs/protocol.md, "The validator's own state").
 """
 from __future__ import annotations
 
+import logging
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,6 +24,7 @@ from scoring import state as scoring_state
 from storage import keys
 
 KEEP = 3  # folders kept (the newest is current)
+log = logging.getLogger("dso.validator")
 
 
 @dataclass
@@ -49,31 +53,82 @@ def save(root: Path, scores: scoring_state.ValidatorState, model: torch.nn.Modul
             shutil.rmtree(old, ignore_errors=True)
 
 
-def load(root: Path, model: torch.nn.Module, run_digest: str
-         ) -> tuple[scoring_state.ValidatorState, Bookkeeping] | None:
-    """The last complete save, loaded into ``model``; None when there is none.  A save that does not fit
-    this run (other settings, corrupt files, wrong model hash) raises StateError naming the file."""
+def _folders(root: Path) -> list[Path]:
+    """Saved folders to try, best first: the one ``current`` names, then the others newest first."""
     try:
-        folder = root / (root / "current").read_text().strip()
-    except OSError:
-        return None
+        named = (root / "current").read_text().strip()
+    except (OSError, UnicodeDecodeError):
+        named = ""
+    numbered = sorted((p for p in root.glob("w*") if p.name[1:].isdigit() and p.is_dir()),
+                      key=lambda p: int(p.name[1:]), reverse=True)
+    first = [root / named] if named and (root / named) in numbered else []
+    return first + [p for p in numbered if p not in first]
+
+
+def load_folder(folder: Path, model: torch.nn.Module,
+                run_digest: str) -> tuple[scoring_state.ValidatorState, Bookkeeping]:
+    """One saved folder, loaded into ``model``; raises StateError naming the file and the problem (the
+    model is left as it was when it does)."""
     scores = scoring_state.load(folder / "scoring.json", run_digest)
     meta = load_json(folder / "meta.json")
+    if meta is None:
+        raise scoring_state.StateError(f"{folder}/meta.json missing or unreadable")
     tensors = load_tensors(folder / "model.safetensors")
-    names = [n for n, _ in model.named_parameters()]
-    if meta is None or tensors is None or set(tensors) != set(names):
-        raise scoring_state.StateError(f"{folder}: meta.json or model.safetensors missing or unreadable")
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            p.copy_(tensors[name].to(p.device))
-    if model_hash(model) != meta.get("model_hash"):
-        raise scoring_state.StateError(f"{folder}/model.safetensors does not match the hash in meta.json")
+    names = {n: p for n, p in model.named_parameters()}
+    if tensors is None:
+        raise scoring_state.StateError(f"{folder}/model.safetensors missing or unreadable")
+    bad = [n for n, p in names.items() if n not in tensors or tensors[n].shape != p.shape]
+    if bad or set(tensors) != set(names):
+        raise scoring_state.StateError(f"{folder}/model.safetensors does not hold this model's parameters "
+                                       f"({(bad or sorted(set(tensors) - set(names)))[:3]})")
     try:
-        book = Bookkeeping(int(meta["model_window"]), {int(t): [int(u) for u in uids]
-                                                       for t, uids in meta["lists"].items()},
+        book = Bookkeeping(_int(meta["model_window"]), {_int(t): [_int(u) for u in uids]
+                                                        for t, uids in meta["lists"].items()},
                            str(meta.get("ledger_hash", "")), str(meta["run"]))
         if not keys.is_run_id(book.run):
             raise ValueError(f"run {book.run[:32]!r} is not a run id")
-    except (KeyError, TypeError, ValueError, AttributeError) as e:
-        raise scoring_state.StateError(f"{folder}/meta.json: {e}") from None
+    except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as e:
+        raise scoring_state.StateError(f"{folder}/meta.json: {type(e).__name__}: {str(e)[:200]}") from None
+    before = {n: p.detach().clone() for n, p in names.items()}
+    with torch.no_grad():
+        for name, p in names.items():
+            p.copy_(tensors[name].to(p.device, p.dtype))
+        if model_hash(model) != meta.get("model_hash"):
+            for name, p in names.items():
+                p.copy_(before[name])
+            raise scoring_state.StateError(f"{folder}/model.safetensors does not match the hash in meta.json")
     return scores, book
+
+
+def _int(value) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, str)) or not -1 <= int(value) <= 2 ** 53:
+        raise ValueError(f"{str(value)[:24]!r} is not a window or uid")
+    return int(value)
+
+
+def load(root: Path, model: torch.nn.Module, run_digest: str
+         ) -> tuple[scoring_state.ValidatorState, Bookkeeping] | None:
+    """The newest save that loads cleanly, loaded into ``model``; None when there is none (start clean).
+
+    A folder that is damaged or was written by an earlier state version is skipped, with a warning naming
+    it and why, and the next newest is tried: the validator resumes from its last good save, or from a
+    clean state, instead of stopping.  A valid save of *another run* (other settings) still raises
+    :class:`~scoring.state.ForeignRunError`: that is an operator's mistake, and starting over would prune
+    those folders."""
+    skipped = 0
+    for folder in _folders(root):
+        try:
+            loaded = load_folder(folder, model, run_digest)
+        except scoring_state.ForeignRunError:
+            raise
+        except scoring_state.StateError as e:
+            log.warning("validator state: skipping saved folder %s: %s", folder, e)
+            skipped += 1
+            continue
+        if skipped:
+            log.warning("validator state: resuming from %s, the newest save that loads (%d newer skipped)",
+                        folder, skipped)
+        return loaded
+    if skipped:
+        log.warning("validator state: no saved folder under %s loads; starting from a clean state", root)
+    return None

@@ -28,20 +28,35 @@ def loss_delta(loss_before: float, loss_after: float) -> float:
     return loss_before - loss_after
 
 
+# μ lives in [MU_MIN, MU_MAX] by construction (docs/scoring.md, "Bounds"): the PoC update is a convex
+# combination of μ and a step in [−1, 1], and penalties stop at MU_MIN.  Unbounded, a penalised negative μ
+# grew by (2 − φ) per window and reached −inf after ~3,200 windows, which made the saved state unloadable.
+MU_MIN, MU_MAX = -1.0, 1.0
+
+
+def bound_mu(mu: float) -> float:
+    """μ clamped to [MU_MIN, MU_MAX]; NaN (no evidence of anything good) is MU_MIN."""
+    if mu != mu:
+        return MU_MIN
+    return min(MU_MAX, max(MU_MIN, mu))
+
+
 def poc_update(mu: float, delta_assigned: float, delta_rand: float, gamma: float) -> float:
-    """Proof of computation: ``μ ← γ·μ + (1−γ)·sign(δ_assigned − δ_rand)``.
+    """Proof of computation: ``μ ← γ·μ + (1−γ)·sign(δ_assigned − δ_rand)``, within [MU_MIN, MU_MAX].
 
     A difference that is not a finite number earns no credit: it counts as −1."""
     diff = delta_assigned - delta_rand
     step = sign(diff) if math.isfinite(diff) else -1.0
-    return gamma * mu + (1.0 - gamma) * step
+    return bound_mu(gamma * bound_mu(mu) + (1.0 - gamma) * step)
 
 
 def penalise(mu: float, phi: float) -> float:
-    """The fast-check penalty, ``μ − (1−φ)·|μ|``: equals ``φ·μ`` for μ ≥ 0 and never raises μ.
+    """The fast-check penalty, ``max(MU_MIN, μ − (1−φ)·|μ|)``: equals ``φ·μ`` for μ ≥ 0 and never raises μ.
 
-    (Multiplying a negative μ by φ < 1 would move it up, towards zero.)"""
-    return mu - (1.0 - phi) * abs(mu)
+    (Multiplying a negative μ by φ < 1 would move it up, towards zero.)  A negative μ is scaled by
+    ``2 − φ`` per penalty until it reaches MU_MIN, where it stays until proofs of computation lift it."""
+    mu = bound_mu(mu)
+    return max(MU_MIN, mu - (1.0 - phi) * abs(mu))
 
 
 def sync_score(validator_values: list[float], peer_values: list[float], lr: float) -> float:
@@ -69,7 +84,7 @@ def peer_score(mu: float, rating: float) -> float:
     (which lowers μ) can never raise a peer's score — ``−|μ·rating|`` would
     (μ > 0, rating < 0: shrinking μ brings the product closer to zero)."""
     if not (math.isfinite(mu) and math.isfinite(rating)):
-        return -math.inf
+        return MU_MIN  # no weight; finite, so every score stays a number (the inputs are bounded anyway)
     if mu > 0 and rating > 0:
         return mu * rating
     return min(mu, rating)

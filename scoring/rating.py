@@ -18,6 +18,11 @@ from scoring.formulas import competition_ranks
 ORDINAL_Z = 3.0  # LossRating = μ − 3σ (design §6.1)
 
 _MODEL = PlackettLuce()
+# Bounds of a stored rating (docs/scoring.md, "Bounds"): far outside anything a run reaches (a peer that
+# wins every match moves μ by well under σ₀ per match, and σ shrinks), but they make the rating, the
+# LossRating and the PeerScore finite and bounded by construction, whatever the library returns.
+RATING_MU_BOUND = 1000.0
+SIGMA_MIN, SIGMA_MAX = 1e-3, 2 * _MODEL.sigma
 
 Rating = tuple[float, float]  # (mu, sigma)
 
@@ -38,7 +43,7 @@ def rate_match(ratings: Mapping[int, Rating], loss_scores: Mapping[int, float]) 
     needs two players: with fewer, ratings are returned unchanged.  Peers are
     entered in uid order so the result does not depend on dict order."""
     uids = sorted(loss_scores)
-    current = {uid: ratings.get(uid, initial_rating()) for uid in uids}
+    current = {uid: bound_rating(ratings.get(uid, initial_rating())) for uid in uids}
     if len(uids) < 2:
         return current
     ranks = competition_ranks({uid: loss_scores[uid] for uid in uids})
@@ -48,5 +53,12 @@ def rate_match(ratings: Mapping[int, Rating], loss_scores: Mapping[int, float]) 
     for uid, team in zip(uids, new_teams):
         mu, sigma = float(team[0].mu), float(team[0].sigma)
         # A library result that is not finite would poison every later match: keep the old rating.
-        out[uid] = (mu, sigma) if math.isfinite(mu) and math.isfinite(sigma) and sigma > 0 else current[uid]
+        out[uid] = bound_rating((mu, sigma) if math.isfinite(mu) and math.isfinite(sigma) and sigma > 0
+                                else current[uid])
     return out
+
+
+def bound_rating(rating: Rating) -> Rating:
+    """``(μ, σ)`` clamped to ``|μ| ≤ RATING_MU_BOUND`` and ``SIGMA_MIN ≤ σ ≤ SIGMA_MAX`` (finite inputs)."""
+    mu, sigma = rating
+    return (min(RATING_MU_BOUND, max(-RATING_MU_BOUND, mu)), min(SIGMA_MAX, max(SIGMA_MIN, sigma)))

@@ -9,8 +9,10 @@ invisible in the weights.
 
 JSON keeps floats exact (Python writes the shortest repr that reads back to the
 same double); non-finite values are written as the strings "inf", "-inf", "nan"
-so the file stays standard JSON.  :func:`load` is strict: any unknown, missing
-or mistyped field raises :class:`StateError` naming it.
+so the file stays standard JSON.  :func:`load` is strict: any unknown, missing,
+mistyped or out-of-bounds field, a file of an earlier state version, or a damaged
+file (any size, nesting or number) raises :class:`StateError` naming the file and
+the field — never another exception.
 """
 from __future__ import annotations
 
@@ -24,14 +26,23 @@ from typing import Any
 import numpy as np
 
 from dso.atomic import atomic_write
-from scoring.rating import Rating, initial_rating, ordinal
+from scoring.formulas import MU_MAX, MU_MIN
+from scoring.rating import RATING_MU_BOUND, SIGMA_MAX, SIGMA_MIN, Rating, initial_rating, ordinal
 
-STATE_VERSION = 1
+# 2: μ and ratings are bounded (docs/scoring.md, "Bounds").  Version 1 states may hold any μ down to −inf,
+# so they are refused rather than silently clamped.
+STATE_VERSION = 2
 OFFENCE_CATEGORIES = ("missing", "timing", "format", "sync", "commit", "invalid")  # invalid: see scoring.window
+MAX_STATE_BYTES = 256 * 1024 * 1024  # ~1 KB per peer: far above any subnet
+MAX_INT = 2 ** 53                    # windows, uids and counters: exact in a double, far above any run
 
 
 class StateError(ValueError):
     """A state file that cannot be used; the message says which file and why."""
+
+
+class ForeignRunError(StateError):
+    """A valid state of another run (other settings): an operator's mistake, not damage."""
 
 
 @dataclass
@@ -79,6 +90,12 @@ class ValidatorState:
             self.peers[uid] = PeerState()
         return self.peers[uid]
 
+    def standing(self) -> list[int]:
+        """Known peers by last-window standing, best first: last weight, then μ, then uid.  The order a
+        validator gathers them in (``gather(..., priority=state.standing())``): peers that were honest
+        last window are fetched before unknown or failing ones, so impostors cannot delay them."""
+        return sorted(self.peers, key=lambda uid: (-self.weights.get(uid, 0.0), -self.peers[uid].mu, uid))
+
     def rng(self, window: int, purpose: int) -> np.random.Generator:
         """The validator's private randomness for one purpose of one window (restart-proof)."""
         key = bytes.fromhex(self.secret)
@@ -103,6 +120,8 @@ def load(path: str | Path, run_digest: str = "") -> ValidatorState:
     """Read a saved state; raises :class:`StateError` for a missing, corrupt or foreign file."""
     path = Path(path)
     try:
+        if path.stat().st_size > MAX_STATE_BYTES:
+            raise StateError(f"validator state {path}: larger than {MAX_STATE_BYTES} bytes")
         raw = path.read_bytes()
     except FileNotFoundError:
         raise StateError(f"validator state {path}: no such file") from None
@@ -111,11 +130,13 @@ def load(path: str | Path, run_digest: str = "") -> ValidatorState:
     try:
         data = json.loads(raw)
         state = from_dict(data)
-    except (ValueError, UnicodeDecodeError) as e:
-        raise StateError(f"validator state {path}: {e}") from None
+    except RecursionError:
+        raise StateError(f"validator state {path}: nested too deeply (damaged file)") from None
+    except (ValueError, UnicodeDecodeError, OverflowError, TypeError) as e:
+        raise StateError(f"validator state {path}: {str(e)[:300]}") from None
     if run_digest and state.run_digest and state.run_digest != run_digest:
-        raise StateError(f"validator state {path}: saved for run {state.run_digest}, this run is {run_digest}; "
-                         "move the file away to start fresh")
+        raise ForeignRunError(f"validator state {path}: saved for run {state.run_digest}, this run is "
+                              f"{run_digest}; move the file away to start fresh")
     return state
 
 
@@ -129,8 +150,11 @@ def load_or_new(path: str | Path, run_digest: str = "") -> ValidatorState:
 def from_dict(data: Any) -> ValidatorState:
     d = _fields(data, "state", {"version", "secret", "window", "run_digest", "peers", "top_g", "evaluated",
                                 "fast", "weights"})
+    if isinstance(d["version"], int) and not isinstance(d["version"], bool) and 0 < d["version"] < STATE_VERSION:
+        raise ValueError(f"written by an earlier version (state version {d['version']}, this validator reads "
+                         f"{STATE_VERSION}: μ and ratings were not bounded then)")
     if d["version"] != STATE_VERSION:
-        raise ValueError(f"state version {d['version']!r} is not {STATE_VERSION}")
+        raise ValueError(f"state version {str(d['version'])[:20]!r} is not {STATE_VERSION}")
     secret = _typed(d["secret"], str, "secret")
     try:
         if len(bytes.fromhex(secret)) != 16:
@@ -143,9 +167,16 @@ def from_dict(data: Any) -> ValidatorState:
         peers={_uid(k, "peers"): _peer_from_dict(v, f"peers.{k}") for k, v in peers_raw.items()},
         top_g=_uid_list(d["top_g"], "top_g"), evaluated=_uid_list(d["evaluated"], "evaluated"),
         fast=_uid_list(d["fast"], "fast"),
-        weights={_uid(k, "weights"): _decode_float(v, f"weights.{k}")
+        weights={_uid(k, "weights"): _weight(v, f"weights.{k}")
                  for k, v in _typed(d["weights"], dict, "weights").items()},
     )
+
+
+def _weight(value: Any, where: str) -> float:
+    w = _decode_float(value, where)
+    if not 0.0 <= w <= 1.0:
+        raise ValueError(f"{where}: a weight must be in [0, 1], got {w!r}")
+    return w
 
 
 # ---------------------------------------------------------------- helpers
@@ -175,8 +206,10 @@ def _peer_from_dict(data: Any, where: str) -> PeerState:
         setattr(peer, name, None if d[name] is None else _decode_float(d[name], f"{where}.{name}"))
     for name in _PEER_INTS:
         setattr(peer, name, _int(d[name], f"{where}.{name}"))
-    if peer.rating_sigma <= 0:
-        raise ValueError(f"{where}.rating_sigma: must be > 0")
+    for name, low, high in (("mu", MU_MIN, MU_MAX), ("rating_mu", -RATING_MU_BOUND, RATING_MU_BOUND),
+                            ("rating_sigma", SIGMA_MIN, SIGMA_MAX)):
+        if not low <= getattr(peer, name) <= high:
+            raise ValueError(f"{where}.{name}: {getattr(peer, name)!r} outside its bounds [{low:g}, {high:g}]")
     offences = _typed(d["offences"], dict, f"{where}.offences")
     for category, count in offences.items():
         if category not in OFFENCE_CATEGORIES:
@@ -203,18 +236,21 @@ def _typed(value: Any, typ: type, where: str) -> Any:
 
 
 def _int(value: Any, where: str) -> int:
-    return _typed(value, int, where)
+    value = _typed(value, int, where)
+    if not -1 <= value <= MAX_INT:
+        raise ValueError(f"{where}: {str(value)[:24]} is out of range")
+    return value
 
 
 def _uid(key: str, where: str) -> int:
-    if not (isinstance(key, str) and key.isdigit()):
-        raise ValueError(f"{where}: key {key!r} is not a uid")
+    if not (isinstance(key, str) and key.isdigit() and len(key) <= 16 and int(key) <= MAX_INT):
+        raise ValueError(f"{where}: key {str(key)[:24]!r} is not a uid")
     return int(key)
 
 
 def _uid_list(value: Any, where: str) -> list[int]:
     items = _typed(value, list, where)
-    if any(not isinstance(u, int) or isinstance(u, bool) or u < 0 for u in items):
+    if any(not isinstance(u, int) or isinstance(u, bool) or not 0 <= u <= MAX_INT for u in items):
         raise ValueError(f"{where}: expected a list of uids")
     return list(items)
 
@@ -233,5 +269,8 @@ def _decode_float(value: Any, where: str) -> float:
     if isinstance(value, str) and value in _NON_FINITE:
         return _NON_FINITE[value]
     if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return float(value)
-    raise ValueError(f"{where}: expected a number, got {value!r}")
+        try:
+            return float(value)
+        except OverflowError:
+            raise ValueError(f"{where}: {str(value)[:24]}… does not fit a double") from None
+    raise ValueError(f"{where}: expected a number, got {str(value)[:40]!r}")

@@ -54,11 +54,16 @@ def parse(argv):
     return p.parse_args(argv)
 
 
-def open_bucket(chain, uid: int):
+def open_bucket(chain, uid: int, storage_cfg=None):
+    """The validator's bucket, read under the run's endpoint policy (``storage.allow_loopback_endpoints``)."""
     info = parse_commitment(chain.commitment(uid))
     if info is None or isinstance(info, Rejection):
         raise Unreadable(f"validator uid {uid} has no usable bucket commitment on chain ({info})")
-    return ReaderCache().get(info), info.bucket
+    readers = ReaderCache.from_config(storage_cfg) if storage_cfg is not None else ReaderCache()
+    refused = readers.refusal(info)
+    if refused is not None:
+        raise Unreadable(f"validator uid {uid}: {refused}")
+    return readers.get(info), info.bucket
 
 
 def run_of_bucket(client, bucket: str, version: int) -> str:
@@ -141,7 +146,7 @@ def verify(args) -> dict:
         hotkey = next((n.hotkey for n in chain.metagraph() if n.uid == uid), None)
         if hotkey is None:
             raise Unreadable(f"uid {uid} is not registered")
-        client, bucket = open_bucket(chain, uid)
+        client, bucket = open_bucket(chain, uid, cfg.storage)
         run = run_of_bucket(client, bucket, hp.protocol_version)
         problems: list[str] = []
         on_chain = chain_records(chain, hotkey) if args.source in ("both", "chain") else None

@@ -93,7 +93,8 @@ class LocalNet:
             if node.stake:
                 self.chain.add_stake(hotkey_address(wallet), node.stake)
         config = {"subtensor": {"network": "localchain", "localchain_path": str(chain_file)},
-                  "storage": {"endpoint": self.s3.endpoint, "region": self.s3.region},
+                  "storage": {"endpoint": self.s3.endpoint, "region": self.s3.region,
+                              "allow_loopback_endpoints": True},  # a local run: every endpoint is loopback
                   "data": {"corpus": self.corpus, "cache_dir": self.cache_dir},
                   "neuron": {"state_dir": str(self.run_dir / "state")},
                   "hparams": asdict(self.hp)}

@@ -31,12 +31,14 @@ _DENIED_CODES = {"AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", 
 
 
 class StorageError(Exception):
-    """An S3 call failed.  ``kind``: missing | denied | unavailable | timeout | too_large."""
+    """An S3 call failed.  ``kind``: missing | denied | unavailable | timeout | too_large | refused (an
+    endpoint outside the policy of :mod:`storage.endpoints`)."""
 
-    def __init__(self, kind: str, message: str, status: int | None = None):
+    def __init__(self, kind: str, message: str, status: int | None = None, retryable: bool = False):
         super().__init__(f"{kind}: {message}")
         self.kind = kind
         self.status = status  # HTTP status when the server answered
+        self.retryable = retryable  # worth another attempt (5xx, 429, dropped connection)
 
 
 @dataclass(frozen=True)
@@ -196,7 +198,9 @@ class S3Client:
         return True
 
     # -------------------------------------------------------------- reads
-    def head(self, bucket: str, key: str) -> ObjectInfo:
+    def head(self, bucket: str, key: str, deadline: float | None = None) -> ObjectInfo:
+        """``deadline`` is accepted for symmetry with :class:`storage.peer_client.PeerClient` and not
+        enforced here (our own bucket: botocore's per-request timeouts apply)."""
         try:
             resp = self._client.head_object(Bucket=bucket, Key=key)
         except Exception as e:  # noqa: BLE001

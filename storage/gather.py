@@ -1,31 +1,45 @@
-"""Fetch many peers' gradient payloads for one window, concurrently, under one deadline.
+"""Fetch many peers' gradient payloads for one window, concurrently, fairly, under one budget.
 
 Per peer: HEAD (missing? too large? inside the put window?) → GET capped at
-the size limit and the deadline → time check again on the object actually read
-(it may have been replaced since the HEAD) → strict decode.  Each peer ends as
-a :class:`~storage.wire.Payload` or a :class:`~dso.rejections.Rejection`.
+the size limit and the peer's deadline → time check again on the object actually
+read (it may have been replaced since the HEAD) → strict decode.  Each peer ends
+as a :class:`~storage.wire.Payload` or a :class:`~dso.rejections.Rejection`.
 
-Workers are daemon threads; when the deadline passes, :func:`gather` returns
-at once, marking unfinished peers ``TIMEOUT`` and never joining stuck threads
-(they end by themselves through per-request timeouts and the read deadline).
-The deadline is measured from the start of the call and applies to every peer.
+Fairness (docs/storage.md, "Gather"): peers are started in the caller's
+``priority`` order (e.g. by last-window standing), then by uid; each peer gets
+its own deadline when it starts — its fair share of what is left of the window's
+budget, ``left × workers / max(workers, outstanding peers)``, at least
+``min_peer_seconds`` — enforced inside every socket operation by
+:class:`~storage.peer_client.PeerClient`; at most ``max_per_host`` requests run
+against one endpoint host at a time.  A silent or slow-dripping peer therefore
+costs one worker for its share and no more, and cannot push honest peers past
+the budget.  When the budget is spent, unfinished peers are ``TIMEOUT``; the
+workers are joined before :func:`gather` returns (each one's socket is closed by
+its own deadline), so no thread or socket outlives the window.
 """
 from __future__ import annotations
 
-import queue
+import ipaddress
+import logging
 import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from typing import Sequence
+from urllib.parse import urlsplit
 
 from dso.clock import PutWindow
 from dso.rejections import Reason, Rejection
 from storage import keys
-from storage.client import S3Client, StorageError
+from storage.client import StorageError
 from storage.commitment import BucketInfo, parse_commitment
+from storage.endpoints import EndpointPolicy, address_problem
 from storage.jsonobj import rejection_for
+from storage.peer_client import PeerClient
+from storage.schedule import FairSchedule, Job, ordered
 from storage.wire import Expect, Payload, decode_payload, payload_size_cap
 
+log = logging.getLogger("dso.gather")
 
 
 @dataclass
@@ -34,24 +48,48 @@ class GatherResult:
     rejections: dict[int, Rejection] = field(default_factory=dict)
     bytes_down: int = 0
     seconds: float = 0.0
+    finished: dict[int, float] = field(default_factory=dict)  # uid → seconds from the start to its outcome
 
 
 class ReaderCache:
-    """Read-only clients built from peers' commitments, reused across windows (LRU-bounded)."""
+    """Read-only clients built from peers' commitments, reused across windows (LRU-bounded).
 
-    def __init__(self, timeout: float = 10.0, max_attempts: int = 3, capacity: int = 1024):
+    ``allow_loopback`` (``storage.allow_loopback_endpoints``) lets peers' endpoints be loopback
+    addresses over plain http: local networks and tests only; everything else must be public https."""
+
+    def __init__(self, timeout: float = 10.0, max_attempts: int = 3, capacity: int = 1024,
+                 allow_loopback: bool = False):
         self.timeout, self.max_attempts, self.capacity = timeout, max_attempts, capacity
-        self._clients: OrderedDict[BucketInfo, S3Client] = OrderedDict()
+        self.policy = EndpointPolicy(allow_loopback=allow_loopback)
+        self._clients: OrderedDict[BucketInfo, PeerClient] = OrderedDict()
         self._lock = threading.Lock()
 
-    def get(self, info: BucketInfo) -> S3Client:
+    @classmethod
+    def from_config(cls, storage_cfg) -> "ReaderCache":
+        """The node's reader cache as :class:`dso.config.StorageConfig` says."""
+        return cls(timeout=storage_cfg.timeout_seconds, allow_loopback=storage_cfg.allow_loopback_endpoints)
+
+    def refusal(self, info: BucketInfo) -> Rejection | None:
+        """What the policy says of the endpoint *before* any lookup: an address written in the URL, or a
+        plain-http URL in a run without loopback endpoints.  Names are checked again after resolution."""
+        parts = urlsplit(info.endpoint)
+        where = f"endpoint {info.endpoint[:80]}"
+        try:
+            ipaddress.ip_address(parts.hostname or "")
+        except ValueError:  # a name: its addresses are checked after resolution, only the scheme now
+            if parts.scheme != "https" and not self.policy.allow_loopback:
+                return Rejection(Reason.BAD_COMMITMENT, f"{where}: only https endpoints")
+            return None
+        problem = address_problem(parts.hostname, parts.scheme, self.policy)
+        return Rejection(Reason.BAD_COMMITMENT, f"{where}: {problem}") if problem else None
+
+    def get(self, info: BucketInfo) -> PeerClient:
         with self._lock:
             client = self._clients.get(info)
             if client is not None:
                 self._clients.move_to_end(info)
                 return client
-        client = S3Client(info.endpoint, info.region, info.access_key_id, info.secret_access_key,
-                          timeout=self.timeout, max_attempts=self.max_attempts, max_pool_connections=4)
+        client = PeerClient(info, self.policy, timeout=self.timeout, max_attempts=self.max_attempts)
         with self._lock:
             self._clients[info] = client
             while len(self._clients) > self.capacity:
@@ -60,9 +98,17 @@ class ReaderCache:
 
 
 DEFAULT_READERS = ReaderCache()
-# Concurrent fetches, enough to hide network latency.  A stalled peer holds one worker until its
-# deadline; the others carry on.
-DEFAULT_WORKERS = 16
+# Concurrent fetches.  A stalled peer holds one worker for its share of the budget and costs no CPU;
+# the strict decodes are serialised anyway (below), so more workers only add overlapping waits.
+DEFAULT_WORKERS = 32
+# Requests at once against one endpoint host: one host serving many sybil commitments cannot take more
+# than this many workers.
+DEFAULT_PER_HOST = 8
+# A peer's deadline is never shorter than this (unless the budget itself is): a slow but honest link
+# must be able to finish one payload even when many peers are outstanding.
+MIN_PEER_SECONDS = 1.0
+# After the budget: how long gather waits for its workers to notice (their sockets are already bounded).
+JOIN_GRACE_SECONDS = 2.0
 # The strict decode is Python and numpy work under the GIL: running several at once gains nothing and
 # the threads' contention made every peer cost ~2x the CPU (K = 128 on loopback: 3.3 s with 16 decodes
 # at once, 1.9 s with one; see docs/benchmarks.md).  Requests still overlap.
@@ -80,13 +126,13 @@ def check_time(put_window: PutWindow | None, last_modified: float) -> Rejection 
     return None
 
 
-def fetch_payload(client: S3Client, bucket: str, key: str, codec, expect: Expect, put_window: PutWindow | None,
+def fetch_payload(client: PeerClient, bucket: str, key: str, codec, expect: Expect, put_window: PutWindow | None,
                   deadline: float) -> tuple[Payload | Rejection, int]:
     """One peer's object → (Payload or Rejection, bytes downloaded).  Never raises."""
     cap = payload_size_cap(codec, expect.sync_samples)
     got = 0
     try:
-        info = client.head(bucket, key)
+        info = client.head(bucket, key, deadline=deadline)
         if info.size > cap:
             return Rejection(Reason.TOO_LARGE, f"HEAD says {info.size} bytes, cap {cap}"), 0
         bad = check_time(put_window, info.last_modified)
@@ -110,12 +156,22 @@ def fetch_payload(client: S3Client, bucket: str, key: str, codec, expect: Expect
     return result, got
 
 
+def _host(info: BucketInfo):
+    parts = urlsplit(info.endpoint)
+    return parts.scheme, (parts.hostname or "").lower(), parts.port
+
+
 def gather(window: int, peers: dict[int, BucketInfo | str | None], codec, expect: Expect,
            put_window: PutWindow | None, deadline_seconds: float, max_workers: int | None = None,
-           readers: ReaderCache | None = None, fetch=None) -> GatherResult:
+           readers: ReaderCache | None = None, fetch=None, *, priority: Sequence[int] | None = None,
+           max_per_host: int | None = None, min_peer_seconds: float = MIN_PEER_SECONDS) -> GatherResult:
     """Gather window ``window``'s payloads of ``peers`` (uid → BucketInfo, or the raw commitment string,
     or None when the peer has no commitment).  ``put_window=None`` skips the timing check.  ``fetch``
-    replaces :func:`fetch_payload` per peer (same signature; commit-reveal uses storage.reveal's)."""
+    replaces :func:`fetch_payload` per peer (same signature; commit-reveal uses storage.reveal's).
+
+    ``priority``: uids to start first, in this order (the validator passes its peers by last-window
+    standing); ``max_per_host``: requests at once per endpoint host; ``min_peer_seconds``: the least
+    time a started peer is given (see :func:`storage.schedule.peer_share`)."""
     if expect.window != window:
         raise ValueError(f"expect.window={expect.window} but gathering window {window}")
     started = time.monotonic()
@@ -123,45 +179,55 @@ def gather(window: int, peers: dict[int, BucketInfo | str | None], codec, expect
     readers = readers or DEFAULT_READERS
     fetch = fetch or fetch_payload
     result = GatherResult()
-    jobs: queue.SimpleQueue = queue.SimpleQueue()
-    for uid, peer in peers.items():
+    jobs: list[Job] = []
+    for uid in ordered(peers, priority):
+        peer = peers[uid]
         info = parse_commitment(peer) if isinstance(peer, str) else peer
         if info is None:
             result.rejections[uid] = Rejection(Reason.MISSING, "no commitment on chain")
         elif isinstance(info, Rejection):
             result.rejections[uid] = info
+        elif (refused := readers.refusal(info)) is not None:
+            result.rejections[uid] = refused
         else:
-            jobs.put((uid, info))
-    pending = len(peers) - len(result.rejections)
+            jobs.append(Job(uid, _host(info), info))
+    n_workers = max(1, min(len(jobs), max_workers or DEFAULT_WORKERS))
+    schedule = FairSchedule(jobs, n_workers, deadline, max_per_host or DEFAULT_PER_HOST, min_peer_seconds)
     done: dict[int, tuple[Payload | Rejection, int]] = {}
+    times: dict[int, float] = {}
     cond = threading.Condition()
 
     def worker() -> None:
-        while True:
+        while (taken := schedule.take()) is not None:
+            job, peer_deadline = taken
             try:
-                uid, info = jobs.get_nowait()
-            except queue.Empty:
-                return
-            if time.monotonic() > deadline:
-                outcome = (Rejection(Reason.TIMEOUT, "deadline passed before this peer was started"), 0)
-            else:
-                try:
-                    client = readers.get(info)
-                    key = keys.gradient(window, uid, expect.protocol_version, expect.run)
-                    outcome = fetch(client, info.bucket, key, codec, expect.for_uid(uid), put_window, deadline)
-                except Exception as e:  # noqa: BLE001
-                    outcome = (Rejection(Reason.UNREACHABLE, f"unexpected {type(e).__name__}: {str(e)[:160]}"), 0)
+                client = readers.get(job.payload)
+                key = keys.gradient(window, job.uid, expect.protocol_version, expect.run)
+                outcome = fetch(client, job.payload.bucket, key, codec, expect.for_uid(job.uid), put_window,
+                                peer_deadline)
+            except Exception as e:  # noqa: BLE001
+                outcome = (Rejection(Reason.UNREACHABLE, f"unexpected {type(e).__name__}: {str(e)[:160]}"), 0)
+            finally:
+                schedule.done(job)
             with cond:
-                done[uid] = outcome
+                done[job.uid] = outcome
+                times[job.uid] = time.monotonic() - started
                 cond.notify_all()
 
-    n_workers = max(1, min(pending, max_workers or DEFAULT_WORKERS))
-    if pending:
-        for i in range(n_workers):
-            threading.Thread(target=worker, daemon=True, name=f"dso-gather-{window}-{i}").start()
+    threads = [threading.Thread(target=worker, daemon=True, name=f"dso-gather-{window}-{i}")
+               for i in range(n_workers if jobs else 0)]
+    for thread in threads:
+        thread.start()
     with cond:
-        cond.wait_for(lambda: len(done) >= pending, timeout=max(0.0, deadline - time.monotonic()))
-        finished = dict(done)  # threads still running after this write into `done` only
+        cond.wait_for(lambda: len(done) >= len(jobs), timeout=max(0.0, deadline - time.monotonic()))
+        finished = dict(done)  # what ends after the budget counts as a timeout
+        result.finished = {uid: times[uid] for uid in finished}
+    for thread in threads:  # each in-flight request ends at its own deadline, at the latest the budget's
+        thread.join(max(0.0, deadline + JOIN_GRACE_SECONDS - time.monotonic()))
+    stuck = sum(t.is_alive() for t in threads)
+    if stuck:
+        log.warning("window %d: %d gather workers still busy %.1f s after the budget (a slow DNS lookup?)",
+                    window, stuck, JOIN_GRACE_SECONDS)
     for uid in peers:
         if uid in result.rejections:
             continue

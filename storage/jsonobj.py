@@ -16,7 +16,8 @@ MAX_JSON_BYTES = 64 * 1024
 MAX_DEPTH = 16
 
 _KIND_TO_REASON = {"missing": Reason.MISSING, "denied": Reason.UNREACHABLE, "unavailable": Reason.UNREACHABLE,
-                   "timeout": Reason.TIMEOUT, "too_large": Reason.TOO_LARGE}
+                   "timeout": Reason.TIMEOUT, "too_large": Reason.TOO_LARGE,
+                   "refused": Reason.BAD_COMMITMENT}  # the commitment names an endpoint outside the policy
 
 
 def rejection_for(e: StorageError) -> Rejection:

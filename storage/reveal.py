@@ -152,7 +152,7 @@ def _fetch_revealed(client, bucket, key, codec, expect, reveal, deadline, put, c
 
     cap = payload_size_cap(codec, expect.sync_samples)
     try:
-        head = client.head(bucket, key)
+        head = client.head(bucket, key, deadline=deadline)
     except StorageError as e:
         if e.kind != "missing":
             raise
@@ -199,10 +199,12 @@ def _fetch_revealed(client, bucket, key, codec, expect, reveal, deadline, put, c
 
 
 def gather_window(window: int, peers: dict, codec, expect: Expect, put: PutWindow, deadline_seconds: float, *,
-                  commit_reveal: bool, readers: ReaderCache | None = None) -> GatherResult:
+                  commit_reveal: bool, readers: ReaderCache | None = None,
+                  priority: list[int] | None = None) -> GatherResult:
     """Gather window ``window``'s updates the way the run's settings say: plain (payload in the put window)
-    or commit-reveal (commitment in the put window, payload + nonce in the reveal window that follows)."""
+    or commit-reveal (commitment in the put window, payload + nonce in the reveal window that follows).
+    ``priority``: uids to start first (see :func:`storage.gather.gather`)."""
     if not commit_reveal:
-        return gather(window, peers, codec, expect, put, deadline_seconds, readers=readers)
+        return gather(window, peers, codec, expect, put, deadline_seconds, readers=readers, priority=priority)
     return gather(window, peers, codec, expect, reveal_window_after(put), deadline_seconds, readers=readers,
-                  fetch=partial(fetch_revealed, put=put))
+                  fetch=partial(fetch_revealed, put=put), priority=priority)

@@ -54,9 +54,14 @@ class Expect:
     run: str = ""                  # the network run the payload is read under (its key prefix)
 
     @classmethod
-    def from_hparams(cls, hp, window: int, **kw) -> "Expect":
+    def from_hparams(cls, hp, window: int, *, data_hash: str | None = None, **kw) -> "Expect":
+        """What the run's settings require of window ``window``'s payloads.  ``data_hash``: the run's data
+        hash (the node's ``Dataset.data_hash``); by default ``hp.data_hash`` when the run pins one, so a
+        payload trained on other data is a ``METADATA_MISMATCH`` (docs/protocol.md)."""
+        if data_hash is None:
+            data_hash = hp.data_hash or None
         return cls(window=window, protocol_version=hp.protocol_version, hparams_digest=hp.digest(),
-                   sync_samples=hp.sync_samples, **kw)
+                   sync_samples=hp.sync_samples, data_hash=data_hash, **kw)
 
     def for_uid(self, uid: int) -> "Expect":
         return replace(self, uid=uid)

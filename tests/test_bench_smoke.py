@@ -101,6 +101,10 @@ def test_gather_summary_adds_per_peer_time_and_decode_share():
     assert rows[1]["decode_share"] == pytest.approx(0.005 * 32 / 0.64)
     assert "| 32 | 0.64 | 20.0 | 25% |" in gather.markdown(
         {"gather": rows, "scaling_exponent": 0.85, "payload_bytes": 100, "decode_ms": 5.0})
+    hostile = [{"hostile": 64, "kind": "drip", "priority": True, "honest_seconds": 0.96, "seconds": 8.0,
+                "honest_ok": True, "ratio": 1.12}]
+    assert "| 64 | drip | yes | 0.96 | 8.00 | yes | 1.12 |" in gather.markdown(
+        {"gather": rows, "scaling_exponent": 0.85, "payload_bytes": 100, "decode_ms": 5.0, "hostile": hostile})
 
 
 # ------------------------------------------------------------ convergence
@@ -144,7 +148,7 @@ def _result(**over):
         "codec": {"within_bound_pct": 6.3, "model_100m": {"within_bound_pct": 5.4}, "vs_templar_2_5_bytes": 1.56,
                   "compression_share_of_window": 0.07},
         "validator": {"eval_forward_units_per_peer": 3.9},
-        "gather": {"scaling_exponent": 1.0},
+        "gather": {"scaling_exponent": 1.0, "hostile_worst_ratio": 1.5, "hostile_honest_ok": 1.0},
         "convergence": {"ratio": 1.05, "ratio_4bit_vs_fp32_values": 1.001},
     }
     res.update(over)
@@ -157,6 +161,10 @@ def test_targets_verdicts_on_boundaries():
     met = {name: r["met"] for name, r in rows.items()}
     assert met["validator cost per peer in forward units"] is False
     assert met["gather time linear or better in K (log-log slope)"] is True       # exactly 1: linear
+    hostile = [name for name in met if name.startswith("gather.hostile")]
+    assert len(hostile) == 2 and all(met[name] for name in hostile)              # 1.5 exactly; all honest ok
+    worse = targets.check_targets(_result(gather={"hostile_worst_ratio": 1.51, "hostile_honest_ok": 0.0}))
+    assert [r["met"] for r in worse if r["target"].startswith("gather.hostile")] == [False, False]
     assert met["convergence (a)/(c) within 5% of AdamW"] is True                  # exactly 1.05
     assert met["4-bit values converge no worse than float32 values: (a)/(a')"] is False
     assert met["bytes per kept within 15% of the bound (~100 M shapes)"] is True

@@ -6,6 +6,14 @@ a full :func:`storage.gather.gather` (HEAD + GET + strict decode of every peer) 
 caches, i.e. what a validator pays every window.  Also reported: the strict decode of one payload
 alone (times K, the share of the gather spent decoding) and the log-log slope of time against K
 (1 = linear).  Standalone: ``python scripts/benchmarks/gather.py [--ks 8 32 128] [--repeats 3]``.
+
+``hostile`` (issue 18): 32 honest peers gathered with 0, 16 and 64 hostile endpoints beside them —
+``stalled`` (accept TCP, never answer) or ``drip`` (one byte every 0.5 s) — placed *before* the honest
+uids, with the validator's priority order (honest peers by last-window standing) and, for the worst
+case, without it.  Reported per row: ``honest_seconds`` (when the last honest payload was in hand),
+``seconds`` (the whole call: it waits for the impostors' fair shares of the budget to run out),
+``honest_ok`` (every honest payload gathered, byte-identical to the clean run) and the ratio of
+``honest_seconds`` to the clean case; target ≤ 1.5 with priority.
 """
 from __future__ import annotations
 
@@ -22,12 +30,14 @@ if __package__ in (None, ""):  # run as a file: the repository and scripts/ onto
 
 import torch  # noqa: E402
 
+from benchmarks import hostile_server  # noqa: E402
 from benchmarks.common import proc_cpu_seconds  # noqa: E402
 
 from dso.codec import DeMoCodec  # noqa: E402
 from dso.config import HParams  # noqa: E402
 from dso.model import build_model, parameter_shapes  # noqa: E402
 from storage import keys  # noqa: E402
+from storage.commitment import BucketInfo  # noqa: E402
 from storage.gather import ReaderCache, gather  # noqa: E402
 from storage.server import EmbeddedS3  # noqa: E402
 from storage.wire import Expect, PayloadMeta, decode_payload, encode_payload  # noqa: E402
@@ -71,7 +81,7 @@ def bench_gather(ks=(8, 32, 128), repeats: int = 3, deadline_seconds: float = 12
             blob = encode_payload(codec, update, sync, meta)
             creds.write_client().put(creds.bucket, keys.gradient(WINDOW, uid, hp.protocol_version), blob)
             commitments[uid] = creds.commitment()
-        readers = ReaderCache()
+        readers = ReaderCache(allow_loopback=True)
         for k in ks:
             peers = {uid: commitments[uid] for uid in range(k)}
             times, client_cpu, server_cpu = [], [], []
@@ -99,6 +109,70 @@ def bench_gather(ks=(8, 32, 128), repeats: int = 3, deadline_seconds: float = 12
     return {"points": points, "payload_bytes": len(blob), "decode_ms": statistics.median(decode_times)}
 
 
+HOSTILE_COUNTS = (0, 16, 64)
+HONEST_UIDS = range(1000, 1032)
+
+
+def _hostile_row(readers, codec, expect, honest: dict, clean: dict | None, hostile: int, kind: str,
+                 priority: bool, deadline_seconds: float, body_bytes: int) -> dict:
+    process, ports = hostile_server.start("stall" if kind == "stalled" else "drip", hostile, body_bytes) \
+        if hostile else (None, [])
+    try:
+        impostors = {uid: BucketInfo(f"http://127.0.0.1:{port}", "us-east-1", "dso-evil", "AKIAEVIL", "s" * 40)
+                     for uid, port in enumerate(ports)}
+        result = gather(WINDOW, {**impostors, **honest}, codec, expect, None, deadline_seconds, readers=readers,
+                        priority=list(honest) if priority else None)
+    finally:
+        if process is not None:
+            hostile_server.stop(process)
+    got = {uid: (p.nbytes, p.sync_values.tolist()) for uid, p in result.payloads.items() if uid in honest}
+    ok = sorted(got) == sorted(honest) and (clean is None or got == clean)
+    honest_seconds = max((result.finished.get(uid, result.seconds) for uid in honest), default=0.0)
+    return {"hostile": hostile, "kind": kind, "priority": priority, "honest_seconds": honest_seconds,
+            "seconds": result.seconds, "honest_ok": ok, "_payloads": got,
+            "hostile_rejections": sorted({r.reason.value for u, r in result.rejections.items() if u in impostors})}
+
+
+def bench_hostile(repeats: int = 3, deadline_seconds: float = 8.0) -> dict:
+    """Rows of {hostile, kind, priority, honest_seconds, seconds, honest_ok, ratio} (medians over repeats)."""
+    torch.set_num_threads(1)
+    hp = HParams()
+    model = build_model(hp.model, hp.seed)
+    codec = DeMoCodec.from_hparams(parameter_shapes(model), hp)
+    gen = torch.Generator().manual_seed(1)
+    expect = Expect.from_hparams(hp, WINDOW)
+    rows = []
+    with EmbeddedS3.start() as server:
+        honest = {}
+        for uid in HONEST_UIDS:
+            creds = server.provision(f"honest{uid}")
+            update = codec.compress({n: torch.randn(p.shape, generator=gen) for n, p in model.named_parameters()})
+            blob = encode_payload(codec, update, torch.randn(hp.sync_samples, generator=gen),
+                                  PayloadMeta(uid, WINDOW, hp.protocol_version, hp.digest()))
+            creds.write_client().put(creds.bucket, keys.gradient(WINDOW, uid, hp.protocol_version), blob)
+            honest[uid] = creds.commitment()
+        readers = ReaderCache(allow_loopback=True)
+        body = len(blob)  # a drip announces a plausible payload size, under the cap
+        warm = _hostile_row(readers, codec, expect, honest, None, 0, "stalled", True, deadline_seconds, body)
+        clean = warm["_payloads"]
+        plan = [(0, "none", True)] + [(h, kind, True) for h in HOSTILE_COUNTS[1:] for kind in ("stalled", "drip")] \
+            + [(max(HOSTILE_COUNTS), "stalled", False)]
+        for hostile, kind, priority in plan:
+            runs = [_hostile_row(readers, codec, expect, honest, clean, hostile, kind, priority, deadline_seconds,
+                                 body) for _ in range(repeats)]
+            row = {k: v for k, v in runs[0].items() if k != "_payloads"}
+            row["honest_seconds"] = statistics.median(r["honest_seconds"] for r in runs)
+            row["seconds"] = statistics.median(r["seconds"] for r in runs)
+            row["honest_ok"] = all(r["honest_ok"] for r in runs)
+            rows.append(row)
+    base = rows[0]["honest_seconds"]
+    for row in rows:
+        row["ratio"] = row["honest_seconds"] / base if base > 0 else None
+    worst = max((r["ratio"] for r in rows if r["priority"] and r["ratio"] is not None), default=None)
+    return {"rows": rows, "honest": len(HONEST_UIDS), "deadline_seconds": deadline_seconds,
+            "worst_ratio_with_priority": worst, "all_honest_ok": all(r["honest_ok"] for r in rows)}
+
+
 def summarise(points: list[dict], decode_ms: float) -> list[dict]:
     """Adds seconds per peer and the share of the gather a strict decode of every payload accounts for."""
     out = []
@@ -114,7 +188,10 @@ def summarise(points: list[dict], decode_ms: float) -> list[dict]:
 def run(quick: bool) -> dict:
     res = bench_gather(ks=(8, 32) if quick else (8, 32, 128), repeats=1 if quick else 5)
     points = summarise(res.pop("points"), res["decode_ms"])
-    return {"gather": points, "scaling_exponent": scaling_exponent(points), **res}
+    hostile = bench_hostile(repeats=1 if quick else 3)
+    return {"gather": points, "scaling_exponent": scaling_exponent(points), **res, "hostile": hostile["rows"],
+            "hostile_worst_ratio": hostile["worst_ratio_with_priority"],
+            "hostile_honest_ok": 1.0 if hostile["all_honest_ok"] else 0.0}
 
 
 def markdown(result: dict) -> str:
@@ -124,6 +201,14 @@ def markdown(result: dict) -> str:
         busy = f"{p['cores_busy']:.2f}" if "cores_busy" in p else "—"
         lines.append(f"| {p['peers']} | {p['seconds']:.2f} | {1000 * p['seconds_per_peer']:.1f} | "
                      f"{p['decode_share']:.0%} | {busy} |")
+    if result.get("hostile"):
+        lines += ["", "| hostile peers | kind | honest first | honest done (s) | whole call (s) | honest ok | "
+                      "ratio to clean |", "|---:|---|:---:|---:|---:|:---:|---:|"]
+        for r in result["hostile"]:
+            ratio = "—" if r.get("ratio") is None else f"{r['ratio']:.2f}"
+            lines.append(f"| {r['hostile']} | {r['kind']} | {'yes' if r['priority'] else 'no'} | "
+                         f"{r['honest_seconds']:.2f} | {r['seconds']:.2f} | {'yes' if r['honest_ok'] else '**no**'} | "
+                         f"{ratio} |")
     slope = result["scaling_exponent"]
     lines += ["", f"log-log slope of time against K: {slope:.2f} (1 = linear)" if slope is not None else "",
               f"strict decode of one payload ({result['payload_bytes']} bytes): {result['decode_ms']:.1f} ms"]
@@ -134,8 +219,9 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--ks", type=int, nargs="+", default=[8, 32, 128])
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--hostile", action="store_true", help="only the hostile-endpoint rows (issue 18)")
     a = p.parse_args(argv)
-    print(json.dumps(bench_gather(tuple(a.ks), a.repeats), indent=2))
+    print(json.dumps(bench_hostile(a.repeats) if a.hostile else bench_gather(tuple(a.ks), a.repeats), indent=2))
     return 0
 
 

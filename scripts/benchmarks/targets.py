@@ -10,6 +10,10 @@ TARGETS = [
      ("ratio_4bit_vs_fp32_values",), "<=", 1.0),
     ("validator cost per peer in forward units", "validator", ("eval_forward_units_per_peer",), "<=", 3.5),
     ("gather time linear or better in K (log-log slope)", "gather", ("scaling_exponent",), "<=", 1.0),
+    ("gather.hostile: 32 honest peers beside 16/64 stalled or drip peers, time / clean time", "gather",
+     ("hostile_worst_ratio",), "<=", 1.5),
+    ("gather.hostile: every honest peer gathered, results unchanged (1 = yes)", "gather",
+     ("hostile_honest_ok",), ">=", 1.0),
     ("codec encode + decode share of a miner's window", "codec", ("compression_share_of_window",), "<", 0.10),
     ("convergence (a)/(c) within 5% of AdamW", "convergence", ("ratio",), "<=", 1.05),
 ]

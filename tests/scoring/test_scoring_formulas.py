@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from scipy.stats import rankdata
 
-from scoring.formulas import (competition_ranks, loss_delta, normalise_weights, peer_score, penalise, poc_update,
-                              sync_score, top_g)
+from scoring.formulas import (MU_MAX, MU_MIN, competition_ranks, loss_delta, normalise_weights, peer_score,
+                              penalise, poc_update, sync_score, top_g)
 
 
 # ------------------------------------------------------------- proof of computation
@@ -40,17 +40,39 @@ def test_loss_delta():
 
 
 # ------------------------------------------------------------------ penalty
-@pytest.mark.parametrize("mu, expected", [(0.4, 0.3), (0.0, 0.0), (-0.4, -0.5), (1.0, 0.75), (-1.0, -1.25)])
+@pytest.mark.parametrize("mu, expected", [(0.4, 0.3), (0.0, 0.0), (-0.4, -0.5), (1.0, 0.75), (-0.8, -1.0),
+                                          (-1.0, -1.0)])
 def test_penalise_hand_values(mu, expected):
     assert penalise(mu, 0.75) == pytest.approx(expected, abs=1e-15)
 
 
 def test_penalise_is_phi_times_mu_for_non_negative_and_never_raises():
-    for mu in np.linspace(-2, 2, 81):
+    for mu in np.linspace(MU_MIN, MU_MAX, 81):
         out = penalise(float(mu), 0.75)
         assert out <= mu
         if mu >= 0:
             assert out == pytest.approx(0.75 * mu, abs=1e-15)
+
+
+def test_mu_is_bounded_by_construction_and_an_offline_peer_can_recover():
+    """Finding 3: a negative μ was scaled by 1.25 per penalty without bound and reached -inf after ~3,200
+    windows (then the saved state was refused and the validator stopped).  Now it stops at MU_MIN, and
+    from there ceil(ln 2 / -ln γ) = 14 proofs of computation bring it back above zero (docs/scoring.md)."""
+    mu = poc_update(0.0, 0.0, 1.0, 0.95)            # -0.05, as in the issue
+    for _ in range(5000):
+        mu = penalise(mu, 0.75)
+        assert math.isfinite(mu) and MU_MIN <= mu <= MU_MAX
+    assert mu == MU_MIN
+    assert penalise(mu, 0.0) == MU_MIN              # a ban's φ = 0 too
+    windows = 0
+    while mu <= 0:
+        mu = poc_update(mu, 1.0, 0.0, 0.95)
+        windows += 1
+    assert windows == math.ceil(math.log(2) / -math.log(0.95)) == 14
+    for _ in range(5000):
+        mu = poc_update(mu, 1.0, 0.0, 0.95)
+    assert mu <= MU_MAX
+    assert penalise(math.nan, 0.75) == MU_MIN and poc_update(math.inf, 1.0, 0.0, 0.9) <= MU_MAX
 
 
 # ---------------------------------------------------------------- sync score
@@ -102,7 +124,7 @@ def test_two_negatives_never_make_a_reward():
 
 def test_peer_score_is_monotone_so_a_penalty_never_raises_it():
     grid = np.linspace(-3, 3, 25)
-    for mu, rating in itertools.product(grid, grid):
+    for mu, rating in itertools.product(np.linspace(MU_MIN, MU_MAX, 25), grid):  # μ lives in its bounds
         mu, rating = float(mu), float(rating)
         s = peer_score(mu, rating)
         assert peer_score(mu + 0.1, rating) >= s
@@ -110,8 +132,8 @@ def test_peer_score_is_monotone_so_a_penalty_never_raises_it():
         assert peer_score(penalise(mu, 0.75), rating) <= s
 
 
-def test_peer_score_non_finite_is_worst():
-    assert peer_score(math.nan, 1.0) == -math.inf
+def test_peer_score_non_finite_gets_no_weight_and_stays_finite():
+    assert peer_score(math.nan, 1.0) == MU_MIN and peer_score(0.5, math.inf) == MU_MIN
 
 
 # ------------------------------------------------------------- normalisation

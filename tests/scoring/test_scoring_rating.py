@@ -5,7 +5,8 @@ import math
 
 import pytest
 
-from scoring.rating import initial_rating, ordinal, rate_match
+from scoring.rating import (RATING_MU_BOUND, SIGMA_MAX, SIGMA_MIN, bound_rating, initial_rating, ordinal,
+                            rate_match)
 
 BETA, TAU, KAPPA = 25 / 6, 25 / 300, 1e-4
 
@@ -81,3 +82,14 @@ def test_result_does_not_depend_on_dict_order():
     a = rate_match({1: (26.0, 7.0), 2: (24.0, 8.0)}, {2: 0.4, 1: 0.1, 3: 0.2})
     b = rate_match({2: (24.0, 8.0), 1: (26.0, 7.0)}, {3: 0.2, 1: 0.1, 2: 0.4})
     assert a == b
+
+
+def test_ratings_stay_within_their_bounds():
+    """Every stored rating is finite and bounded, whatever comes in (docs/scoring.md, "Bounds")."""
+    assert bound_rating((5e3, 1e-9)) == (RATING_MU_BOUND, SIGMA_MIN)
+    assert bound_rating((-5e3, 1e3)) == (-RATING_MU_BOUND, SIGMA_MAX)
+    ratings = {1: (RATING_MU_BOUND, SIGMA_MIN), 2: (-RATING_MU_BOUND, SIGMA_MIN)}
+    for _ in range(200):  # the leader keeps winning at the bound, the last keeps losing
+        ratings = rate_match(ratings, {1: 1.0, 2: -1.0})
+    for mu, sigma in ratings.values():
+        assert abs(mu) <= RATING_MU_BOUND and SIGMA_MIN <= sigma <= SIGMA_MAX

@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from scoring.state import PeerState, StateError, ValidatorState, load, load_or_new
+from scoring.state import ForeignRunError, PeerState, StateError, ValidatorState, load, load_or_new
 
 
 def sample_state() -> ValidatorState:
@@ -60,7 +60,14 @@ def test_save_is_atomic_and_leaves_no_temp_files(tmp_path, monkeypatch):
 @pytest.mark.parametrize("mutate, message", [
     (lambda d: d.pop("peers"), "missing fields"),
     (lambda d: d.update(extra=1), "unknown fields"),
-    (lambda d: d.update(version=2), "version"),
+    (lambda d: d.update(version=1), "earlier version"),
+    (lambda d: d.update(version=3), "version"),
+    (lambda d: d.update(version="2"), "version"),
+    (lambda d: d["peers"]["3"].update(mu=-1.5), "peers.3.mu.*outside its bounds"),
+    (lambda d: d["peers"]["3"].update(rating_mu=1e6), "rating_mu.*outside"),
+    (lambda d: d.update(weights={"3": 2.0}), "weights.3"),
+    (lambda d: d.update(window=10 ** 30), "window.*out of range"),
+    (lambda d: d.update(top_g=[10 ** 30]), "top_g"),
     (lambda d: d.update(window="41"), "window"),
     (lambda d: d.update(secret="xyz"), "secret"),
     (lambda d: d["peers"]["3"].update(mu="lots"), "peers.3.mu"),
@@ -90,8 +97,27 @@ def test_load_errors_for_missing_corrupt_and_foreign_files(tmp_path):
     with pytest.raises(StateError):
         load(tmp_path / "bin.json")
     sample_state().save(tmp_path / "other.json")
-    with pytest.raises(StateError, match="saved for run abc123"):
+    with pytest.raises(ForeignRunError, match="saved for run abc123"):
         load(tmp_path / "other.json", run_digest="def456")
+
+
+@pytest.mark.parametrize("damage", [
+    lambda text: "[" * 200_000,                                               # RecursionError before
+    lambda text: text.replace('"mu": 0.30000000000000004', '"mu": 1' + "0" * 400),  # OverflowError before
+    lambda text: text.replace('"window": 41', '"window": 1' + "0" * 5000),     # int parser's digit limit
+    lambda text: text[: len(text) // 2],
+    lambda text: text.replace('"peers": {', '"peers": {"5": [], '),
+])
+def test_a_damaged_state_file_is_a_state_error_never_another_exception(tmp_path, damage):
+    """Finding 6: a damaged state raised RecursionError or OverflowError instead of the documented StateError."""
+    path = tmp_path / "scoring.json"
+    sample_state().save(path)
+    text = path.read_text()
+    damaged = damage(text)
+    assert damaged != text
+    path.write_text(damaged)
+    with pytest.raises(StateError, match="scoring.json"):
+        load(path)
 
 
 def test_load_or_new(tmp_path):
@@ -110,3 +136,11 @@ def test_private_randomness_depends_on_secret_window_and_purpose_only(tmp_path):
     draws = {state.rng(7, 1).integers(1 << 62), state.rng(8, 1).integers(1 << 62),
              state.rng(7, 2).integers(1 << 62), ValidatorState.new(secret="10" * 16).rng(7, 1).integers(1 << 62)}
     assert len(draws) == 4
+
+
+def test_standing_orders_peers_by_last_weight_then_mu_then_uid():
+    state = ValidatorState.new(secret="0f" * 16)
+    for uid, mu in ((1, 0.2), (2, 0.5), (3, -0.3), (4, 0.5), (5, 0.0)):
+        state.peers[uid] = PeerState(mu=mu)
+    state.weights = {3: 0.6, 1: 0.4}
+    assert state.standing() == [3, 1, 2, 4, 5]

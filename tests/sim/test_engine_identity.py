@@ -65,7 +65,9 @@ def validator_and_sim(tmp_path_factory, stdlib_corpus):
             "hparams": asdict(hp)})
         validator = Validator(build_context(cfg, "validator", handle_signals=False))
         # the same starting point: window 0, the simulator's private seed, its chain randomness
-        validator.book = validator_state.Bookkeeping(0, genesis_lists(0, [p.uid for p in sim.peers], hp.topg))
+        validator.ctx.run = "0123456789abcdef"
+        validator.book = validator_state.Bookkeeping(0, genesis_lists(0, [p.uid for p in sim.peers], hp.topg),
+                                                     run=validator.ctx.run)
         validator.scores.secret = sim.state.secret
         validator.ctx.clock.window_randomness = sim.randomness  # type: ignore[method-assign]
         pairs = []

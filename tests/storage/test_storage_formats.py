@@ -1,6 +1,7 @@
 """Formats without a server: keys, commitments, wire payloads, checkpoints, bundles, peers lists, cleanup."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -151,6 +152,49 @@ def test_every_metadata_disagreement_is_a_mismatch(codec, make_update, hp):
     for what, data in metadata_variants(codec, make_update(3), hp, uid=5, window=11).items():
         got = decode_payload(data, codec, Expect.from_hparams(hp, 11, uid=5))
         assert isinstance(got, Rejection) and got.reason is Reason.METADATA_MISMATCH, (what, got)
+
+
+def _with_meta(codec, update, hp, uid: int, window: int, /, **changes) -> bytes:
+    entries, md = split(honest(codec, update, hp, uid, window))
+    return build(entries, {**md, **changes})
+
+
+def test_data_hash_of_the_run_is_compared(codec, make_update, hp):
+    """Finding 5: docs/protocol.md says a payload with another data hash is rejected; the hash was never
+    compared because no caller set it.  Expect.from_hparams now takes the run's data hash (by default the
+    pinned hp.data_hash)."""
+    ours, theirs = "ab" * 32, "cd" * 32
+    pinned = dataclasses.replace(hp, data_hash=ours)
+    update = make_update(6)
+    good = _with_meta(codec, update, pinned, 1, 2, data_hash=ours)
+    other = _with_meta(codec, update, pinned, 1, 2, data_hash=theirs)
+    assert isinstance(decode_payload(good, codec, Expect.from_hparams(pinned, 2)), Payload)
+    got = decode_payload(other, codec, Expect.from_hparams(pinned, 2))
+    assert isinstance(got, Rejection) and got.reason is Reason.METADATA_MISMATCH and "data_hash" in got.detail
+    # an unpinned run passes the hash its own dataset computed
+    other = _with_meta(codec, update, hp, 1, 2, data_hash=theirs)
+    got = decode_payload(other, codec, Expect.from_hparams(hp, 2, data_hash=ours))
+    assert isinstance(got, Rejection) and got.reason is Reason.METADATA_MISMATCH and "data_hash" in got.detail
+    assert Expect.from_hparams(hp, 2).data_hash is None  # nothing pinned, nothing given: not checked
+
+
+def test_every_documented_metadata_field_is_compared(codec, make_update, hp):
+    """docs/storage.md lists the metadata keys; each one, changed alone, is a mismatch naming that key."""
+    update = make_update(7)
+    pinned = dataclasses.replace(hp, data_hash="ab" * 32)
+    expect = Expect.from_hparams(pinned, 2, uid=1, model_hash="ef" * 32)
+    base = {"data_hash": "ab" * 32, "model_hash": "ef" * 32}
+    assert isinstance(decode_payload(_with_meta(codec, update, pinned, 1, 2, **base), codec, expect), Payload)
+    changes = {"format": "dso-other", "protocol_version": str(hp.protocol_version + 1), "uid": "2", "window": "3",
+               "hparams": "0" * 16, "data_hash": "cd" * 32, "model_hash": "01" * 32}
+    for name, value in codec.settings().items():
+        changes[f"codec.{name}"] = str(value) + "0"
+    _, md = split(honest(codec, update, pinned, 1, 2))
+    assert set(changes) == set(md)  # every key the encoder writes is exercised
+    for key, value in changes.items():
+        got = decode_payload(_with_meta(codec, update, pinned, 1, 2, **{**base, key: value}), codec, expect)
+        assert isinstance(got, Rejection) and got.reason is Reason.METADATA_MISMATCH, (key, got)
+        assert key in got.detail, (key, got.detail)
 
 
 def test_optional_expectations_data_and_model_hash(codec, make_update, hp):

@@ -69,7 +69,7 @@ def test_gather_32_peers_returns_exactly_the_honest_ones(s3, codec, make_update,
     commitments[32] = None
     put_window = PutWindow(WINDOW, open=lm_start, close=lm_end + 0.5)
     result = gather(WINDOW, commitments, codec, Expect.from_hparams(hp, WINDOW), put_window, deadline_seconds=60,
-                    max_workers=16, readers=ReaderCache(timeout=20))
+                    max_workers=16, readers=ReaderCache(timeout=20, allow_loopback=True))
 
     assert sorted(result.payloads) == honest_uids
     want = {uid: reason for uid, reason in plan.items()}
@@ -151,7 +151,7 @@ def test_hostile_servers_are_rejections_and_a_hanging_one_only_costs_the_deadlin
     hang.listen(16)   # accepts connections in the kernel, never answers
     peers = {0: fair.commitment(), **{uid: info for uid, (_, info) in servers.items()},
              5: BucketInfo(f"http://127.0.0.1:{hang.getsockname()[1]}", "us-east-1", "dso-hang", "AKIAFAKE", "s" * 40)}
-    readers = ReaderCache(timeout=30, max_attempts=3)
+    readers = ReaderCache(timeout=30, max_attempts=3, allow_loopback=True)
     try:
         started = time.monotonic()
         result = gather(WINDOW, peers, codec, Expect.from_hparams(hp, WINDOW), None, deadline_seconds=8,
