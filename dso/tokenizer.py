@@ -83,7 +83,14 @@ class Tokenizer:
             hf = HFTokenizer.from_str(text)
         except Exception as e:  # noqa: BLE001 — the library raises plain Exceptions for bad JSON
             raise DataError(f"{source}: not a tokenizers JSON file ({str(e)[:160]})") from None
-        return cls("bpe", hf)
+        problem = _not_byte_level(json.loads(text))
+        if problem:
+            raise DataError(f"{source}: tokenizer is not byte-level ({problem}); train one with "
+                            "scripts/prepare_data.py --tokenizer bpe, or use --hparams.tokenizer bytes")
+        try:
+            return cls("bpe", hf)
+        except DataError as e:
+            raise DataError(f"{source}: {e}") from None
 
     @classmethod
     def from_file(cls, path: str | Path) -> "Tokenizer":
@@ -155,6 +162,22 @@ def canonical_hash(tokenizer_json: str) -> str:
     return hashlib.sha256(json.dumps(canon, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
+def _not_byte_level(obj: dict) -> str:
+    """Why a tokenizers JSON is not a byte-level BPE whose tokens spell exactly the input's bytes ('' if it is)."""
+    model, pre = obj.get("model") or {}, obj.get("pre_tokenizer") or {}
+    steps = pre.get("pretokenizers", []) if pre.get("type") == "Sequence" else [pre]
+    if model.get("type") != "BPE":
+        return f"model {model.get('type')!r}, not BPE"
+    if not any(isinstance(s, dict) and s.get("type") == "ByteLevel" for s in steps):
+        return "no ByteLevel pre-tokeniser"
+    if obj.get("normalizer"):
+        return "a normaliser changes the text before it is split"
+    missing = set(byte_alphabet().values()) - set(model.get("vocab") or {})
+    if missing:
+        return f"{len(missing)} of the 256 byte symbols are not in the vocabulary"
+    return ""
+
+
 def _token_byte_lengths(hf) -> np.ndarray:
     """Bytes each id decodes to; refuses tokenisers whose tokens are not byte-level strings."""
     size = hf.get_vocab_size(with_added_tokens=True)
@@ -169,7 +192,7 @@ def _token_byte_lengths(hf) -> np.ndarray:
             continue  # an added (special) token stands for no text
         if not token or any(ch not in alphabet for ch in token):
             raise DataError(f"tokenizer is not byte-level: token {token[:20]!r} (id {i}) is not spelled in the "
-                            "ByteLevel alphabet; train one with scripts/prepare_data.py or use --hparams.tokenizer bytes")
+                            "ByteLevel alphabet")
         lengths[i] = len(token)
     return lengths
 
