@@ -1,7 +1,7 @@
 """Training data as the protocol sees it: sequences, the validation split, and the per-peer assignment.
 
-The token stream lives in pre-tokenised shards (:mod:`dso.shards`), memory-mapped: a node's memory
-does not grow with the corpus.  Each shard is cut into non-overlapping sequences of ``seq_len + 1``
+The token stream lives in pre-tokenised shards (:mod:`dso.shards`), read sequence by sequence with
+positioned reads: a node's memory does not grow with the corpus.  Each shard is cut into non-overlapping sequences of ``seq_len + 1``
 ids (a shard's tail shorter than that is unused); sequences are numbered across shards in manifest
 order ("rows").  Nothing of corpus size is held in memory:
 
@@ -34,7 +34,7 @@ from dso.shards import ShardSet, is_shard_corpus, iter_all_text, open_shards, pr
 from dso.tokenizer import MIN_FREQUENCY, TRAIN_CAP_BYTES, Tokenizer, TokenizerSpec, train_bpe
 
 log = logging.getLogger(__name__)
-_SCAN = 1 << 20  # rows hashed per step when counting or listing validation rows
+_SCAN = 1 << 16  # rows hashed per step when counting or listing validation rows (bounds the temporaries)
 
 
 def _rng(*words: int) -> np.random.Generator:
@@ -66,7 +66,7 @@ class _Rows:
 
 
 class Dataset:
-    """Sequences of ``seq_len + 1`` ids over one or more token arrays (memory-mapped shards or arrays)."""
+    """Sequences of ``seq_len + 1`` ids over one or more token arrays (shard files or in-memory arrays)."""
 
     def __init__(self, tokens: np.ndarray | Sequence[np.ndarray], data_hash: str, seq_len: int, seed: int,
                  val_fraction: float = 0.02, tokenizer: Tokenizer | None = None):

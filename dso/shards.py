@@ -1,4 +1,4 @@
-"""Pre-tokenised data shards: writing them from a corpus, and opening them memory-mapped.
+"""Pre-tokenised data shards: writing them from a corpus, and reading them without loading them.
 
 A shard folder holds ``shard-NNNNN.npy`` files (one flat array of token ids each, ``uint16`` when the
 vocabulary fits, else ``uint32``), the BPE's ``tokenizer.json`` (none for bytes), and
@@ -10,9 +10,10 @@ vocabulary fits, else ``uint32``), the BPE's ``tokenizer.json`` (none for bytes)
      "documents": 38, "text_bytes": 5057198}
 
 The manifest is written last, so a folder whose writing was interrupted is never mistaken for a
-complete one.  :func:`open_shards` checks the manifest, every shard's sha256 (read in chunks, not
-mapped, so checking does not grow the process's resident memory) and that no id exceeds the
-vocabulary, then maps the shards read-only.  Any mismatch is a :class:`DataError` naming the file.
+complete one.  :func:`open_shards` checks the manifest, every shard's sha256 (read in small chunks,
+so checking does not grow the process's resident memory) and that no id exceeds the vocabulary,
+then opens the shards for positioned reads (:class:`ShardFile`; no memory map, see there).  Any
+mismatch is a :class:`DataError` naming the file.
 
 The data hash nodes agree on (:func:`data_hash`) is 64 hex digits: the first 16 are the tokeniser's
 hash, the other 48 a sha256 over the tokeniser and every shard's hash and size — so a node can say
@@ -41,7 +42,7 @@ TOKENIZER_FILE = "tokenizer.json"
 SHARD_TOKENS = 1 << 25          # ids per shard (64 MiB as uint16)
 _SHARD_NAME = re.compile(r"shard-\d{5,}\.npy")
 _HEX64 = re.compile(r"[0-9a-f]{64}")
-HASH_CHUNK = 8 << 20
+HASH_CHUNK = 1 << 20  # bytes read per step when hashing: small, so checking adds little to the peak RSS
 
 
 def dtype_for(vocab_size: int) -> np.dtype:
@@ -207,12 +208,59 @@ def _int_or0(v) -> int:
     return v if _is_int(v) and v >= 0 else 0
 
 
+class ShardFile:
+    """A shard's ids, read on demand with positioned reads: ``shard[a:b]`` reads just those ids.
+
+    Not a memory map on purpose: the kernel maps a file's page-cache folios whole (up to 2 MiB here),
+    so each random sequence read through ``np.memmap`` added about 1 MiB to the resident set, and a
+    miner's peak RSS grew with the corpus (docs/data.md).  Positioned reads leave nothing mapped."""
+
+    def __init__(self, path: Path, dtype: np.dtype, length: int, data_offset: int):
+        self.path, self.dtype, self.shape, self.offset = path, dtype, (length,), data_offset
+
+    @classmethod
+    def open(cls, path: Path) -> "ShardFile":
+        try:
+            with open(path, "rb") as fh:
+                version = np.lib.format.read_magic(fh)
+                if version not in ((1, 0), (2, 0)):
+                    raise ValueError(f"unsupported .npy version {version}")
+                shape, fortran, dtype = (np.lib.format.read_array_header_1_0(fh) if version == (1, 0)
+                                         else np.lib.format.read_array_header_2_0(fh))
+                offset = fh.tell()
+                size = fh.seek(0, os.SEEK_END)
+        except (OSError, ValueError) as e:
+            raise DataError(f"{path}: not a readable .npy shard ({e})") from None
+        if len(shape) != 1 or dtype not in (np.dtype(np.uint16), np.dtype(np.uint32)) or \
+                size != offset + shape[0] * dtype.itemsize:
+            raise DataError(f"{path}: expected a flat uint16/uint32 array filling the file, got {dtype}{list(shape)}")
+        return cls(path, dtype, int(shape[0]), offset)
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def __getitem__(self, index: slice) -> np.ndarray:
+        start, stop, step = index.indices(self.shape[0]) if isinstance(index, slice) else (None, None, None)
+        if step != 1:
+            raise TypeError("ShardFile supports contiguous slices only")
+        count = max(0, stop - start)
+        with open(self.path, "rb") as fh:
+            data = os.pread(fh.fileno(), count * self.dtype.itemsize, self.offset + start * self.dtype.itemsize)
+        if len(data) != count * self.dtype.itemsize:
+            raise DataError(f"{self.path}: shorter than its header says (truncated while in use?)")
+        return np.frombuffer(data, dtype=self.dtype)
+
+    def __array__(self, dtype=None, copy=None) -> np.ndarray:
+        out = self[0:self.shape[0]]
+        return out.astype(dtype) if dtype is not None else out
+
+
 @dataclass
 class ShardSet:
     folder: Path
     manifest: Manifest
     tokenizer: Tokenizer
-    arrays: list[np.ndarray]   # read-only memory maps
+    arrays: list[ShardFile]
 
     @property
     def data_hash(self) -> str:
@@ -220,7 +268,7 @@ class ShardSet:
 
 
 def open_shards(corpus: str | Path, verify: bool = True) -> ShardSet:
-    """Open a shard folder (or its manifest.json): validated, hashes checked, arrays memory-mapped."""
+    """Open a shard folder (or its manifest.json): validated, hashes checked, shards ready to read."""
     folder = Path(corpus).expanduser()
     folder = folder.parent if folder.name == MANIFEST else folder
     manifest = read_manifest(folder)
@@ -230,10 +278,7 @@ def open_shards(corpus: str | Path, verify: bool = True) -> ShardSet:
         path = folder / s.file
         if verify:
             _verify_shard(path, s, manifest.vocab_size)
-        try:
-            arr = np.load(path, mmap_mode="r", allow_pickle=False)
-        except (OSError, ValueError) as e:
-            raise DataError(f"{path}: not a readable .npy shard ({e})") from None
+        arr = ShardFile.open(path)
         if arr.dtype != np.dtype(manifest.dtype) or arr.shape != (s.tokens,):
             raise DataError(f"{path}: holds {arr.dtype}{list(arr.shape)}, the manifest says {manifest.dtype}[{s.tokens}]")
         arrays.append(arr)
@@ -277,9 +322,11 @@ def _hash_and_max(path: Path) -> tuple[str, int]:
         data_start = fh.tell()
         fh.seek(0)
         h.update(fh.read(data_start))
-        while block := fh.read(HASH_CHUNK):   # HASH_CHUNK is a multiple of every item size
-            h.update(block)
-            ids = np.frombuffer(block[: len(block) - len(block) % dtype.itemsize], dtype=dtype)
+        buf = bytearray(HASH_CHUNK)
+        while n := fh.readinto(buf):          # HASH_CHUNK is a multiple of every item size
+            view = memoryview(buf)[:n]
+            h.update(view)
+            ids = np.frombuffer(view[: n - n % dtype.itemsize], dtype=dtype)
             if ids.size:
                 top = max(top, int(ids.max()))
     return h.hexdigest(), top

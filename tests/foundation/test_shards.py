@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from dso.data import DataError, Dataset
-from dso.shards import MANIFEST, open_shards, write_shards
+from dso.shards import MANIFEST, ShardFile, open_shards, write_shards
 from dso.tokenizer import Tokenizer, TokenizerSpec, train_bpe
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -36,7 +36,7 @@ def test_shards_hold_the_corpus_tokens_in_order(folder, tmp_path, kind):
     shards = open_shards(tmp_path / "out")
     ids = np.concatenate([np.asarray(a) for a in shards.arrays])
     assert shards.tokenizer.hash == tok.hash and manifest.documents == 3 and manifest.tokens == ids.size
-    assert all(isinstance(a, np.memmap) for a in shards.arrays) and len(shards.arrays) == -(-ids.size // 7_000)
+    assert all(isinstance(a, ShardFile) for a in shards.arrays) and len(shards.arrays) == -(-ids.size // 7_000)
     assert shards.arrays[0].dtype == np.uint16
     assert tok.decode(ids) == expected_text(folder)
 
