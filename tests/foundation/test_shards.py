@@ -6,7 +6,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dso.data import DataError, Dataset
+from dso.data import DataError, Dataset, corpus_tokenizer
 from dso.shards import MANIFEST, ShardFile, open_shards, write_shards
 from dso.tokenizer import Tokenizer, TokenizerSpec, train_bpe
 
@@ -49,6 +49,8 @@ def test_dataset_on_shards_cuts_sequences_within_each_shard(folder, tmp_path):
     assert ds.n_sequences == (raw.size // 1000) * per_shard + (raw.size % 1000) // 33
     row = per_shard + 2                                   # the third sequence of the second shard
     assert np.array_equal(ds.sequences[row], raw[1000 + 2 * 33: 1000 + 3 * 33])
+    assert corpus_tokenizer(str(tmp_path / "out")) == TokenizerSpec("bytes", 256)
+    assert corpus_tokenizer(str(folder)) is None
     same = Dataset.from_config(str(tmp_path / "out" / MANIFEST), str(tmp_path / "cache"), 32, 7, 0.05)
     assert same.data_hash == ds.data_hash
     with pytest.raises(DataError, match="uses the bytes tokeniser but the run asks for hparams.tokenizer=bpe"):
