@@ -1,8 +1,10 @@
 """The Hugging Face export loads in `transformers` and computes what the project's model computes."""
+import contextlib
+import importlib.util
+import io
 import json
-import subprocess
-import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -68,9 +70,22 @@ def test_export_logits_match_and_generate_runs(tmp_path, stdlib_corpus, kind):
     assert isinstance(hf_tok.decode(out[0]), str)
 
 
-def run_export(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(ROOT / "scripts" / "export_hf.py"), *args], capture_output=True,
-                          text=True, timeout=300)
+def _script():
+    spec = importlib.util.spec_from_file_location("export_hf", ROOT / "scripts" / "export_hf.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+EXPORT = _script()
+
+
+def run_export(*args: str) -> SimpleNamespace:
+    """scripts/export_hf.py's main in this process (a subprocess would pay torch's import each time)."""
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        code = EXPORT.main(list(args))
+    return SimpleNamespace(returncode=code, stderr=err.getvalue())
 
 
 def test_export_script_from_a_checkpoint_file_and_a_validator_state(tmp_path):
