@@ -42,7 +42,7 @@ class ModelConfig:
     # first field: a preset is applied before the shape keys, which then override it (issue 14)
     preset: str = _doc("named shape applied before the other model keys (which override it): "
                        + presets.describe() + "; empty = the keys as given", default="")
-    vocab_size: int = _doc("token vocabulary (256 = raw bytes)", default=256)
+    vocab_size: int = _doc("token vocabulary: the tokeniser's size (256 for bytes; docs/data.md)", default=4096)
     d_model: int = _doc("hidden size", default=256)
     n_layers: int = _doc("decoder blocks", default=4)
     n_heads: int = _doc("attention heads (d_model must divide)", default=4)
@@ -137,8 +137,9 @@ class HParams:
     # --- tokeniser (issue 14; docs/data.md)
     tokenizer: Literal["bytes", "bpe"] = _doc(
         "bytes: 256 ids, id = byte value (vocab_size must be 256); bpe: byte-level BPE with "
-        "hparams.model.vocab_size ids, trained from the corpus on first use (or data.tokenizer_file)",
-        default="bytes")
+        "hparams.model.vocab_size ids, trained from the corpus on first use (or data.tokenizer_file); "
+        "bpe with 4096 ids is the default: lowest bits per byte at equal compute (docs/data.md)",
+        default="bpe")
 
     def validate(self, prefix: str) -> None:
         self.model.validate(f"{prefix}.model")

@@ -8,10 +8,13 @@ Reads every .txt/.md/.rst/.py file (one document each) and every .jsonl/.ndjson 
 per record, from its "text" field) under FOLDER in sorted order, checks it (empty, binary and
 non-UTF-8 files are refused, naming the file), tokenises it and writes ``shard-NNNNN.npy`` files plus
 ``manifest.json`` (each shard's sha256 and token count, and the tokeniser) to DIR (default
-FOLDER-shards).  With ``--tokenizer bpe`` a byte-level BPE of ``--vocab-size`` ids is trained from the
-text first (or ``--tokenizer-file`` is used) and saved beside the shards.  Then train on it:
+FOLDER-shards).  By default (the run's default tokeniser) a byte-level BPE of ``--vocab-size`` ids is
+trained from the text first (or ``--tokenizer-file`` is used) and saved beside the shards;
+``--tokenizer bytes`` keeps raw bytes.  Then train on it:
 
-    make run ARGS="--data.corpus DIR --hparams.tokenizer bpe --hparams.model.vocab_size N"
+    make run ARGS="--data.corpus DIR"
+
+(with a tokeniser other than the default the script prints the ``--set hparams.…`` flags to add).
 
 Progress: a bar on a terminal, plain lines otherwise.  Exit status 2 on bad input.
 """
@@ -24,6 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from dso.config import HParams  # noqa: E402
 from dso.corpus import DataError, corpus_files, total_bytes  # noqa: E402
 from dso.progress import Progress  # noqa: E402
 from dso.shards import SHARD_TOKENS, iter_all_text, write_shards  # noqa: E402
@@ -34,9 +38,11 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("folder", help="folder (or single file) of .txt/.md/.rst/.py and .jsonl/.ndjson files")
     p.add_argument("--out", help="output folder (default: FOLDER-shards)")
-    p.add_argument("--tokenizer", choices=("bytes", "bpe"), default="bytes",
+    defaults = HParams()  # the run's defaults, so `make run ARGS="--data.corpus DIR"` needs no other flag
+    p.add_argument("--tokenizer", choices=("bytes", "bpe"), default=defaults.tokenizer,
                    help="bytes: 256 ids; bpe: byte-level BPE trained from the text (default: %(default)s)")
-    p.add_argument("--vocab-size", type=int, default=1024, help="BPE vocabulary (default: %(default)s)")
+    p.add_argument("--vocab-size", type=int, default=defaults.model.vocab_size if defaults.tokenizer == "bpe" else 4096,
+                   help="BPE vocabulary (default: %(default)s)")
     p.add_argument("--tokenizer-file", help="use this byte-level tokenizer.json instead of training one")
     p.add_argument("--shard-tokens", type=int, default=SHARD_TOKENS, help="ids per shard (default: %(default)s)")
     args = p.parse_args(argv)
@@ -73,9 +79,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     print(f"prepare_data: {manifest.tokens:,} tokens in {len(manifest.shards)} shards, "
           f"{manifest.documents:,} documents, {total / max(1, manifest.tokens):.2f} bytes per token")
-    flags = f"--data.corpus {out}"
-    if tok.kind == "bpe":
-        flags += f" --hparams.tokenizer bpe --hparams.model.vocab_size {tok.vocab_size}"
+    flags, defaults = f"--data.corpus {out}", HParams()
+    if (tok.kind, tok.vocab_size) != (defaults.tokenizer, defaults.model.vocab_size):
+        flags += f" --set hparams.tokenizer={tok.kind} --set hparams.model.vocab_size={tok.vocab_size}"
     print(f'train on it: make run ARGS="{flags}"')
     return 0
 

@@ -6,10 +6,9 @@ import time
 
 import torch
 
-from benchmarks.common import median_times, worker_pool
+from benchmarks.common import default_dataset, median_times, worker_pool
 from dso.codec import DeMoCodec
 from dso.config import HParams, ModelConfig
-from dso.data import Dataset
 from dso.model import build_model, parameter_shapes
 from dso.train import compute_gradients
 
@@ -62,7 +61,7 @@ def run(quick: bool) -> dict:
     hp = HParams()
     model = build_model(hp.model, hp.seed)
     codec = DeMoCodec.from_hparams(parameter_shapes(model), hp)
-    ds = Dataset.from_config("shakespeare", "~/.cache/dso", hp.model.seq_len, hp.seed, hp.val_fraction)
+    ds = default_dataset(hp)
     batch = ds.training_batch(0, 0, hp.assigned_sequences, hp.batch_size)
     grads, _ = compute_gradients(model, batch, hp.micro_batch)
     result = measure(codec, grads, repeats=3 if quick else 9)
@@ -84,7 +83,7 @@ def measure_preset(preset: str, quick: bool) -> dict:
 
     The gradient is taken on ``micro_batch`` sequences (one in quick mode); the share of a miner's
     compute spent in the codec scales its time linearly to a baseline batch of ``batch_size``."""
-    from benchmarks.common import default_dataset, own_peak_rss_mb, preset_hparams, setup_worker
+    from benchmarks.common import own_peak_rss_mb, preset_hparams, setup_worker
     setup_worker()
     hp = preset_hparams(preset)
     c0 = time.process_time()

@@ -70,11 +70,14 @@ def miner_work(shards: str, cache_dir: str) -> dict:
 
     from dso.config import HParams
     from dso.data import Dataset
+    from dso.tokenizer import TokenizerSpec
     from dso.model import build_model
     from dso.train import evaluate
 
-    hp = HParams()
-    ds = Dataset.from_config(shards, cache_dir, hp.model.seq_len, hp.seed, hp.val_fraction)
+    hp = HParams(tokenizer="bytes")  # the shards are byte-level (see the module doc)
+    hp.model.vocab_size = 256
+    ds = Dataset.from_config(shards, cache_dir, hp.model.seq_len, hp.seed, hp.val_fraction,
+                             tokenizer=TokenizerSpec("bytes", 256))
     model = build_model(hp.model, hp.seed)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     val = ds.validation(hp.val_sequences)

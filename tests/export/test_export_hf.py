@@ -18,7 +18,7 @@ from storage.checkpoint import encode_checkpoint
 transformers = pytest.importorskip("transformers", reason="transformers is the export extra (make test installs it)")
 
 ROOT = Path(__file__).resolve().parents[2]
-FLAGS = ["--hparams.model.d_model", "64", "--hparams.model.n_layers", "2", "--hparams.model.n_heads", "4",
+FLAGS = ["--hparams.tokenizer", "bytes", "--hparams.model.vocab_size", "256", "--hparams.model.d_model", "64", "--hparams.model.n_layers", "2", "--hparams.model.n_heads", "4",
          "--hparams.model.ffn_hidden", "96", "--hparams.model.seq_len", "64", "--hparams.model.init_std", "0.3"]
 
 

@@ -128,11 +128,11 @@ def test_prepare_data_script_writes_shards_and_says_how_to_train(folder, tmp_pat
     done = run_prepare(str(folder), "--out", str(out), "--tokenizer", "bpe", "--vocab-size", "300")
     assert done.returncode == 0, done.stderr
     assert "tokenising: 100.0%" in done.stderr                   # plain progress lines off a terminal
-    assert f"--data.corpus {out} --hparams.tokenizer bpe --hparams.model.vocab_size 300" in done.stdout
+    assert f"--data.corpus {out} --set hparams.tokenizer=bpe --set hparams.model.vocab_size=300" in done.stdout
     ds = Dataset.from_config(str(out), str(tmp_path / "cache"), 16, 1, 0.05, tokenizer=TokenizerSpec("bpe", 300))
     assert ds.tokenizer.vocab_size == 300 and (out / "tokenizer.json").is_file()
-    again = run_prepare(str(folder), "--out", str(out))
+    again = run_prepare(str(folder), "--out", str(out), "--tokenizer", "bytes")
     assert again.returncode == 2 and "already holds a shard manifest" in again.stderr
     (folder / "empty.md").write_text("")
-    bad = run_prepare(str(folder), "--out", str(tmp_path / "other"))
+    bad = run_prepare(str(folder), "--out", str(tmp_path / "other"), "--tokenizer", "bytes")
     assert bad.returncode == 2 and "empty.md: empty file" in bad.stderr

@@ -79,9 +79,10 @@ def test_corpus_too_small_for_the_vocabulary():
 
 
 @pytest.mark.parametrize("data, message", [
-    ({"hparams": {"model": {"vocab_size": 512}}}, "the byte tokeniser has 256 ids"),
-    ({"hparams": {"tokenizer": "bpe"}}, "a BPE needs more than the 256 byte ids"),
-    ({"data": {"tokenizer_file": "t.json"}}, "only used with hparams.tokenizer=bpe"),
+    ({"hparams": {"tokenizer": "bytes", "model": {"vocab_size": 512}}}, "the byte tokeniser has 256 ids"),
+    ({"hparams": {"tokenizer": "bpe", "model": {"vocab_size": 256}}}, "a BPE needs more than the 256 byte ids"),
+    ({"hparams": {"tokenizer": "bytes", "model": {"vocab_size": 256}}, "data": {"tokenizer_file": "t.json"}},
+     "only used with hparams.tokenizer=bpe"),
     ({"hparams": {"tokenizer": "wordpiece"}}, "must be one of bytes, bpe"),
 ])
 def test_config_keeps_tokeniser_and_vocabulary_in_agreement(data, message):
