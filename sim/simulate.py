@@ -63,7 +63,7 @@ def plot_loss(path: Path, series: dict[str, list[dict]], title: str) -> None:
 
 def dataset_for(hp: HParams, args) -> Dataset:
     try:
-        return Dataset.from_config(args.corpus, args.cache_dir, hp.model.seq_len, hp.seed, hp.val_fraction)
+        return Dataset.for_run(hp, args.corpus, args.cache_dir)
     except DataError as e:
         raise SystemExit(f"simulate: {e}") from None
 

@@ -21,7 +21,9 @@ def stdlib_corpus() -> Path:
 def tiny_hparams():
     from dso.config import HParams, ModelConfig
 
-    hp = HParams(model=ModelConfig(d_model=32, n_layers=1, n_heads=2, ffn_hidden=64, seq_len=16))
+    # tests train on raw bytes (no tokeniser to train, small embedding): the byte tokeniser, explicitly
+    hp = HParams(tokenizer="bytes",
+                 model=ModelConfig(vocab_size=256, d_model=32, n_layers=1, n_heads=2, ffn_hidden=64, seq_len=16))
     hp.batch_size, hp.assigned_sequences, hp.micro_batch, hp.chunk, hp.topk = 4, 8, 4, 16, 8
     return hp
 
@@ -33,7 +35,8 @@ def network_hparams():
     from dso.config import HParams, ModelConfig
 
     def make() -> HParams:
-        hp = HParams(model=ModelConfig(d_model=64, n_layers=2, n_heads=2, ffn_hidden=128, seq_len=32))
+        hp = HParams(tokenizer="bytes",
+                     model=ModelConfig(vocab_size=256, d_model=64, n_layers=2, n_heads=2, ffn_hidden=128, seq_len=32))
         # assignment = batch and all of it evaluated: the strongest proof-of-computation signal, so a
         # dozen windows are enough for every honest miner's μ to be clearly positive (docs/scoring.md)
         hp.batch_size, hp.assigned_sequences, hp.micro_batch = 8, 8, 8

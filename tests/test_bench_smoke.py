@@ -150,6 +150,7 @@ def _result(**over):
         "validator": {"eval_forward_units_per_peer": 3.9},
         "gather": {"scaling_exponent": 1.0, "hostile_worst_ratio": 1.5, "hostile_honest_ok": 1.0},
         "convergence": {"ratio": 1.05, "ratio_4bit_vs_fp32_values": 1.001},
+        "data": {"rss_growth_mb": 32.0},
     }
     res.update(over)
     return res
@@ -168,6 +169,7 @@ def test_targets_verdicts_on_boundaries():
     assert met["convergence (a)/(c) within 5% of AdamW"] is True                  # exactly 1.05
     assert met["4-bit values converge no worse than float32 values: (a)/(a')"] is False
     assert met["bytes per kept within 15% of the bound (~100 M shapes)"] is True
+    assert met["miner peak RSS flat across corpus sizes (growth in MB)"] is True          # exactly 32
     assert rows["bytes per kept ≥ 1.5× smaller than 2.5 B"]["threshold"] == ">= 1.5"
 
 
@@ -192,3 +194,18 @@ def test_markdown_renders_sections_errors_and_targets():
     assert "machine" not in text.split("### targets")[0]
     assert generic_markdown({"curve": [1, 2, 3]}).count("\n") == 1  # long lists stay in the JSON
     assert all(callable(m.run) for m in MODULES.values())
+
+
+# ------------------------------------------------------------------- data
+def test_data_section_growth_and_generated_corpus(tmp_path):
+    from benchmarks import data
+    rows = [{"corpus_mb": 200.0, "rss_mb": 650.0}, {"corpus_mb": 20.0, "rss_mb": 640.5}]
+    assert data.rss_growth(rows) == pytest.approx(9.5)
+    written = data.generate_corpus(tmp_path / "a", 0.3, seed=1)
+    again = data.generate_corpus(tmp_path / "b", 0.3, seed=1)
+    files = sorted((tmp_path / "a").iterdir())
+    assert written == again and abs(written - 300_000) < 1000
+    assert [f.read_bytes() for f in files] == [f.read_bytes() for f in sorted((tmp_path / "b").iterdir())]
+    text = files[0].read_text()
+    assert text.count("\n") > 100 and len(set(text.split())) > 500   # lines of many distinct words
+    assert "data" in SECTIONS and list(SECTIONS)[-1] == "convergence"

@@ -2,13 +2,13 @@
 from __future__ import annotations
 
 import math
+import time
 
 import torch
 
-from benchmarks.common import median_times
+from benchmarks.common import default_dataset, median_times, worker_pool
 from dso.codec import DeMoCodec
 from dso.config import HParams, ModelConfig
-from dso.data import Dataset
 from dso.model import build_model, parameter_shapes
 from dso.train import compute_gradients
 
@@ -63,7 +63,7 @@ def run(quick: bool) -> dict:
     hp = HParams()
     model = build_model(hp.model, hp.seed)
     codec = DeMoCodec.from_hparams(parameter_shapes(model), hp)
-    ds = Dataset.from_config("shakespeare", "~/.cache/dso", hp.model.seq_len, hp.seed, hp.val_fraction)
+    ds = default_dataset(hp)
     batch = ds.training_batch(0, 0, hp.assigned_sequences, hp.batch_size)
     grads, _ = compute_gradients(model, batch, hp.micro_batch)
     result = measure(codec, grads, repeats=3 if quick else 9)
@@ -75,4 +75,34 @@ def run(quick: bool) -> dict:
     big = DeMoCodec(shapes_100m(), chunk=hp.chunk, topk=hp.topk, value_bits=hp.value_bits)
     big_tensors = {n: torch.randn(s) for n, s in big.shapes.items()} if not quick else {}
     result["model_100m"] = measure(big, big_tensors, repeats=0 if quick else 1)
+    with worker_pool(1) as pool:  # its own process: a clean peak RSS, and its memory is returned after
+        result["model_125m"] = pool.submit(measure_preset, "125m", quick).result()
     return result
+
+
+def measure_preset(preset: str, quick: bool) -> dict:
+    """The codec on a real model of a named preset: built for real, a real gradient, encode and decode.
+
+    The gradient is taken on ``micro_batch`` sequences (one in quick mode); the share of a miner's
+    compute spent in the codec scales its time linearly to a baseline batch of ``batch_size``."""
+    from benchmarks.common import own_peak_rss_mb, preset_hparams, setup_worker
+    setup_worker()
+    hp = preset_hparams(preset)
+    c0 = time.process_time()
+    model = build_model(hp.model, hp.seed)
+    build_cpu_s = time.process_time() - c0
+    codec = DeMoCodec.from_hparams(parameter_shapes(model), hp)
+    ds = default_dataset(hp)
+    sequences = 1 if quick else hp.micro_batch
+    batch = ds.training_batch(0, 0, hp.assigned_sequences, sequences)
+    c0 = time.process_time()
+    grads, _ = compute_gradients(model, batch, hp.micro_batch)
+    gradient_cpu_ms = (time.process_time() - c0) * 1000
+    out = {"preset": preset, "d_model": hp.model.d_model, "n_layers": hp.model.n_layers,
+           "vocab_size": hp.model.vocab_size, **measure(codec, grads, repeats=1 if quick else 3)}
+    batch_cpu_ms = gradient_cpu_ms * hp.batch_size / sequences
+    out.update({"build_cpu_s": build_cpu_s, "gradient_sequences": sequences, "gradient_cpu_ms": gradient_cpu_ms,
+                "compression_share_of_window": compression_share(out["encode_cpu_ms"], out["decode_cpu_ms"],
+                                                                 batch_cpu_ms),
+                "peak_rss_mb": own_peak_rss_mb()})
+    return out

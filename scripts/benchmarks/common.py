@@ -73,9 +73,19 @@ def finite_or_none(x: float) -> float | None:
 
 
 def default_dataset(hp):
-    """The data set every node of a default run trains on (Shakespeare, cached token ids)."""
+    """The data set every node of a default run trains on (Shakespeare, cached shards, the run's tokeniser)."""
     from dso.data import Dataset
-    return Dataset.from_config("shakespeare", "~/.cache/dso", hp.model.seq_len, hp.seed, hp.val_fraction)
+    return Dataset.for_run(hp, "shakespeare", "~/.cache/dso")
+
+
+def preset_hparams(preset: str):
+    """Default hyper-parameters with a named model preset (dso.presets) applied."""
+    from dso.config import HParams
+    hp = HParams()
+    hp.model.preset = preset
+    hp.model.apply_preset()
+    hp.validate("hparams")
+    return hp
 
 
 def setup_worker() -> None:

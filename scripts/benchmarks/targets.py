@@ -16,6 +16,8 @@ TARGETS = [
      ("hostile_honest_ok",), ">=", 1.0),
     ("codec encode + decode share of a miner's window", "codec", ("compression_share_of_window",), "<", 0.10),
     ("convergence (a)/(c) within 5% of AdamW", "convergence", ("ratio",), "<=", 1.05),
+    # issue 14: ten times the corpus may not cost a miner more than a few MB of peak RSS
+    ("miner peak RSS flat across corpus sizes (growth in MB)", "data", ("rss_growth_mb",), "<=", 32.0),
 ]
 
 

@@ -35,7 +35,7 @@ def per_peer_cost(t_many: float, t_one: float, many: int) -> tuple[float, float]
     return per_peer, t_one - per_peer
 
 
-def _honest_payloads(model, codec, dataset, hp, uids, positions) -> dict:
+def _honest_payloads(model, codec, dataset, hp, uids, positions, sequences: int | None = None) -> dict:
     from dso.codec import ErrorFeedback
     from dso.train import compute_gradients
     from scoring.sync import sample_parameters
@@ -43,7 +43,7 @@ def _honest_payloads(model, codec, dataset, hp, uids, positions) -> dict:
     sync = sample_parameters(dict(model.named_parameters()), positions)
     payloads = {}
     for uid in uids:
-        batch = dataset.training_batch(uid, WINDOW, hp.assigned_sequences, hp.batch_size)
+        batch = dataset.training_batch(uid, WINDOW, hp.assigned_sequences, sequences or hp.batch_size)
         grads, _ = compute_gradients(model, batch, hp.micro_batch)
         payloads[uid] = (ErrorFeedback(codec, hp.ef_beta).step(grads, 0, uid), sync.clone())
         del grads
@@ -51,13 +51,17 @@ def _honest_payloads(model, codec, dataset, hp, uids, positions) -> dict:
 
 
 def measure_eval_cost(quick: bool, eval_sequences: int | None = None, repeats: int | None = None,
-                      peers: int | None = None) -> dict:
-    """Runs in its own process (see module doc); returns timings in ms and this process's peak RSS."""
+                      peers: int | None = None, preset: str = "", gradient_sequences: int | None = None) -> dict:
+    """Runs in its own process (see module doc); returns timings in ms and this process's peak RSS.
+
+    ``preset``: a named model shape (dso.presets) built for real instead of the default model;
+    ``gradient_sequences``: sequences behind each honest payload (the payload's size does not depend
+    on it, only the time to make it)."""
     import copy
 
     import numpy as np
 
-    from benchmarks.common import default_dataset, setup_worker
+    from benchmarks.common import default_dataset, preset_hparams, setup_worker
     setup_worker()
     from dso.codec import DeMoCodec
     from dso.config import HParams
@@ -68,7 +72,7 @@ def measure_eval_cost(quick: bool, eval_sequences: int | None = None, repeats: i
     from scoring.sync import sync_positions
     from scoring.window import score_window
 
-    hp = HParams()
+    hp = preset_hparams(preset) if preset else HParams()
     hp.eval_sequences = eval_sequences or hp.eval_sequences
     hp.eval_peers = peers or hp.eval_peers
     model = build_model(hp.model, hp.seed)
@@ -77,7 +81,8 @@ def measure_eval_cost(quick: bool, eval_sequences: int | None = None, repeats: i
     dataset = default_dataset(hp)
     many = hp.eval_peers
     uids = list(range(many))
-    payloads = _honest_payloads(model, codec, dataset, hp, uids, sync_positions(RANDOMNESS, shapes, hp.sync_samples))
+    payloads = _honest_payloads(model, codec, dataset, hp, uids, sync_positions(RANDOMNESS, shapes, hp.sync_samples),
+                                gradient_sequences)
     repeats = repeats or (3 if quick else 9)
 
     def score(eval_peers: int):
@@ -118,6 +123,7 @@ def measure_eval_cost(quick: bool, eval_sequences: int | None = None, repeats: i
     per_peer, shared = per_peer_cost(cpu["many"], cpu["one"], many)
     per_peer_wall, _ = per_peer_cost(wall["many"], wall["one"], many)
     return {
+        "preset": preset or "default", "parameters": sum(p.numel() for p in model.parameters()),
         "evaluated_peers": many, "eval_sequences": hp.eval_sequences, "repeats": repeats,
         "eval_forward_units_per_peer": per_peer / cpu["forward"],
         "eval_forward_units_per_peer_wall": per_peer_wall / wall["forward"],
@@ -164,6 +170,9 @@ def run(quick: bool) -> dict:
                                                           "forward_cpu_ms", "breakdown_cpu_ms")}
     with worker_pool(1) as pool:
         miner = pool.submit(measure_miner_footprint).result()
+    with worker_pool(1) as pool:  # the ~125 M preset built for real: two peers, few sequences in quick mode
+        cost["model_125m"] = pool.submit(measure_eval_cost, quick, 2 if quick else None, 1 if quick else 2, 2,
+                                         "125m", 1).result()
     out = {"eval_forward_units_per_peer": cost.pop("eval_forward_units_per_peer"), **cost}
     out["miner_inprocess_peak_rss_mb"] = miner["inprocess_peak_rss_mb"]
     if quick:
@@ -192,6 +201,12 @@ def markdown(result: dict) -> str:
              f"{b['three_forwards_apply_restore']:.1f} |",
              f"| peak RSS validator / miner MB ({result['peak_rss_source']}) | {result['peak_rss_mb']:.0f} / "
              f"{result['miner_peak_rss_mb']:.0f} |"]
+    m = result.get("model_125m")
+    if m:
+        lines.append(f"| ~125 M preset ({m['parameters'] / 1e6:.0f} M parameters, {m['eval_sequences']} sequences): "
+                     f"forward units per peer, per-peer / forward CPU ms, peak RSS MB | "
+                     f"{m['eval_forward_units_per_peer']:.2f}, {m['per_peer_cpu_ms']:.0f} / {m['forward_cpu_ms']:.0f}, "
+                     f"{m['inprocess_peak_rss_mb']:.0f} |")
     big = result.get("larger_eval_batch")
     if big:
         lines.append(f"| eval_forward_units_per_peer with {big['eval_sequences']} eval sequences | "

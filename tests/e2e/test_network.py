@@ -108,8 +108,7 @@ def test_restarted_validator_gives_the_uninterrupted_weights(network):
     got = gather_window(t, {u: commitments.get(u) for u in active}, codec, Expect.from_hparams(hp, t, run=book.run),
                         clock.put_window(t), cfg.storage.gather_deadline_seconds, commit_reveal=hp.commit_reveal,
                         readers=ReaderCache.from_config(cfg.storage), priority=scores.standing())
-    dataset = Dataset.from_config(cfg.data.corpus, cfg.data.cache_dir, hp.model.seq_len, hp.seed, hp.val_fraction,
-                                  hp.data_hash)
+    dataset = Dataset.for_run(hp, cfg.data.corpus, cfg.data.cache_dir, cfg.data.tokenizer_file)
     inputs = WindowInputs(t, got.payloads, got.rejections, active, book.lists[t], clock.window_randomness(t))
     outcome = run_window(scores, model, codec, dataset, hp, inputs, ledger_prev_hash=book.ledger_hash,
                          validator=next(n.hotkey for n in net.chain.metagraph() if n.uid == validator.uid))

@@ -16,7 +16,7 @@ from sim.localnet import LocalNet, plan_nodes, wait_for
 
 pytestmark = pytest.mark.slow
 KILL_AFTER = 8     # windows the first leader scores before it is killed
-AFTER_KILL = 8     # windows the second validator scores after that
+AFTER_KILL = 12    # windows the second validator scores after that (the hand-over takes about five)
 
 
 def by_window(lines: list[dict], key: str) -> dict[int, object]:
@@ -68,7 +68,7 @@ def test_after_the_leader_is_killed_the_next_leads_and_no_miner_falls_out_of_syn
     assert settled and all(third[w] == reference[w] for w in settled), (third, reference)
     for name, lines in miners.items():
         followed = [line for line in lines if line["window"] > killed_at and line["window"] in reference]
-        assert len(followed) >= AFTER_KILL - 4, (name, [line["window"] for line in lines])
+        assert len(followed) >= AFTER_KILL - 7, (name, [line["window"] for line in lines])
         for line in followed:
             assert line["model_hash"] == reference[line["window"]], (name, line["window"])
 

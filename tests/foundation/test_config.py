@@ -73,3 +73,44 @@ def test_every_leaf_has_a_flag_and_a_doc():
     for key in ("--netuid", "--wallet.name", "--storage.endpoint", "--hparams.topk", "--hparams.dp.delta"):
         assert key in flags
     assert all(a.help for a in parser._actions)
+
+
+# ------------------------------------------------------------------ model presets (issue 14)
+def test_preset_sets_the_shape_and_explicit_keys_override_it(tmp_path):
+    from dso.presets import PRESETS
+    cfg, _ = parse_args(["--hparams.model.preset", "125m", "--hparams.model.n_layers", "6"])
+    m = cfg.hparams.model
+    assert (m.d_model, m.n_heads, m.ffn_hidden, m.n_layers) == (768, 12, 2048, 6)
+    # in a file the preset applies first too, wherever it stands among the keys
+    f = tmp_path / "run.json"
+    f.write_text(json.dumps({"hparams": {"model": {"n_layers": 3, "preset": "25m"}}}))
+    m = parse_args(["--config", str(f)])[0].hparams.model
+    assert (m.d_model, m.n_layers) == (PRESETS["25m"]["d_model"], 3)
+    assert from_dict({"hparams": {"model": {"preset": "1b"}}}).hparams.model.d_model == 2048
+    with pytest.raises(ConfigError, match="hparams.model.preset: must be one of tiny, 25m, 125m, 1b"):
+        from_dict({"hparams": {"model": {"preset": "7b"}}})
+
+
+def test_preset_parameter_counts_match_the_built_model():
+    import torch
+    from dso.config import ModelConfig
+    from dso.model import Decoder, parameter_count
+    from dso.presets import PRESETS, non_embedding_parameters, total_parameters
+    for name, shape in PRESETS.items():
+        cfg = ModelConfig(**shape, vocab_size=1024)
+        with torch.device("meta"):  # shapes only: the 1 B preset needs no memory here
+            built = parameter_count(Decoder(cfg))
+        assert built == total_parameters(**shape, vocab_size=1024)
+        assert built - 1024 * shape["d_model"] == non_embedding_parameters(**shape)
+    millions = {name: non_embedding_parameters(**shape) / 1e6 for name, shape in PRESETS.items()}
+    assert 3 < millions["tiny"] < 3.5 and 20 < millions["25m"] < 30 and 110 < millions["125m"] < 140
+    assert 0.9e3 < millions["1b"] < 1.2e3
+    assert ModelConfig(**PRESETS["tiny"]) == ModelConfig()  # the tiny preset is the default shape
+
+
+def test_help_documents_the_presets_and_the_tokeniser(capsys):
+    with pytest.raises(SystemExit):
+        parse_args(["--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "--hparams.model.preset" in out and "125m = d_model 768, 18 layers" in out
+    assert "--hparams.tokenizer" in out and "--data.tokenizer_file" in out

@@ -13,7 +13,7 @@ def test_default_size_and_tied_embeddings():
 
 
 def test_same_seed_same_hash_and_forward_shape():
-    cfg = ModelConfig(d_model=32, n_layers=2, n_heads=2, ffn_hidden=64, seq_len=16)
+    cfg = ModelConfig(vocab_size=256, d_model=32, n_layers=2, n_heads=2, ffn_hidden=64, seq_len=16)
     a, b, c = build_model(cfg, 5), build_model(cfg, 5), build_model(cfg, 6)
     assert model_hash(a) == model_hash(b) != model_hash(c)
     tokens = torch.randint(0, 256, (3, 16))
@@ -24,7 +24,7 @@ def test_same_seed_same_hash_and_forward_shape():
 
 
 def test_causal_future_tokens_do_not_change_past_logits():
-    cfg = ModelConfig(d_model=32, n_layers=2, n_heads=2, ffn_hidden=64, seq_len=16)
+    cfg = ModelConfig(vocab_size=256, d_model=32, n_layers=2, n_heads=2, ffn_hidden=64, seq_len=16)
     model = build_model(cfg, 3)
     x = torch.randint(0, 256, (1, 16))
     y = x.clone()
@@ -35,7 +35,7 @@ def test_causal_future_tokens_do_not_change_past_logits():
 
 
 def test_initial_loss_is_near_uniform():
-    cfg = ModelConfig(d_model=32, n_layers=1, n_heads=2, ffn_hidden=64, seq_len=16)
+    cfg = ModelConfig(vocab_size=256, d_model=32, n_layers=1, n_heads=2, ffn_hidden=64, seq_len=16)
     model = build_model(cfg, 0)
     batch = torch.randint(0, 256, (4, 17))
     assert abs(model.loss(batch).item() - torch.log(torch.tensor(256.0)).item()) < 0.1

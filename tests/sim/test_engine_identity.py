@@ -29,7 +29,8 @@ WINDOWS = 6
 
 
 def tiny() -> HParams:
-    hp = HParams(model=ModelConfig(d_model=32, n_layers=1, n_heads=2, ffn_hidden=64, seq_len=32))
+    hp = HParams(model=ModelConfig(vocab_size=256, d_model=32, n_layers=1, n_heads=2, ffn_hidden=64, seq_len=32),
+                 tokenizer="bytes")
     hp.batch_size, hp.assigned_sequences, hp.micro_batch, hp.chunk, hp.topk = 8, 16, 8, 16, 8
     hp.eval_sequences, hp.eval_peers, hp.learning_rate, hp.warmup_windows = 8, 4, 5e-3, 0
     hp.topg, hp.checkpoint_every = 4, 3
@@ -41,9 +42,8 @@ def validator_and_sim(tmp_path_factory, stdlib_corpus):
     root = tmp_path_factory.mktemp("identity")
     hp = tiny()
     cache = str(root / "cache")
-    hp.data_hash = Dataset.from_config(str(stdlib_corpus), cache, hp.model.seq_len, hp.seed, hp.val_fraction).data_hash
-    sim = SimNet(hp, Dataset.from_config(str(stdlib_corpus), cache, hp.model.seq_len, hp.seed, hp.val_fraction),
-                 ROLES)
+    hp.data_hash = Dataset.for_run(hp, str(stdlib_corpus), cache).data_hash
+    sim = SimNet(hp, Dataset.for_run(hp, str(stdlib_corpus), cache), ROLES)
     with EmbeddedS3.start() as s3:
         chain = LocalChain.create(root / "chain.sqlite", block_time=1.0, tempo=10, commit_interval_blocks=0,
                                   immunity_blocks=10_000)

@@ -1,0 +1,90 @@
+#!/usr/bin/env python
+"""Turn a folder of text or JSON-lines files into pre-tokenised, memory-mappable shards.
+
+    python scripts/prepare_data.py FOLDER [--out DIR] [--tokenizer bytes|bpe] [--vocab-size N]
+                                   [--tokenizer-file tokenizer.json] [--shard-tokens N]
+
+Reads every .txt/.md/.rst/.py file (one document each) and every .jsonl/.ndjson file (one document
+per record, from its "text" field) under FOLDER in sorted order, checks it (empty, binary and
+non-UTF-8 files are refused, naming the file), tokenises it and writes ``shard-NNNNN.npy`` files plus
+``manifest.json`` (each shard's sha256 and token count, and the tokeniser) to DIR (default
+FOLDER-shards).  By default (the run's default tokeniser) a byte-level BPE of ``--vocab-size`` ids is
+trained from the text first (or ``--tokenizer-file`` is used) and saved beside the shards;
+``--tokenizer bytes`` keeps raw bytes.  Then train on it:
+
+    make run ARGS="--data.corpus DIR"
+
+(with a tokeniser other than the default the script prints the ``--set hparams.…`` flags to add).
+
+Progress: a bar on a terminal, plain lines otherwise.  Exit status 2 on bad input.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from dso.config import HParams  # noqa: E402
+from dso.corpus import DataError, corpus_files, total_bytes  # noqa: E402
+from dso.progress import Progress  # noqa: E402
+from dso.shards import SHARD_TOKENS, iter_all_text, write_shards  # noqa: E402
+from dso.tokenizer import Tokenizer, train_bpe  # noqa: E402
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("folder", help="folder (or single file) of .txt/.md/.rst/.py and .jsonl/.ndjson files")
+    p.add_argument("--out", help="output folder (default: FOLDER-shards)")
+    defaults = HParams()  # the run's defaults, so `make run ARGS="--data.corpus DIR"` needs no other flag
+    p.add_argument("--tokenizer", choices=("bytes", "bpe"), default=defaults.tokenizer,
+                   help="bytes: 256 ids; bpe: byte-level BPE trained from the text (default: %(default)s)")
+    p.add_argument("--vocab-size", type=int, default=defaults.model.vocab_size if defaults.tokenizer == "bpe" else 4096,
+                   help="BPE vocabulary (default: %(default)s)")
+    p.add_argument("--tokenizer-file", help="use this byte-level tokenizer.json instead of training one")
+    p.add_argument("--shard-tokens", type=int, default=SHARD_TOKENS, help="ids per shard (default: %(default)s)")
+    args = p.parse_args(argv)
+    if args.shard_tokens <= 0 or args.vocab_size <= 0:
+        p.error("--shard-tokens and --vocab-size must be positive")
+    return args
+
+
+def build_tokenizer(args, files: list[Path]) -> Tokenizer:
+    if args.tokenizer_file:
+        return Tokenizer.from_file(args.tokenizer_file)
+    if args.tokenizer == "bytes":
+        return Tokenizer.bytes()
+    print(f"prepare_data: training a {args.vocab_size}-token byte-level BPE …", file=sys.stderr, flush=True)
+    started = time.monotonic()
+    tok = train_bpe(iter_all_text(files), args.vocab_size)
+    print(f"prepare_data: BPE trained in {time.monotonic() - started:.1f} s", file=sys.stderr)
+    return tok
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    source = Path(args.folder).expanduser()
+    out = Path(args.out).expanduser() if args.out else source.with_name(source.name + "-shards")
+    try:
+        files = corpus_files(str(source))
+        tok = build_tokenizer(args, files)
+        total = total_bytes(files)
+        print(f"prepare_data: {len(files)} files, {total / 1e6:.1f} MB → {out} ({tok.describe()})", file=sys.stderr)
+        with Progress(total, "tokenising") as bar:
+            manifest = write_shards(files, tok, out, args.shard_tokens, progress=bar.advance)
+    except DataError as e:
+        print(f"prepare_data: error: {e}", file=sys.stderr)
+        return 2
+    print(f"prepare_data: {manifest.tokens:,} tokens in {len(manifest.shards)} shards, "
+          f"{manifest.documents:,} documents, {total / max(1, manifest.tokens):.2f} bytes per token")
+    flags, defaults = f"--data.corpus {out}", HParams()
+    if (tok.kind, tok.vocab_size) != (defaults.tokenizer, defaults.model.vocab_size):
+        flags += f" --set hparams.tokenizer={tok.kind} --set hparams.model.vocab_size={tok.vocab_size}"
+    print(f'train on it: make run ARGS="{flags}"')
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
