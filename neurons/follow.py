@@ -38,10 +38,16 @@ class Follower:
         self.pending_checks: dict[int, str] = {}  # window → our model hash after applying it
         self.diverged = False                     # a ledger record disagreed with our model
         self.bytes = 0
+        self.gather_seconds: dict[int, float] = {}  # uid → seconds gathering it (for the metrics)
 
     def take_bytes(self) -> int:
         n, self.bytes = self.bytes, 0
         return n
+
+    def take_gather_seconds(self) -> dict[str, float]:
+        """uid → seconds the gathers since the last call spent on that peer (for the window's record)."""
+        out, self.gather_seconds = {str(u): round(s, 4) for u, s in self.gather_seconds.items()}, {}
+        return out
 
     def peers_list(self, t: int, until: float) -> tuple[list[int], str]:
         """The leader's top-G list for window t (waiting until ``until``), else the last one known."""
@@ -60,7 +66,8 @@ class Follower:
         ctx = self.ctx
         commitments = ctx.peers.commitments()
         result = gather_window(t, {u: commitments.get(u) for u in uids}, ctx.codec, Expect.from_hparams(ctx.hp, t),
-                               put, deadline, commit_reveal=ctx.hp.commit_reveal, readers=ctx.readers)
+                               put, deadline, commit_reveal=ctx.hp.commit_reveal, readers=ctx.readers,
+                               peer_seconds=self.gather_seconds)
         self.bytes += result.bytes_down
         return result
 

@@ -136,6 +136,8 @@ class Miner:
                   "bytes_down": ctx.own.client.bytes_down - down0 + self.follower.take_bytes(),
                   "t_train": round(trained - started, 3), "t_total": round(time.time() - started, 3),
                   "model_window": self.model_window, "model_hash": model_hash(ctx.model), "aggregated": applied,
+                  "tokens": 0 if own is None else self.sequences * ctx.hp.model.seq_len,
+                  "gather_seconds": self.follower.take_gather_seconds(),
                   **self.describe()}
         if self.accountant is not None:
             record["privacy"] = {"epsilon": self.accountant.epsilon()[0], "rounds": self.accountant.rounds,

@@ -114,9 +114,11 @@ class Validator:
         """Window t's payloads of ``peers``, under the run's upload rules (plain or commit-reveal)."""
         ctx = self.ctx
         commitments = ctx.peers.commitments()
+        self.gather_seconds: dict[int, float] = {}  # uid → seconds fetching it (for the metrics)
         return gather_window(t, {u: commitments.get(u) for u in peers}, ctx.codec, Expect.from_hparams(ctx.hp, t),
                              ctx.clock.put_window(t), ctx.cfg.storage.gather_deadline_seconds,
-                             commit_reveal=ctx.hp.commit_reveal, readers=ctx.readers)
+                             commit_reveal=ctx.hp.commit_reveal, readers=ctx.readers,
+                             peer_seconds=self.gather_seconds)
 
     def aggregation_list(self, t: int) -> list[int]:
         """The top-G list in effect for window t: ours when leading, else the leader's."""
@@ -127,6 +129,7 @@ class Validator:
 
     def process(self, t: int) -> dict[str, Any]:
         ctx, started = self.ctx, time.time()
+        sent, received = ctx.own.client.bytes_up, ctx.own.client.bytes_down
         timings: dict[str, float] = {}
         mark = time.perf_counter()
         active = ctx.peers.miners()
@@ -145,6 +148,9 @@ class Validator:
         val_loss = evaluate(ctx.model, self.val_batch, ctx.hp.micro_batch, ctx.device)
         self.save()
         line = self.window_line(t, outcome, val_loss, started, timings)
+        line.update(bytes_up=ctx.own.client.bytes_up - sent,  # S3 traffic and per-peer gather time: for the metrics
+                    bytes_down=ctx.own.client.bytes_down - received + got.bytes_down,
+                    gather_seconds={str(u): round(s, 4) for u, s in self.gather_seconds.items()})
         ctx.events.emit(line)
         log.info("window %d  val_loss %.4f  aggregated %d  evaluated %s  rejected %s  %.1fs", t, val_loss,
                  len(outcome.aggregation.used), outcome.report.evaluated,

@@ -37,6 +37,8 @@ from pathlib import Path
 import boto3
 from botocore.config import Config as BotoConfig
 
+from dso import processes
+from dso.processes import spawn
 from storage.client import S3Client, StorageError
 from storage.commitment import BucketInfo, format_commitment
 
@@ -164,9 +166,8 @@ class EmbeddedS3:
         env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         cmd = [sys.executable, "-m", "storage.server", "--host", host, "--port", str(port),
                "--admin-file", str(admin_file), "--parent-pid", str(os.getpid())] + (["--verbose"] if verbose else [])
-        with open(log_path, "wb") as log:
-            process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                       env=env, cwd=root)
+        with open(log_path, "wb") as log:  # own process group; dies with us even when we are SIGKILLed
+            process = spawn(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, cwd=root)
         deadline = time.monotonic() + timeout
         while not admin_file.exists():
             if process.poll() is not None or time.monotonic() > deadline:
@@ -187,13 +188,8 @@ class EmbeddedS3:
         return provision_peer(self.admin, name, create_bucket)
 
     def stop(self) -> None:
-        if self._process is not None and self._process.poll() is None:
-            self._process.terminate()
-            try:
-                self._process.wait(10)
-            except subprocess.TimeoutExpired:
-                self._process.kill()
-                self._process.wait()
+        if self._process is not None:
+            processes.stop(self._process, timeout=10)
         if self._state_dir:
             shutil.rmtree(self._state_dir, ignore_errors=True)
 
