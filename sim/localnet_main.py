@@ -76,6 +76,7 @@ def parse(argv: list[str] | None) -> tuple[argparse.Namespace, HParams]:
     p.add_argument("--block-time", type=float, default=1.0, help="seconds per block (default 1)")
     p.add_argument("--no-adversaries", action="store_true", help="honest miners only (no default mix)")
     p.add_argument("--corpus", default="shakespeare", help="'shakespeare' or a text file / folder")
+    p.add_argument("--cache-dir", default="~/.cache/dso", help="where token ids are cached (default ~/.cache/dso)")
     p.add_argument("--no-metrics", action="store_true", help="no Prometheus endpoints on the nodes")
     args = p.parse_args(argv)
     if args.miners < 0:
@@ -126,7 +127,7 @@ def run(argv: list[str] | None = None) -> int:
     nodes = plan_nodes(args.miners, mix, args.validators)
     out = Path(args.report_dir)
     net = LocalNet(out / "run", hp, nodes, block_time=args.block_time, corpus=args.corpus,
-                   metrics=not args.no_metrics)
+                   cache_dir=args.cache_dir, metrics=not args.no_metrics)
     console = Console()
     started = time.time()
     command = "python scripts/localnet.py " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
