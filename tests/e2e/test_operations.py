@@ -114,13 +114,13 @@ def test_make_run_into_a_file_then_sigterm(tmp_path, stdlib_corpus, network_hpar
         assert len(running(tree)) >= 4, tree              # S3 server, validator, two miners
         signalled = time.time()
         process.send_signal(signal.SIGTERM)
-        left = wait_gone(tree, 15.0)
+        left = wait_gone(tree, 25.0)   # grace 5 s + the interpreter's exit; the local network kills at 10 s
         stopped_in = time.time() - signalled
         code = process.wait(120)                          # then it writes the report
     finally:
         process.kill()
     assert not left, f"processes left after SIGTERM: {left}"
-    assert stopped_in < 15 and code == 0, out.read_text()[-3000:]
+    assert stopped_in < 25 and code == 0, out.read_text()[-3000:]
     text = out.read_text()
     lines = window_lines(out)
     assert len(lines) >= 2 and all(WINDOW_LINE.match(line) for line in lines), lines
