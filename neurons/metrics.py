@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import math
 import re
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, start_http_server
 
@@ -25,7 +25,7 @@ ROLES = ("miner", "validator")
 STEPS = ("train", "gather", "engine", "total")  # the step label's values
 GATHER_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0)
 _SHORT_CODE = re.compile(r"[a-z][a-z0-9_]{0,31}")
-WindowSeconds = Callable[[int], "float | None"]
+WindowSeconds = Callable[[int], Optional[float]]
 
 
 def bits_per_byte(nats_per_token: float, bytes_per_token: float = 1.0) -> float:
@@ -162,7 +162,7 @@ class NodeMetrics:
             if step in STEPS and _number(seconds):
                 self.step_seconds.labels(step=step).set(seconds)
         length = self.window_seconds(t) if self.window_seconds and isinstance(t, int) else None
-        if _number(busy) and _number(length) and length > 0:
+        if _number(busy) and isinstance(busy, (int, float)) and isinstance(length, (int, float)) and length > 0:
             self.utilisation.set(busy / length)
 
     def _gather(self, seconds: Any) -> None:

@@ -81,7 +81,8 @@ class Chromium:
                              stdout=self._log, stderr=subprocess.STDOUT)
         os.close(to_browser_r)
         os.close(from_browser_w)
-        self._buffer, self._next_id, self.events = b"", 0, []
+        self._buffer, self._next_id = b"", 0
+        self.events: list[dict] = []
 
     # ----------------------------------------------------------- protocol
     def send(self, method: str, params: dict | None = None, session: str | None = None) -> dict:

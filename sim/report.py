@@ -94,6 +94,14 @@ PLOTS = {"val_loss": "Validation loss of the shared model", "weights": "Weight p
          "ratings": "LossRating per peer"}
 
 
+def _to_bits(nats):  # the loss plot's second axis (numpy arrays in, arrays out)
+    return bits_per_byte(nats)
+
+
+def _to_nats(bits):
+    return bits / bits_per_byte(1.0)
+
+
 def figures(report: dict) -> dict[str, Any]:
     """name → matplotlib Figure of every plot in :data:`PLOTS` (the caller saves and closes them)."""
     import matplotlib
@@ -107,7 +115,7 @@ def figures(report: dict) -> dict[str, Any]:
     fig, ax = plt.subplots(figsize=(7, 4))
     ax.plot([v["window"] for v in report["val_loss"]], [v["loss"] for v in report["val_loss"]], marker=".")
     ax.set(xlabel="window", ylabel="validation loss (nats/token)", title=PLOTS["val_loss"])
-    bpb = ax.secondary_yaxis("right", functions=(bits_per_byte, lambda b: b / bits_per_byte(1.0)))
+    bpb = ax.secondary_yaxis("right", functions=(_to_bits, _to_nats))
     bpb.set_ylabel("bits/byte")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.grid(alpha=0.3)

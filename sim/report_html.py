@@ -93,7 +93,7 @@ def _rejections(report: dict) -> str:
     if not peers:
         return '<p class="muted" id="rejections">No peer input was rejected in this run.</p>'
     reasons = sorted({k for r in peers for k in r["rejections"]})
-    totals = Counter()
+    totals: Counter[str] = Counter()
     for r in peers:
         totals.update(r["rejections"])
     head = "".join(f'<th class="num">{_e(k)}</th>' for k in reasons)

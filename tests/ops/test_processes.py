@@ -66,8 +66,9 @@ def test_stop_asks_then_kills_the_whole_group():
     assert wait_gone([grandchild], 5.0) == []
 
 
-def test_a_node_stuck_in_a_step_stops_within_its_grace_time():
-    """SIGTERM sets the stop flag; a step that does not return is interrupted after the grace time and the
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_node_stuck_in_a_step_stops_within_its_grace_time(sig):
+    """SIGTERM or SIGINT sets the stop flag; a step that does not return is interrupted after the grace time and the
     process exits 0 (its saved state is the last finished window's)."""
     node = subprocess.Popen([sys.executable, "-c", (
         "import time\n"
@@ -80,7 +81,7 @@ def test_a_node_stuck_in_a_step_stops_within_its_grace_time():
         "run_main(main)\n")], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
     assert node.stdout.readline().strip() == "ready"
     started = time.monotonic()
-    node.send_signal(signal.SIGTERM)
+    node.send_signal(sig)
     try:
         code = node.wait(15)
     finally:

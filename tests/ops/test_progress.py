@@ -46,3 +46,16 @@ def test_plain_view_prints_each_window_once_and_waits_visibly(monkeypatch):
     assert lines[1].startswith("localnet: waiting for the first window: 2/5 nodes up")
     assert [ln.split()[:2] for ln in lines[2:]] == [["window", "7"], ["window", "8"]]
     assert lines[3].endswith(" s]") and "[2/3, " in lines[3]
+
+
+def test_terminal_view_spins_then_shows_the_live_table():
+    out = io.StringIO()
+    console = Console(file=out, force_terminal=True, width=120)
+    view = View(console, NAMES, windows=3, started=0.0)
+    view.step("S3 at http://127.0.0.1:1")
+    view.update([line(7)])
+    view.close()
+    text = out.getvalue()
+    assert "localnet: S3 at http://127.0.0.1:1" in text
+    assert "window 7  (1/3 done)" in text and "diligent0" in text   # the table, with its title
+    assert view._live is None and view._status is None
