@@ -19,6 +19,7 @@ from typing import Callable
 
 log = logging.getLogger("dso")
 STOP_GRACE_SECONDS = 5.0
+_RETURNED = threading.Event()  # main() has returned: the interpreter is exiting, nothing left to cut short
 
 
 class Fatal(SystemExit):
@@ -34,7 +35,9 @@ def run_main(main: Callable[[], int]) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s",
                         datefmt="%H:%M:%S")
     try:
-        sys.exit(main())
+        code = main()
+        _RETURNED.set()
+        sys.exit(code)
     except Fatal as e:
         print(f"{Path(sys.argv[0]).stem}: {e.message}", file=sys.stderr)
         sys.exit(1)
@@ -65,6 +68,8 @@ class StopFlag:
         timer.start()
 
     def _cut_short(self) -> None:
+        if _RETURNED.is_set():
+            return
         log.warning("still busy %.0f s after the stop signal: interrupting the current step", self.grace)
         _thread.interrupt_main(signal.SIGINT)  # runs _handle in the main thread, which raises KeyboardInterrupt
 
