@@ -6,7 +6,7 @@ chain writes (``neurons/metered_chain.py`` wraps the chain) and process memory (
 process collector).  Names follow Prometheus conventions (``dso_`` prefix, the unit in the name,
 ``_total`` on counters); label sets are bounded: ``uid`` by the subnet's size (uids come from the
 metagraph), ``reason`` by :class:`dso.rejections.Reason`, ``step``, ``call`` and ``result`` by the short
-fixed vocabularies below.  ``EXPORTED`` lists every family name (the dashboard test checks against it).
+fixed vocabularies below.
 """
 from __future__ import annotations
 

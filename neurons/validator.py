@@ -69,6 +69,7 @@ class Validator:
             self.scores = scoring_state.ValidatorState.new(hp.digest())
             self.book = validator_state.Bookkeeping(ctx.clock.current_window())
         self.follower = Follower(ctx)
+        self.gather_seconds: dict[int, float] = {}  # uid → seconds the last gather spent on it (for the metrics)
 
     # ----------------------------------------------------------------- loop
     def leading(self) -> bool:
@@ -114,7 +115,7 @@ class Validator:
         """Window t's payloads of ``peers``, under the run's upload rules (plain or commit-reveal)."""
         ctx = self.ctx
         commitments = ctx.peers.commitments()
-        self.gather_seconds: dict[int, float] = {}  # uid → seconds fetching it (for the metrics)
+        self.gather_seconds = {}
         return gather_window(t, {u: commitments.get(u) for u in peers}, ctx.codec, Expect.from_hparams(ctx.hp, t),
                              ctx.clock.put_window(t), ctx.cfg.storage.gather_deadline_seconds,
                              commit_reveal=ctx.hp.commit_reveal, readers=ctx.readers,

@@ -146,7 +146,7 @@ def run(argv: list[str] | None = None) -> int:
                      f"Prometheus scrape config {net.run_dir / 'prometheus.yml'}")
         while True:
             lines = net.validator_lines()
-            view.update(lines, f"waiting for the first window: {nodes_up(net)}/{len(nodes)} nodes up")
+            view.update(lines, "" if lines else f"waiting for the first window: {nodes_up(net)}/{len(nodes)} nodes up")
             if len(lines) >= args.windows:
                 break
             dead = [n.name for n in net.dead() if n.role == "validator"]
