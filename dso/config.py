@@ -233,6 +233,11 @@ class NeuronConfig:
                                 "hparams.batch_size, the baseline; a miner with more compute takes more)", default=0)
     max_windows: int = _doc("stop after this many windows (0 = run forever)", default=0)
     log_json: str = _doc("append one JSON line per window to this file", default="")
+    # --- operations (issue 19): Prometheus metrics, docs/operations.md
+    metrics_port: int = _doc("serve Prometheus metrics on this TCP port (0 = off; the local network turns it on "
+                             "with a free port per node)", default=0)
+    metrics_host: str = _doc("address the metrics endpoint binds (0.0.0.0 lets a Prometheus on another host "
+                             "scrape it)", default="127.0.0.1")
 
 
 @dataclass
@@ -255,6 +260,9 @@ class Config:
             raise ConfigError("neuron.train_sequences: must be >= 0")
         if self.netuid < 0:
             raise ConfigError("netuid: must be >= 0")
+        if not 0 <= self.neuron.metrics_port <= 65535:
+            raise ConfigError(f"neuron.metrics_port: must be 0 (off) or a TCP port 1..65535, got "
+                              f"{self.neuron.metrics_port}")
         self.hparams.validate("hparams")
         if self.subtensor.weights_version < 0:  # issue 16
             raise ConfigError("subtensor.weights_version: must be >= 0")

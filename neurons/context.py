@@ -13,7 +13,7 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Callable
 
 import torch
 
@@ -30,6 +30,8 @@ from dso.model import Decoder, build_model, parameter_shapes
 from dso.rejections import Rejection
 from neurons.lifecycle import Fatal, StopFlag
 from neurons.manifest import manifest, manifest_problem, run_of
+from neurons.metered_chain import MeteredChain
+from neurons.metrics import NodeMetrics, start_metrics
 from storage import keys
 from storage.client import S3Client, StorageError
 from storage.commitment import BucketInfo, format_commitment, parse_commitment
@@ -90,17 +92,24 @@ class PeerDirectory:
 
 
 class EventLog:
-    """One JSON line per window (the local network's live view and its report read them)."""
+    """One record per window: a JSON line (the local network's live view and its report read them) and
+    the listeners (the node's metrics derive from it)."""
 
     def __init__(self, path: str, role: str, uid: int):
         self.role, self.uid = role, uid
         self._file: IO[str] | None = open(expand(path), "a") if path else None
+        self.listeners: list[Callable[[dict[str, Any]], None]] = []
 
     def emit(self, record: dict[str, Any]) -> None:
+        line = {"role": self.role, "uid": self.uid, "time": time.time(), **record}
         if self._file:
-            line = {"role": self.role, "uid": self.uid, "time": time.time(), **record}
             self._file.write(json.dumps(line) + "\n")
             self._file.flush()
+        for listener in self.listeners:
+            try:
+                listener(line)
+            except Exception:  # noqa: BLE001 — watching a node must never stop it
+                log.exception("window record listener %r failed", listener)
 
 
 @dataclass
@@ -126,6 +135,7 @@ class NodeContext:
     state_dir: Path
     events: EventLog
     run: str = ""
+    metrics: NodeMetrics | None = None  # served on --neuron.metrics_port (None: off)
 
     @property
     def hp(self) -> HParams:
@@ -182,7 +192,11 @@ def build_context(cfg: Config, role: str, handle_signals: bool = True) -> NodeCo
     if device.type == "cuda" and not torch.cuda.is_available():
         raise Fatal("--device cuda asked for, but torch sees no CUDA device")
     stop = StopFlag(install_handlers=handle_signals)
-    chain = CachedChain(_open_chain(cfg))  # reads cached per window: callers call chain.begin_window(t)
+    metrics = _metrics(cfg, role)
+    inner = _open_chain(cfg)
+    if metrics is not None:  # chain writes show in the metrics; the node's code sees the same Chain
+        inner = MeteredChain(inner, metrics.chain_write)
+    chain = CachedChain(inner)  # reads cached per window: callers call chain.begin_window(t)
     try:
         wallet = load_wallet(cfg.wallet)
     except WalletError as e:
@@ -206,10 +220,37 @@ def build_context(cfg: Config, role: str, handle_signals: bool = True) -> NodeCo
                       uid=uid, own=own, peers=PeerDirectory(chain, readers, uid, own, leader_idle_blocks(cfg)),
                       readers=readers,
                       dataset=dataset, model=model, codec=make_codec(parameter_shapes(model), hp),
-                      state_dir=state_dir, events=EventLog(cfg.neuron.log_json, role, uid))
+                      state_dir=state_dir, events=EventLog(cfg.neuron.log_json, role, uid), metrics=metrics)
+    if metrics is not None:
+        _attach_metrics(ctx, metrics)
     log.info("%s uid %d hotkey %s… bucket %s, data %s…, hparams %s", role, uid, hotkey[:8], own.bucket,
              dataset.data_hash[:10], hp.digest())
     return ctx
+
+
+def _metrics(cfg: Config, role: str) -> NodeMetrics | None:
+    """The node's Prometheus endpoint, started first so a scraper sees it through the whole start-up."""
+    port, host = cfg.neuron.metrics_port, cfg.neuron.metrics_host
+    if not port:
+        return None
+    try:
+        return start_metrics(role, host, port)
+    except OSError as e:
+        raise Fatal(f"cannot serve metrics on {host}:{port}: {e.strerror or e} (choose another "
+                    "--neuron.metrics_port, or 0 for none)") from None
+
+
+def _attach_metrics(ctx: NodeContext, metrics: NodeMetrics) -> None:
+    """Metrics derive from the per-window records; the window's length comes from chain time."""
+    def window_seconds(t: int) -> float | None:
+        try:
+            return ctx.clock.window_start(t + 1) - ctx.clock.window_start(t)
+        except ChainError:
+            return None
+
+    metrics.node(ctx.role, ctx.uid, ctx.hp.digest())
+    metrics.window_seconds = window_seconds
+    ctx.events.listeners.append(metrics.observe)
 
 
 def _open_chain(cfg: Config) -> Chain:

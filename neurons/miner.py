@@ -34,7 +34,7 @@ from dso.codec import CompressedUpdate, ErrorFeedback
 from dso.config import Config, parse_args
 from dso.model import model_hash
 from dso.privacy import PrivacyStateError, RdpAccountant, clip_and_noise
-from dso.train import compute_gradients
+from dso.train import bits_per_byte, compute_gradients
 from neurons import reveal
 from neurons.catchup import sync_to
 from neurons.context import NodeContext, build_context
@@ -142,6 +142,8 @@ class Miner:
                   "bytes_down": ctx.own.client.bytes_down - down0 + self.follower.take_bytes(),
                   "t_train": round(trained - started, 3), "t_total": round(time.time() - started, 3),
                   "model_window": self.model_window, "model_hash": model_hash(ctx.model), "aggregated": applied,
+                  "tokens": 0 if own is None else self.trained[0],
+                  "train_bits_per_byte": float("nan") if own is None else bits_per_byte(loss, *self.trained),
                   **self.describe()}
         if self.accountant is not None:
             record["privacy"] = {"epsilon": self.accountant.epsilon()[0], "rounds": self.accountant.rounds,
@@ -162,6 +164,7 @@ class Miner:
                 self.budget_spent = True
                 return None, float("nan")
         data = ctx.dataset.training_batch(ctx.uid, t, hp.assigned_sequences, self.sequences)
+        self.trained = (data.shape[0] * (data.shape[1] - 1), ctx.dataset.target_bytes(data))  # tokens, bytes
         grads, loss = compute_gradients(ctx.model, data, hp.micro_batch, ctx.device)
         if self.accountant is not None:
             grads = clip_and_noise(grads, hp.dp.clip_norm, hp.dp.noise_multiplier, self.dp_noise)

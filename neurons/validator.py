@@ -88,6 +88,7 @@ class Validator:
         self.writer = ChainWriter(log_path=ctx.state_dir / "chain_writes.jsonl", on_result=self.on_chain_write)
         mine = ctx.chain.weights().get(ctx.uid, {})
         self.last_row: dict[int, float] = {u: w for u, w in mine.items() if u != ctx.uid and w > 0}
+        self.gather_seconds: dict[int, float] = {}  # uid → seconds the last gather spent on it (for the metrics)
 
     # ----------------------------------------------------------------- loop
     def leading(self) -> bool:
@@ -160,11 +161,12 @@ class Validator:
         """Window t's payloads of ``peers``, under the run's upload rules (plain or commit-reveal)."""
         ctx = self.ctx
         commitments = ctx.peers.commitments()
+        self.gather_seconds = {}
         return gather_window(t, {u: commitments.get(u) for u in peers}, ctx.codec,
                              Expect.from_hparams(ctx.hp, t, run=ctx.run, data_hash=ctx.dataset.data_hash),
                              ctx.clock.put_window(t), ctx.cfg.storage.gather_deadline_seconds,
                              commit_reveal=ctx.hp.commit_reveal, readers=ctx.readers,
-                             priority=self.scores.standing())
+                             priority=self.scores.standing(), peer_seconds=self.gather_seconds)
 
     def leader_bundle(self, t: int) -> dict[int, Payload] | None:
         """What a validator that does not lead aggregates: the leader's bundle (None when leading, or when
@@ -189,6 +191,7 @@ class Validator:
     def process(self, t: int) -> dict[str, Any]:
         ctx, started = self.ctx, time.time()
         ctx.chain.begin_window(t)
+        sent, received = ctx.own.client.bytes_up, ctx.own.client.bytes_down
         timings: dict[str, float] = {}
         mark = time.perf_counter()
         active = ctx.peers.miners()
@@ -208,6 +211,9 @@ class Validator:
         self.save()
         line = self.window_line(t, outcome, val_loss, started, timings)
         line["val_bits_per_byte"] = bits_per_byte(val_loss, self.val_tokens, self.val_bytes)
+        line.update(bytes_up=ctx.own.client.bytes_up - sent,  # S3 traffic and per-peer gather time: for the metrics
+                    bytes_down=ctx.own.client.bytes_down - received + got.bytes_down,
+                    gather_seconds={str(u): round(s, 4) for u, s in self.gather_seconds.items()})
         ctx.events.emit(line)
         log.info("window %d  val_loss %.4f (%.3f bits/byte)  aggregated %d  evaluated %s  rejected %s  %.1fs", t,
                  val_loss, line["val_bits_per_byte"],
@@ -279,6 +285,8 @@ class Validator:
         self.writer.submit("set_weights", lambda: self.writer_chain.post_weights(wallet, row), key="set_weights")
 
     def on_chain_write(self, result: WriteResult) -> None:
+        if self.ctx.metrics is not None:
+            self.ctx.metrics.chain_write(result.kind, "ok" if result.ok else result.reason)
         if not result.ok:
             log.warning("chain write %s refused: %s %s", result.kind, result.reason, result.message)
 

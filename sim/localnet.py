@@ -3,8 +3,10 @@
 Used by ``scripts/localnet.py`` and the end-to-end tests.  Everything lives in
 one run folder: ``chain.sqlite``, ``wallets/``, ``state/``, ``config.json``
 (the run's hyper-parameters, pinned data hash) and ``logs/`` (each process's
-output and its JSON lines).  Processes run in their own process groups and are
-always stopped on exit — also on Ctrl-C or an error.
+output and its JSON lines) and ``prometheus.yml`` (a scrape config for every
+node's metrics endpoint, docs/operations.md).  Processes run in their own
+process groups, are always stopped on exit — also on Ctrl-C, SIGTERM or an
+error — and die with this process even when it is SIGKILLed (dso/processes.py).
 """
 from __future__ import annotations
 
@@ -12,21 +14,30 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Callable
 
 from dso.chain.local import LocalChain
 from dso.chain.wallets import create_local_wallet, hotkey_address
 from dso.config import HParams
 from dso.data import Dataset
+from dso.processes import reap, signal_group, spawn
 from storage.engines import DEFAULT_ENGINE, Engine, start_engine
 
 ROOT = Path(__file__).resolve().parents[1]
 VALIDATOR_STAKES = (1000.0, 400.0, 200.0, 100.0)
 MINER_NICE = 10  # on one shared machine the validator (one process, every peer's work) must not be starved
+STOP_SECONDS = 10.0  # a node stops within its grace time (neurons/lifecycle.py); then it is killed
+Progress = Callable[[str], None]
+
+
+def _quiet(step: str) -> None:
+    pass
 
 
 @dataclass
@@ -38,6 +49,7 @@ class NodeSpec:
     uid: int = -1
     process: subprocess.Popen | None = None
     extra_args: list[str] = field(default_factory=list)
+    metrics_port: int = 0     # 0: no metrics endpoint
 
     @property
     def program(self) -> list[str]:
@@ -59,39 +71,51 @@ def plan_nodes(miners: int, adversaries: list[tuple[str, int]], validators: int)
 class LocalNet:
     def __init__(self, run_dir: Path, hp: HParams, nodes: list[NodeSpec], *, block_time: float = 1.0,
                  corpus: str = "shakespeare", cache_dir: str = "~/.cache/dso", tempo: int = 10,
-                 engine: str = DEFAULT_ENGINE, s3: Engine | None = None, tokenizer_file: str = ""):
+                 engine: str = DEFAULT_ENGINE, s3: Engine | None = None, tokenizer_file: str = "",
+                 metrics: bool = True):
         """``engine``: the S3 server the network starts (and stops at the end): moto or SeaweedFS.  ``s3``: an
         engine to run against instead, left running (e.g. a store an earlier run used, or an external one)."""
         self.run_dir, self.hp, self.nodes = Path(run_dir), hp, nodes
         self.block_time, self.corpus, self.cache_dir, self.tempo = block_time, corpus, cache_dir, tempo
         self.engine, self.s3, self.tokenizer_file = engine, s3, tokenizer_file
         self._own_s3 = s3 is None
+        self.metrics = metrics
         self.chain: LocalChain | None = None
         self._creds: dict = {}
         self.logs = self.run_dir / "logs"
 
     # ------------------------------------------------------------- set-up
-    def prepare(self) -> None:
-        """Data hash, S3 server, chain, wallets, registrations, stakes, bucket credentials, run config."""
+    def prepare(self, progress: Progress = _quiet) -> None:
+        """Data hash, S3 server, chain, wallets, registrations, stakes, bucket credentials, run config;
+        ``progress`` hears one short line per step."""
         for stale in ("state", "logs", "wallets"):  # a new chain: nothing of an earlier run applies
             shutil.rmtree(self.run_dir / stale, ignore_errors=True)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.logs.mkdir()
         # tokenise (and with BPE, train the tokeniser) once into the shared cache, then pin the run's data
+        progress(f"data: tokenising and hashing {self.corpus} (cached after the first run)")
         self.hp.data_hash = ""
         self.hp.data_hash = Dataset.for_run(self.hp, self.corpus, self.cache_dir, self.tokenizer_file).data_hash
+        progress(f"data: {self.hp.data_hash[:10]}…; starting the S3 server")
         if self.s3 is None:
             self.s3 = start_engine(self.engine)
+        progress(f"S3 at {self.s3.endpoint}; creating the chain and {len(self.nodes)} wallets")
         chain_file = self.run_dir / "chain.sqlite"
         chain_file.unlink(missing_ok=True)
         self.chain = LocalChain.create(chain_file, block_time=self.block_time, tempo=self.tempo,
                                        commit_interval_blocks=0, immunity_blocks=10_000)
         wallets = self.run_dir / "wallets"
-        for node in self.nodes:
+        for i, node in enumerate(self.nodes, 1):
             wallet = create_local_wallet(node.name, "default", str(wallets), overwrite=True)
             node.uid = self.chain.register(wallet)
             if node.stake:
                 self.chain.add_stake(hotkey_address(wallet), node.stake)
+            progress(f"wallets: {i}/{len(self.nodes)} registered ({node.name}, uid {node.uid})")
+        if self.metrics:
+            taken: set[int] = set()
+            for node in self.nodes:
+                node.metrics_port = free_port(taken)
+            (self.run_dir / "prometheus.yml").write_text(prometheus_config(self.nodes))
         config = {"subtensor": {"network": "localchain", "localchain_path": str(chain_file)},
                   "storage": {"endpoint": self.s3.endpoint, "region": self.s3.region,
                               "allow_loopback_endpoints": True},  # a local run: every endpoint is loopback
@@ -121,20 +145,23 @@ class LocalNet:
                "--neuron.log_json", str(self.logs / f"{node.name}.jsonl")]
         if node.behaviour == "diligent":  # an honest miner with twice the compute: more of its assignment
             cmd += ["--neuron.train_sequences", str(min(2 * self.hp.batch_size, self.hp.assigned_sequences))]
+        if node.metrics_port:
+            cmd += ["--neuron.metrics_port", str(node.metrics_port)]
         return cmd + node.extra_args
 
-    def start(self) -> None:
-        for node in sorted(self.nodes, key=lambda n: n.role != "validator"):  # validators first
+    def start(self, progress: Progress = _quiet) -> None:
+        ordered = sorted(self.nodes, key=lambda n: n.role != "validator")  # validators first
+        for i, node in enumerate(ordered, 1):
             self.start_node(node)
+            progress(f"nodes: {i}/{len(ordered)} started ({node.name})")
 
     def start_node(self, node: NodeSpec) -> None:
+        """Start one node: its own process group, niced if a miner, and SIGTERMed by the kernel if we die."""
         env = self.env_for(node)
         cmd = self.command(node) + ["--storage.bucket", self.credentials(node).bucket]
-        nice = MINER_NICE if node.role == "miner" else 0
         with open(self.logs / f"{node.name}.log", "ab") as out:
-            node.process = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                            env=env, cwd=ROOT, start_new_session=True,
-                                            preexec_fn=(lambda: os.nice(nice)) if nice else None)
+            node.process = spawn(cmd, nice=MINER_NICE if node.role == "miner" else 0, stdout=out,
+                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, cwd=ROOT)
 
     # ------------------------------------------------------------ running
     def validator_lines(self, name: str = "validator0") -> list[dict]:
@@ -146,36 +173,20 @@ class LocalNet:
     def dead(self) -> list[NodeSpec]:
         return [n for n in self.nodes if n.process is not None and n.process.poll() is not None]
 
-    @staticmethod
-    def _signal(node: NodeSpec, sig: int) -> None:
-        if node.process is not None and node.process.poll() is None:
-            try:
-                os.killpg(node.process.pid, sig)
-            except ProcessLookupError:
-                pass
+    def stop_node(self, node: NodeSpec, sig: int = signal.SIGTERM, timeout: float = STOP_SECONDS) -> None:
+        if node.process is not None:
+            signal_group(node.process, sig)
+            reap(node.process, timeout)
 
-    @staticmethod
-    def _reap(node: NodeSpec, timeout: float) -> None:
-        """Wait for a signalled node; SIGKILL its process group when it does not stop in time."""
-        if node.process is None:
-            return
-        try:
-            node.process.wait(max(0.1, timeout))
-        except subprocess.TimeoutExpired:
-            LocalNet._signal(node, signal.SIGKILL)
-            node.process.wait()
-
-    def stop_node(self, node: NodeSpec, sig: int = signal.SIGTERM, timeout: float = 15.0) -> None:
-        self._signal(node, sig)
-        self._reap(node, timeout)
-
-    def stop(self, timeout: float = 15.0) -> None:
+    def stop(self, timeout: float = STOP_SECONDS) -> None:
         """SIGTERM every node once (they finish their step and save), then wait; SIGKILL stragglers."""
         for node in self.nodes:
-            self._signal(node, signal.SIGTERM)
+            if node.process is not None:
+                signal_group(node.process, signal.SIGTERM)
         deadline = time.time() + timeout
         for node in self.nodes:
-            self._reap(node, deadline - time.time())
+            if node.process is not None:
+                reap(node.process, deadline - time.time())
         if self.s3 is not None and self._own_s3:
             self.s3.stop()
             self.s3 = None
@@ -185,6 +196,31 @@ class LocalNet:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def free_port(taken: set[int], host: str = "127.0.0.1") -> int:
+    """A TCP port nothing listens on now (and not handed out before in this run)."""
+    while True:
+        with socket.socket() as s:
+            s.bind((host, 0))
+            port = s.getsockname()[1]
+        if port not in taken:
+            taken.add(port)
+            return port
+
+
+def prometheus_config(nodes: list[NodeSpec], host: str = "127.0.0.1", interval: str = "5s") -> str:
+    """A Prometheus scrape config (YAML) for the nodes' metrics endpoints, one target per node with its
+    name and behaviour as labels."""
+    out = ["# Prometheus scrape config for this local network (docs/operations.md):",
+           "#   prometheus --config.file=prometheus.yml", "global:", f"  scrape_interval: {interval}",
+           "scrape_configs:", "  - job_name: dso-localnet", "    static_configs:"]
+    for n in nodes:
+        if n.metrics_port:
+            # not "role" or "uid": the nodes' own metrics carry those labels (dso_node_info, per-peer uid)
+            labels = ", ".join(f"{k}: {json.dumps(v)}" for k, v in (("node", n.name), ("behaviour", n.behaviour)))
+            out += [f"      - targets: [{json.dumps(f'{host}:{n.metrics_port}')}]", f"        labels: {{{labels}}}"]
+    return "\n".join(out) + "\n"
 
 
 def read_jsonl(path: Path) -> list[dict]:

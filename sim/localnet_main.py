@@ -7,9 +7,12 @@
 Starts the embedded S3 server (moto, IAM auth on) and a LocalChain, creates,
 registers and funds wallets, starts the validators (different stakes) and the
 miners — N honest ones plus every ``--adversary`` — as separate processes,
-shows a live table while W windows run, then stops everything and writes
-``report.json``, ``report.md`` and PNG plots to the report folder.  Ctrl-C
-stops early and still writes the report for the finished windows.
+shows a live table while W windows run (one plain line per window when the
+output is not a terminal), then stops everything and writes ``report.json``,
+``report.md``, PNG plots and a self-contained ``report.html`` to the report
+folder.  Ctrl-C or SIGTERM stops early and still writes the report for the
+finished windows.  Every node serves Prometheus metrics on a free port;
+``run/prometheus.yml`` is a scrape config for them (docs/operations.md).
 
 Without ``--adversary`` the mix is: 1 diligent, 1 freerider, 1 noise,
 1 copier, 1 malformed, 1 late.  Behaviours: see ``sim/behaviours.py``.
@@ -18,19 +21,20 @@ from __future__ import annotations
 
 import argparse
 import shlex
+import signal
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
-from rich.live import Live
-from rich.table import Table
 
 from dso.config import Config, ConfigError, HParams, set_key
 from dso.data import DataError, corpus_tokenizer
 from sim import report as run_report
 from sim.behaviours import BEHAVIOURS
 from sim.localnet import LocalNet, plan_nodes
+from sim.progress import View
 from storage.engines import ENGINES, ExternalEngine, engine_problem
 
 DEFAULT_MIX = [("diligent", 1), ("freerider", 1), ("noise", 1), ("copier", 1), ("malformed", 1), ("late", 1)]
@@ -83,6 +87,8 @@ def parse(argv: list[str] | None) -> tuple[argparse.Namespace, HParams]:
     p.add_argument("--data.cache_dir", dest="cache_dir", default="~/.cache/dso", help="tokenised data cache")
     p.add_argument("--data.tokenizer_file", dest="tokenizer_file", default="",
                    help="a BPE tokenizer.json every node loads instead of training one")
+    p.add_argument("--no-adversaries", action="store_true", help="honest miners only (no default mix)")
+    p.add_argument("--no-metrics", action="store_true", help="no Prometheus endpoints on the nodes")
     args = p.parse_args(argv)
     if args.miners < 0:
         p.error("--miners must be >= 0")
@@ -91,6 +97,10 @@ def parse(argv: list[str] | None) -> tuple[argparse.Namespace, HParams]:
     problem = None if args.endpoint else engine_problem(args.engine)
     if problem:
         p.error(problem)
+    if args.no_adversaries and args.adversary:
+        p.error("--no-adversaries and --adversary exclude each other")
+    if not args.block_time > 0:
+        p.error("--block-time must be > 0")
     cfg = Config()
     try:
         shards = corpus_tokenizer(args.corpus)
@@ -109,74 +119,90 @@ def parse(argv: list[str] | None) -> tuple[argparse.Namespace, HParams]:
     return args, cfg.hparams
 
 
-def live_table(net: LocalNet, names: dict[int, tuple[str, str]], windows: int, started: float) -> Table:
-    lines = net.validator_lines()
-    last = lines[-1] if lines else {}
-    title = (f"window {last.get('window', '-')}  ({len(lines)}/{windows} done)   "
-             f"val loss {last.get('val_loss', float('nan')):.4f}   {time.time() - started:.0f}s")
-    table = Table(title=title, title_justify="left")
-    for col in ("uid", "miner", "behaviour", "score", "LossRating", "μ", "weight", "rejections"):
-        table.add_column(col, justify="right" if col not in ("miner", "behaviour", "rejections") else "left")
-    counts: dict[str, dict[str, int]] = {}
-    for line in lines:
-        for uid, reason in line.get("rejections", {}).items():
-            counts.setdefault(uid, {}).setdefault(reason, 0)
-            counts[uid][reason] += 1
-    for uid, (name, behaviour) in sorted(names.items()):
-        key = str(uid)
-        fmt = lambda d, f="{:.3f}": f.format(d[key]) if key in d else "-"  # noqa: E731
-        table.add_row(key, name, behaviour, fmt(last.get("scores", {})), fmt(last.get("loss_ratings", {}), "{:.1f}"),
-                      fmt(last.get("mu", {}), "{:.2f}"), fmt(last.get("weights", {}), "{:.3f}"),
-                      ", ".join(f"{r}×{n}" for r, n in counts.get(key, {}).items()))
-    return table
+def stop_on_sigterm() -> None:
+    """SIGTERM (systemctl stop, timeout, a container runtime) stops the run as Ctrl-C does: the nodes stop
+    and save, the report is written.  Further SIGTERMs are ignored while that happens."""
+    def handler(signum: int, frame: Any) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, handler)
+
+
+def nodes_up(net: LocalNet) -> int:
+    """Nodes that finished their start-up (their log has the context's "uid … hotkey" line)."""
+    up = 0
+    for node in net.nodes:
+        try:
+            up += " hotkey " in (net.logs / f"{node.name}.log").read_text(errors="replace")
+        except OSError:
+            pass
+    return up
 
 
 def run(argv: list[str] | None = None) -> int:
     args, hp = parse(argv)
-    mix = args.adversary if args.adversary is not None else DEFAULT_MIX
+    mix = [] if args.no_adversaries else (args.adversary if args.adversary is not None else DEFAULT_MIX)
     nodes = plan_nodes(args.miners, mix, args.validators)
     out = Path(args.report_dir)
     external = ExternalEngine(args.endpoint, args.credentials) if args.endpoint else None
     net = LocalNet(out / "run", hp, nodes, block_time=args.block_time, engine=args.engine, s3=external,
-                   corpus=args.corpus, cache_dir=args.cache_dir, tokenizer_file=args.tokenizer_file)
+                   corpus=args.corpus, cache_dir=args.cache_dir, tokenizer_file=args.tokenizer_file,
+                   metrics=not args.no_metrics)
     console = Console()
     started = time.time()
     command = "python scripts/localnet.py " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
+    view = View(console, {}, args.windows, started)
+    failed = ""
+    stop_on_sigterm()
     try:
-        console.print(f"localnet: preparing {len(nodes)} nodes (embedded S3, LocalChain, wallets)…")
-        net.prepare()
-        net.start()
-        console.print(f"localnet: started; run files in {net.run_dir}, logs in {net.logs}")
-        names = {n.uid: (n.name, n.behaviour) for n in nodes if n.role == "miner"}
-        with Live(live_table(net, names, args.windows, started), console=console, refresh_per_second=1,
-                  transient=not console.is_terminal) as live:
-            while len(net.validator_lines()) < args.windows:
-                dead = [n.name for n in net.dead() if n.role == "validator"]
-                if dead:
-                    console.print(f"localnet: validator {dead[0]} exited; see {net.logs / (dead[0] + '.log')}")
-                    break
-                time.sleep(1.0)
-                live.update(live_table(net, names, args.windows, started))
+        view.step(f"preparing {len(nodes)} nodes (data, embedded S3, LocalChain, wallets)")
+        net.prepare(view.step)
+        view.names = {n.uid: (n.name, n.behaviour) for n in nodes if n.role == "miner"}
+        net.start(view.step)
+        view.say(f"started; run files in {net.run_dir}, logs in {net.logs}")
+        if net.metrics:
+            ports = ", ".join(f"{n.name} :{n.metrics_port}" for n in nodes[:3])
+            view.say(f"metrics: {ports}{', …' if len(nodes) > 3 else ''} (http://127.0.0.1:PORT/metrics); "
+                     f"Prometheus scrape config {net.run_dir / 'prometheus.yml'}")
+        while True:
+            lines = net.validator_lines()
+            view.update(lines, "" if lines else f"waiting for the first window: {nodes_up(net)}/{len(nodes)} nodes up")
+            if len(lines) >= args.windows:
+                break
+            dead = [n.name for n in net.dead() if n.role == "validator"]
+            if dead:
+                view.close()
+                view.say(f"validator {dead[0]} exited; see {net.logs / (dead[0] + '.log')}")
+                break
+            time.sleep(1.0)
     except KeyboardInterrupt:
-        console.print("localnet: interrupted; stopping and writing the report for the finished windows")
+        view.close()
+        view.say("stopping (signal); the report covers the finished windows")
     except (DataError, RuntimeError) as e:
-        console.print(f"localnet: {e}")
-        net.stop()
-        return 1
+        failed = str(e)
     finally:
+        view.close()
         posted = None
         if net.chain is not None:
             leader = next((n.uid for n in nodes if n.name == "validator0"), None)
             posted = net.chain.weights().get(leader)
+        stopping = time.time()
         net.stop()
+        view.say(f"all processes stopped in {time.time() - stopping:.1f} s")
+    if failed:
+        view.say(failed)
+        return 1
     lines = net.validator_lines()
     report = run_report.build(lines, {n.uid: (n.name, n.behaviour) for n in nodes if n.role == "miner"}, posted)
+    view.say(f"writing the report ({len(lines)} windows) to {out}")
     run_report.write(report, out, command)
     s = report["summary"]
     loss = [f"{v:.4f}" if v is not None else "—" for v in (s["val_loss_first"], s["val_loss_last"])]
-    console.print(f"localnet: {report['windows']} windows in {time.time() - started:.0f}s; validation loss "
-                  f"{loss[0]} → {loss[1]}; honest+diligent weight {100 * s['good_share']:.1f}%, "
-                  f"largest adversary {100 * s['max_adversary_share']:.2f}%; report in {out}/report.md")
+    view.say(f"{report['windows']} windows in {time.time() - started:.0f}s; validation loss "
+             f"{loss[0]} → {loss[1]} nats/token; honest+diligent weight {100 * s['good_share']:.1f}%, "
+             f"largest adversary {100 * s['max_adversary_share']:.2f}%; report in {out}/report.md and "
+             f"{out}/report.html")
     return 0
 
 

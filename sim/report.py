@@ -1,17 +1,24 @@
-"""A run's report: report.json, report.md and PNG plots, built from the leading validator's per-window lines.
+"""A run's report: report.json, report.md, PNG plots and one self-contained report.html, built from the
+leading validator's per-window lines.
 
-``report.json`` holds ``windows``, ``val_loss`` ([{window, loss}]) and ``peers``
+``report.json`` holds ``windows``, ``val_loss`` ([{window, loss}], nats per token) and ``peers``
 ([{uid, name, behaviour, weight, weight_mean, rejections}]) where ``weight`` is
 the last weight vector the leading validator posted on chain, normalised to sum
 1 over peers, ``weight_mean`` the mean of its per-window weights, and
 ``rejections`` counts reasons.  ``summary`` adds the shares the acceptance
-criteria speak about.
+criteria speak about.  An optional ``samples`` list ([{window, prompt, text}])
+holds text sampled from the model; report.html shows it (sim/report_html.py).
+
+    python -m sim.report REPORT_JSON [--command CMD]   # render md, PNGs and html again from a report.json
 """
 from __future__ import annotations
 
+import argparse
 import json
+import math
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 from sim.behaviours import GOOD
 
@@ -37,7 +44,8 @@ def build(lines: list[dict], peers: dict[int, tuple[str, str]], posted: dict[int
         rows.append({"uid": uid, "name": name, "behaviour": behaviour, "weight": last.get(uid, 0.0) / total,
                      "weight_mean": sum(history) / len(history) if history else 0.0,
                      "rejections": dict(rejections[uid])})
-    val = [{"window": line["window"], "loss": line["val_loss"]} for line in lines]
+    val = [{"window": line["window"], "loss": line["val_loss"],
+            "bits_per_byte": line.get("val_bits_per_byte", math.nan)} for line in lines]
     return {"windows": len(lines), "val_loss": val, "peers": rows, "summary": summarise(rows, val),
             "history": {"weights": [{str(u): w for u, w in pw.items()} for pw in per_window],
                         "ratings": [line.get("loss_ratings", {}) for line in lines],
@@ -56,6 +64,8 @@ def summarise(rows: list[dict], val: list[dict]) -> dict:
         "diligent_mean": sum(diligent) / len(diligent) if diligent else None,
         "val_loss_first": val[0]["loss"] if val else None,
         "val_loss_last": val[-1]["loss"] if val else None,
+        "val_bits_per_byte_first": val[0]["bits_per_byte"] if val else None,
+        "val_bits_per_byte_last": val[-1]["bits_per_byte"] if val else None,
     }
 
 
@@ -66,7 +76,9 @@ def markdown(report: dict, command: str = "") -> str:
         out += [f"Command: `{command}`", ""]
     first, last = s["val_loss_first"], s["val_loss_last"]
     out += [f"- windows: {report['windows']}",
-            f"- validation loss: {first:.4f} → {last:.4f}" if first is not None else "- validation loss: n/a",
+            f"- validation loss: {first:.4f} → {last:.4f} nats/token "
+            f"({s['val_bits_per_byte_first']:.3f} → {s['val_bits_per_byte_last']:.3f} bits/byte)"
+            if first is not None else "- validation loss: n/a",
             f"- honest + diligent weight: {100 * s['good_share']:.1f}%",
             f"- largest adversary weight: {100 * s['max_adversary_share']:.2f}%",
             f"- honest mean weight: {100 * s['honest_mean']:.1f}%"
@@ -76,29 +88,45 @@ def markdown(report: dict, command: str = "") -> str:
         rej = ", ".join(f"{k} {v}" for k, v in sorted(r["rejections"].items())) or "—"
         out.append(f"| {r['uid']} | {r['name']} | {r['behaviour']} | {100 * r['weight']:.2f}% | "
                    f"{100 * r['weight_mean']:.2f}% | {rej} |")
-    out += ["", "![validation loss](val_loss.png)", "", "![weights](weights.png)", "", "![ratings](ratings.png)", ""]
+    out += ["", "![validation loss](val_loss.png)", "", "![weights](weights.png)", "", "![ratings](ratings.png)", "",
+            "The same report with every plot and table in one page: [report.html](report.html).", ""]
     return "\n".join(out)
 
 
-def plot(report: dict, out: Path) -> None:
+PLOTS = {"val_loss": "Validation loss of the shared model", "weights": "Weight per peer (validator)",
+         "ratings": "LossRating per peer"}
+
+
+def bits_per_nat(report: dict) -> float:
+    """Bits per byte for one nat per token on the run's validation batch (fixed for a run: its tokens and
+    the bytes they stand for do not change), from the recorded figures."""
+    ratios = [v["bits_per_byte"] / v["loss"] for v in report["val_loss"]
+              if math.isfinite(v.get("bits_per_byte", math.nan)) and v["loss"]]
+    return ratios[-1] if ratios else 1 / math.log(2)
+
+
+def figures(report: dict) -> dict[str, Any]:
+    """name → matplotlib Figure of every plot in :data:`PLOTS` (the caller saves and closes them)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator
 
+    out: dict[str, Any] = {}
     windows = report["history"]["windows"]
     fig, ax = plt.subplots(figsize=(7, 4))
     ax.plot([v["window"] for v in report["val_loss"]], [v["loss"] for v in report["val_loss"]], marker=".")
-    ax.set(xlabel="window", ylabel="validation loss (nats/byte)", title="Validation loss of the shared model")
+    ax.set(xlabel="window", ylabel="validation loss (nats/token)", title=PLOTS["val_loss"])
+    ratio = bits_per_nat(report)
+    bpb = ax.secondary_yaxis("right", functions=(lambda nats: nats * ratio, lambda bits: bits / ratio))
+    bpb.set_ylabel("bits/byte")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.grid(alpha=0.3)
     fig.tight_layout()
-    fig.savefig(out / "val_loss.png", dpi=120)
-    plt.close(fig)
+    out["val_loss"] = fig
 
-    for key, ylabel, name, title in (("weights", "weight share", "weights.png", "Weight per peer (validator)"),
-                                     ("ratings", "LossRating (ordinal μ−3σ)", "ratings.png", "LossRating per peer")):
+    for key, ylabel in (("weights", "weight share"), ("ratings", "LossRating (ordinal μ−3σ)")):
         fig, ax = plt.subplots(figsize=(8, 4.5))
         seen = set()
         for r in report["peers"]:
@@ -106,17 +134,47 @@ def plot(report: dict, out: Path) -> None:
             label = r["behaviour"] if r["behaviour"] not in seen else None
             seen.add(r["behaviour"])
             ax.plot(windows, ys, color=COLOURS.get(r["behaviour"], "black"), label=label, alpha=0.85)
-        ax.set(xlabel="window", ylabel=ylabel, title=title)
+        ax.set(xlabel="window", ylabel=ylabel, title=PLOTS[key])
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8, ncol=2)
+        if seen:
+            ax.legend(fontsize=8, ncol=2)
         fig.tight_layout()
-        fig.savefig(out / name, dpi=120)
+        out[key] = fig
+    return out
+
+
+def plot(report: dict, out: Path) -> None:
+    import matplotlib.pyplot as plt
+
+    for name, fig in figures(report).items():
+        fig.savefig(out / f"{name}.png", dpi=120)
         plt.close(fig)
 
 
 def write(report: dict, out: Path, command: str = "") -> None:
+    from sim.report_html import write_html
+
     out.mkdir(parents=True, exist_ok=True)
     (out / "report.json").write_text(json.dumps(report, indent=2))
     (out / "report.md").write_text(markdown(report, command))
     plot(report, out)
+    write_html(report, out / "report.html", command)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m sim.report", description="Render report.md, the PNG plots and "
+                                "report.html again from a report.json (into its folder).")
+    p.add_argument("report_json", type=Path)
+    p.add_argument("--command", default="", help="the command that made the run (shown in the report)")
+    args = p.parse_args(argv)
+    try:
+        report = json.loads(args.report_json.read_text())
+    except (OSError, ValueError) as e:
+        p.error(f"{args.report_json}: {e}")
+    write(report, args.report_json.parent, args.command)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

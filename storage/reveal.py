@@ -14,6 +14,7 @@ values; nothing here raises on what a peer uploaded.
 """
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass
 from functools import partial
@@ -23,7 +24,7 @@ from dso.commit import NONCE_BYTES, commitment_hash, is_commitment, judge_reveal
 from dso.rejections import Reason, Rejection
 from storage import keys
 from storage.client import S3Client, StorageError
-from storage.gather import GatherResult, ReaderCache, check_time, gather
+from storage.gather import GatherResult, ReaderCache, check_time, fetch_payload, gather
 from storage.jsonobj import encode_json, parse_json_object, rejection_for
 from storage.wire import Expect, Payload, decode_payload, payload_size_cap
 
@@ -200,11 +201,31 @@ def _fetch_revealed(client, bucket, key, codec, expect, reveal, deadline, put, c
 
 def gather_window(window: int, peers: dict, codec, expect: Expect, put: PutWindow, deadline_seconds: float, *,
                   commit_reveal: bool, readers: ReaderCache | None = None,
-                  priority: list[int] | None = None) -> GatherResult:
+                  priority: list[int] | None = None, peer_seconds: dict[int, float] | None = None) -> GatherResult:
     """Gather window ``window``'s updates the way the run's settings say: plain (payload in the put window)
     or commit-reveal (commitment in the put window, payload + nonce in the reveal window that follows).
-    ``priority``: uids to start first (see :func:`storage.gather.gather`)."""
-    if not commit_reveal:
-        return gather(window, peers, codec, expect, put, deadline_seconds, readers=readers, priority=priority)
-    return gather(window, peers, codec, expect, reveal_window_after(put), deadline_seconds, readers=readers,
-                  fetch=partial(fetch_revealed, put=put), priority=priority)
+    ``priority``: uids to start first (see :func:`storage.gather.gather`).  ``peer_seconds``, when given,
+    receives uid → seconds spent fetching that peer (a peer cut off by the deadline: the whole gather's
+    time; a peer never fetched, e.g. without a commitment: absent)."""
+    fetch = partial(fetch_revealed, put=put) if commit_reveal else fetch_payload
+    timed: dict[int, float] = {}
+    lock = threading.Lock()
+
+    def fetch_timed(client, bucket, key, codec, expect, put_window, deadline):
+        started = time.monotonic()
+        try:
+            return fetch(client, bucket, key, codec, expect, put_window, deadline)
+        finally:
+            with lock:
+                timed[expect.uid] = time.monotonic() - started
+
+    result = gather(window, peers, codec, expect, reveal_window_after(put) if commit_reveal else put,
+                    deadline_seconds, readers=readers, fetch=fetch_timed if peer_seconds is not None else fetch,
+                    priority=priority)
+    if peer_seconds is not None:
+        with lock:  # workers cut off by the deadline may still finish (and write) after gather returned
+            peer_seconds.update(timed)
+        for uid, rejection in result.rejections.items():
+            if rejection.reason == Reason.TIMEOUT and uid not in peer_seconds:
+                peer_seconds[uid] = result.seconds
+    return result

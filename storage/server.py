@@ -33,6 +33,8 @@ import threading
 import time
 from pathlib import Path
 
+from dso import processes
+from dso.processes import spawn
 from storage.client import S3Client, StorageError
 from storage.credentials import (ADMIN_USER, BUCKET_PREFIX, REGION, AdminCredentials,  # noqa: F401 (re-exported)
                                  PeerCredentials, iam_client, provision_peer)
@@ -74,9 +76,8 @@ class EmbeddedS3(Engine):
         env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         cmd = [sys.executable, "-m", "storage.server", "--host", host, "--port", str(port),
                "--admin-file", str(admin_file), "--parent-pid", str(os.getpid())] + (["--verbose"] if verbose else [])
-        with open(log_path, "wb") as log:
-            process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                       env=env, cwd=root)
+        with open(log_path, "wb") as log:  # own process group; dies with us even when we are SIGKILLed
+            process = spawn(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, cwd=root)
         deadline = time.monotonic() + timeout
         while not admin_file.exists():
             if process.poll() is not None or time.monotonic() > deadline:
@@ -97,13 +98,8 @@ class EmbeddedS3(Engine):
         return provision_peer(self.admin, name, create_bucket)
 
     def stop(self) -> None:
-        if self._process is not None and self._process.poll() is None:
-            self._process.terminate()
-            try:
-                self._process.wait(10)
-            except subprocess.TimeoutExpired:
-                self._process.kill()
-                self._process.wait()
+        if self._process is not None:
+            processes.stop(self._process, timeout=10)
         if self._state_dir:
             shutil.rmtree(self._state_dir, ignore_errors=True)
 

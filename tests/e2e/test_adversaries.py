@@ -3,6 +3,7 @@ S3 and LocalChain; the weights the validator posts must go to the honest and dil
 from __future__ import annotations
 
 import pytest
+from scrape import one, scrape
 
 from sim import report as run_report
 from sim.localnet import LocalNet, plan_nodes, wait_for
@@ -26,17 +27,21 @@ def finished(tmp_path_factory, stdlib_corpus, network_hparams):
         assert done and not net.dead(), {p.name: p.read_text()[-2000:] for p in net.logs.glob("*.log")}
         validator = next(n for n in net.nodes if n.role == "validator")
         posted = net.chain.weights().get(validator.uid)
+        metrics = scrape(validator.metrics_port)
+        lines = net.validator_lines()
     peers = {n.uid: (n.name, n.behaviour) for n in net.nodes if n.role == "miner"}
-    return run_report.build(net.validator_lines(), peers, posted)
+    return run_report.build(lines, peers, posted), metrics, lines
 
 
 def test_honest_and_diligent_hold_the_weight(finished):
+    finished, _, _ = finished
     summary = finished["summary"]
     assert summary["good_share"] >= 0.95, finished["peers"]
     assert summary["max_adversary_share"] <= 0.01, finished["peers"]
 
 
 def test_every_attack_is_seen(finished):
+    finished, _, _ = finished
     by_name = {p["name"]: p for p in finished["peers"]}
     assert by_name["malformed0"]["rejections"], "malformed payloads were not rejected"
     copier = by_name["copier0"]["rejections"]
@@ -48,6 +53,7 @@ def test_every_attack_is_seen(finished):
 
 
 def test_report_has_the_required_fields(finished, tmp_path):
+    finished, _, _ = finished
     assert finished["windows"] >= WINDOWS
     assert {"window", "loss"} <= set(finished["val_loss"][0])
     for peer in finished["peers"]:
@@ -55,5 +61,21 @@ def test_report_has_the_required_fields(finished, tmp_path):
     assert sum(p["weight"] for p in finished["peers"]) == pytest.approx(1.0)
     assert finished["val_loss"][-1]["loss"] < finished["val_loss"][0]["loss"] - 0.05
     run_report.write(finished, tmp_path)
-    for name in ("report.json", "report.md", "val_loss.png", "weights.png", "ratings.png"):
+    for name in ("report.json", "report.md", "report.html", "val_loss.png", "weights.png", "ratings.png"):
         assert (tmp_path / name).stat().st_size > 0
+
+
+def test_validator_counts_rejections_by_reason_and_peer(finished):
+    """dso_rejections_total{reason, uid} on the validator's endpoint: exactly the rejections of its records
+    (scraped before the last record was read, so the records may hold one window more)."""
+    _, metrics, lines = finished
+    counted: dict[tuple[str, str], int] = {}
+    for line in lines:
+        for uid, reason in line["rejections"].items():
+            counted[(reason, uid)] = counted.get((reason, uid), 0) + 1
+    scraped = {(dict(k[1])["reason"], dict(k[1])["uid"]): v for k, v in metrics.items()
+               if k[0] == "dso_rejections_total"}
+    assert scraped, "no rejection counted"
+    for key, n in scraped.items():
+        assert counted.get(key, 0) - 2 <= n <= counted.get(key, 0), (key, n, counted.get(key))
+    assert one(metrics, "dso_windows_total") >= WINDOWS

@@ -9,10 +9,12 @@ uninterrupted process produced — and a killed validator process picks up where
 from __future__ import annotations
 
 import json
+import math
 import shutil
 import signal
 
 import pytest
+from scrape import by_label, one, scrape
 
 from dso.config import from_dict
 from sim.localnet import LocalNet, plan_nodes, wait_for
@@ -118,6 +120,50 @@ def test_restarted_validator_gives_the_uninterrupted_weights(network):
     for key in ("model_hash", "weights", "scores", "mu", "loss_ratings", "loss_scores", "evaluated", "fast",
                 "top_g", "aggregated", "rejections", "val_loss"):
         assert json.loads(json.dumps(line[key])) == uninterrupted[key], key
+
+
+def test_nodes_serve_their_metrics(network):
+    """While the network runs, the validator's and a miner's endpoints answer with the metrics of issue 19,
+    parsed by prometheus_client's parser, with values that agree with the nodes' own records."""
+    net, _ = network
+    validator = next(n for n in net.nodes if n.role == "validator")
+    miners = [n for n in net.nodes if n.role == "miner"]
+    assert all(f"127.0.0.1:{n.metrics_port}" in (net.run_dir / "prometheus.yml").read_text() for n in net.nodes)
+    v, m = scrape(validator.metrics_port), scrape(miners[0].metrics_port)
+    lines = net.validator_lines()
+    assert one(v, "dso_node_info", role="validator", uid=str(validator.uid), hparams=net.hp.digest()) == 1
+    assert 0 < one(v, "dso_windows_total") <= len(lines) and one(v, "dso_window") <= lines[-1]["window"]
+    nats = one(v, "dso_validation_loss_nats_per_token")
+    assert nats in [line["val_loss"] for line in lines]
+    assert one(v, "dso_validation_loss_bits_per_byte") == pytest.approx(nats / math.log(2))
+    weights = by_label(v, "dso_peer_weight_ratio", "uid")
+    assert set(weights) == {str(n.uid) for n in miners} and sum(weights.values()) == pytest.approx(1.0)
+    assert set(by_label(v, "dso_peer_score", "uid")) == set(weights)
+    # one post per window (its weights, or a heartbeat repeating the last row) and one at genesis; the
+    # window that ended last may still be on the writer's thread
+    posts = one(v, "dso_chain_writes_total", call="set_weights", result="ok")
+    assert len(lines) - 1 <= posts <= len(lines) + 1
+    assert one(v, "dso_s3_sent_bytes_total") > 0 and one(v, "dso_s3_received_bytes_total") > 0
+    gathered = by_label(v, "dso_gather_peer_seconds", "uid")
+    assert set(gathered) == set(weights) and all(0 < s < 8 for s in gathered.values())
+    assert one(v, "dso_gather_seconds_count") >= len(miners) and 0 < one(v, "dso_utilisation_ratio") < 1
+    assert one(v, "process_resident_memory_bytes") > 50e6      # torch and a model: well above 50 MB
+    # three honest miners: nothing refused but the windows before they joined the run (nothing uploaded yet)
+    refused = {k: n for k, n in v.items() if k[0] == "dso_rejections_total"}
+    assert all(dict(k[1])["reason"] == "missing" and n <= 2 for k, n in refused.items()), refused
+
+    assert one(m, "dso_node_info", role="miner", uid=str(miners[0].uid), hparams=net.hp.digest()) == 1
+    windows = one(m, "dso_windows_total")
+    assert windows >= WINDOWS - 3
+    per_window = net.hp.batch_size * net.hp.model.seq_len     # an honest miner trains on the baseline share
+    assert one(m, "dso_trained_tokens_total") == windows * per_window
+    assert one(m, "dso_uploads_total", result="ok") >= windows - 1
+    assert 0 < one(m, "dso_train_loss_nats_per_token") < 6
+    assert one(m, "dso_train_loss_bits_per_byte") == pytest.approx(one(m, "dso_train_loss_nats_per_token")
+                                                                   / math.log(2))
+    assert 0 < one(m, "dso_utilisation_ratio") < 1 and one(m, "dso_s3_sent_bytes_total") > 0
+    assert one(m, "dso_chain_writes_total", call="register", result="ok") == 1
+    assert math.isnan(one(m, "dso_inner_steps"))             # the miner reports no inner steps yet
 
 
 def test_killed_validator_process_resumes_in_step_with_the_miners(network):

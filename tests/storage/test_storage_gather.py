@@ -168,3 +168,26 @@ def test_hostile_servers_are_rejections_and_a_hanging_one_only_costs_the_deadlin
     assert result.bytes_down <= 2 * (cap + 256 * 1024) + 2 * len(good_for(0))
     # the hanging peer's socket would block for 3 x 30 s; gather must not wait for it
     assert elapsed < 25 and isinstance(result.payloads[0], Payload)
+
+
+def test_gather_window_times_each_peer(fair, codec, hp):
+    """Per-peer seconds for the metrics: a fetched peer its own time, a peer cut off by its deadline about the
+    whole budget, a peer never fetched (no commitment) none."""
+    from storage.reveal import gather_window
+
+    hang = socket.socket()
+    hang.bind(("127.0.0.1", 0))
+    hang.listen(16)
+    peers = {0: fair.commitment(), 5: BucketInfo(f"http://127.0.0.1:{hang.getsockname()[1]}", "us-east-1",
+                                                 "dso-hang", "AKIAFAKE", "s" * 40), 6: None}
+    seconds: dict[int, float] = {}
+    try:
+        result = gather_window(WINDOW, peers, codec, Expect.from_hparams(hp, WINDOW), PutWindow(WINDOW, 0, 1e12),
+                               2.0, commit_reveal=False, readers=ReaderCache(timeout=30, allow_loopback=True),
+                               peer_seconds=seconds)
+    finally:
+        hang.close()
+    assert sorted(result.payloads) == [0] and result.rejections[5].reason == Reason.TIMEOUT
+    assert set(seconds) == {0, 5}
+    # the silent peer is cut at its own deadline, which the fair schedule sets at about the whole budget
+    assert 0 < seconds[0] < 2.0 and 1.5 <= seconds[5] <= result.seconds + 0.05
