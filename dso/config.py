@@ -104,7 +104,7 @@ class HParams:
     poc_gamma: float = _doc("gamma of the proof-of-computation EMA", default=0.95)
     fast_penalty: float = _doc("phi applied to mu on a failed fast check", default=0.75)
     sync_threshold: float = _doc("SyncScore above this (in signed steps) fails", default=3.0)
-    sync_samples: int = _doc("parameter samples per payload for SyncScore", default=64)
+    sync_samples: int = _doc("SyncScore samples per payload, at least (see sync_samples_per_tensor)", default=64)
     eval_peers: int = _doc("|S_t|: peers given the primary evaluation per window", default=6)
     fast_peers: int = _doc("|F_t|: peers given fast checks per window (top-G always in)", default=32)
     eval_sequences: int = _doc("sequences of D_rand / D_assigned used per loss (noise of the PoC test)", default=8)
@@ -121,6 +121,16 @@ class HParams:
     coherence_threshold: float = _doc("cosine to the consensus below this is dropped; -1 = off", default=-1.0)
     commit_reveal: bool = _doc("upload a hash in the put window, reveal in the next", default=False)
     dp: DPConfig = field(default_factory=DPConfig)
+    # --- issue 17: evaluation nobody can predict, SyncScore on every tensor
+    eval_schedule: Literal["random", "round_robin"] = _doc(
+        "how F_t and S_t are drawn: 'random' from the chain randomness of a block after the uploads close, weighted "
+        "toward peers not checked recently; 'round_robin' is the old least-recently-evaluated order (predictable: "
+        "kept as the measured baseline, docs/scoring.md)", default="random")
+    eval_max_gap_factor: float = _doc("random schedule: a passing peer waits at most ceil(factor * passing peers / "
+                                      "|S_t|) windows between evaluations (the same for fast checks)", default=2.0)
+    sync_samples_per_tensor: int = _doc("SyncScore samples per parameter tensor, so every tensor is checked each "
+                                        "window at any model size; sync_samples is the floor of the total",
+                                        default=1)
 
     def validate(self, prefix: str) -> None:
         self.model.validate(f"{prefix}.model")
@@ -145,6 +155,10 @@ class HParams:
             raise ConfigError(f"{prefix}.eval_scale: must be in (0, 1], got {self.eval_scale}")
         if self.krum_f < 0 or self.krum_m < 0 or self.warmup_windows < 0 or self.weight_decay < 0:
             raise ConfigError(f"{prefix}: krum_f, krum_m, warmup_windows, weight_decay must be >= 0")
+        if not self.eval_max_gap_factor >= 1:  # issue 17
+            raise ConfigError(f"{prefix}.eval_max_gap_factor: must be >= 1, got {self.eval_max_gap_factor}")
+        if self.sync_samples_per_tensor < 1:
+            raise ConfigError(f"{prefix}.sync_samples_per_tensor: must be >= 1 (every tensor checked each window)")
 
     def digest(self) -> str:
         """Stable hash of the run's protocol settings (nodes compare it)."""

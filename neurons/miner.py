@@ -32,7 +32,7 @@ import torch
 from dso.clock import GATHER_SETTLE_SECONDS, PutWindow
 from dso.codec import CompressedUpdate, ErrorFeedback
 from dso.config import Config, parse_args
-from dso.model import model_hash
+from dso.model import model_hash, sync_sample_count
 from dso.privacy import PrivacyStateError, RdpAccountant, clip_and_noise
 from dso.train import compute_gradients
 from neurons import reveal
@@ -218,7 +218,7 @@ class Miner:
         if randomness is None:
             log.warning("window %d: no chain randomness for the sync samples; not uploading", t)
             return None
-        positions = sync_positions(randomness, ctx.shapes, ctx.hp.sync_samples)
+        positions = sync_positions(randomness, ctx.shapes, sync_sample_count(ctx.hp))
         return sample_parameters(dict(ctx.model.named_parameters()), positions)
 
     def put_payload(self, t: int, data: bytes) -> bool:

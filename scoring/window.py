@@ -38,7 +38,7 @@ import torch
 
 from dso.commit import BAN_AFTER, commit_penalty, is_invalid_update
 from dso.config import HParams
-from dso.model import parameter_shapes
+from dso.model import parameter_shapes, sync_sample_count
 from dso.rejections import Reason, Rejection
 from dso.train import evaluate, learning_rate
 from scoring import formulas, selection
@@ -109,7 +109,7 @@ def score_window(state: ValidatorState, model: torch.nn.Module, codec: Any, data
     fast = plan_fast_set(state, hp, window, active_uids)
     shapes = parameter_shapes(model)
     lr = learning_rate(hp, window)
-    positions = sync_positions(randomness, shapes, hp.sync_samples)
+    positions = sync_positions(randomness, shapes, sync_sample_count(hp))
     reference = sample_parameters(dict(model.named_parameters()), positions).tolist()
     failures: dict[int, Rejection] = {}
     sync_scores: dict[int, float] = {}
@@ -189,7 +189,7 @@ def _fast_check(uid: int, payloads: Mapping, rejections: Mapping[int, Rejection]
         return Rejection(Reason.MISSING, "no payload this window")
     if not (isinstance(payload, tuple) and len(payload) == 2):
         return Rejection(Reason.MALFORMED, "payload is not (update, sync samples)")
-    bad = check_sync_vector(payload[1], hp.sync_samples)
+    bad = check_sync_vector(payload[1], sync_sample_count(hp))
     if bad is not None:
         return bad
     score = formulas.sync_score(reference, payload[1].tolist(), lr)

@@ -28,7 +28,7 @@ from dso.codec import ErrorFeedback
 from dso.codecs import Update, make_codec
 from dso.config import HParams
 from dso.data import Dataset
-from dso.model import build_model, parameter_shapes
+from dso.model import build_model, parameter_shapes, sync_sample_count
 from dso.privacy import RdpAccountant, clip_and_noise
 from dso.rejections import Reason, Rejection
 from dso.train import compute_gradients, evaluate
@@ -130,7 +130,7 @@ class SimNet:
         """What every peer's behaviour puts on the wire in window t, as the validator's gather would see it:
         payloads that pass the transport checks, and the transport rejections of the others."""
         hp = self.hp
-        positions = sync_positions(self.randomness(t), self.shapes, hp.sync_samples)
+        positions = sync_positions(self.randomness(t), self.shapes, sync_sample_count(hp))
         own: dict[int, Update | None] = {}
         sync: dict[int, torch.Tensor] = {}
         sybil_update = None

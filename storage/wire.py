@@ -21,6 +21,7 @@ import numpy as np
 import safetensors.numpy
 import torch
 
+from dso.model import sync_sample_count
 from dso.packing import PackingError
 from dso.rejections import Reason, Rejection
 from storage.tensorfile import header_allowance, parse_uint, read_header, check_spec, load_arrays
@@ -56,7 +57,7 @@ class Expect:
     @classmethod
     def from_hparams(cls, hp, window: int, **kw) -> "Expect":
         return cls(window=window, protocol_version=hp.protocol_version, hparams_digest=hp.digest(),
-                   sync_samples=hp.sync_samples, **kw)
+                   sync_samples=sync_sample_count(hp), **kw)
 
     def for_uid(self, uid: int) -> "Expect":
         return replace(self, uid=uid)

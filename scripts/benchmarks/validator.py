@@ -61,7 +61,7 @@ def measure_eval_cost(quick: bool, eval_sequences: int | None = None, repeats: i
     setup_worker()
     from dso.codec import DeMoCodec
     from dso.config import HParams
-    from dso.model import build_model, parameter_shapes
+    from dso.model import build_model, parameter_shapes, sync_sample_count
     from dso.train import evaluate, learning_rate
     from scoring.evaluation import ParameterSnapshot, evaluate_peer, update_signs
     from scoring.state import ValidatorState
@@ -77,7 +77,7 @@ def measure_eval_cost(quick: bool, eval_sequences: int | None = None, repeats: i
     dataset = default_dataset(hp)
     many = hp.eval_peers
     uids = list(range(many))
-    payloads = _honest_payloads(model, codec, dataset, hp, uids, sync_positions(RANDOMNESS, shapes, hp.sync_samples))
+    payloads = _honest_payloads(model, codec, dataset, hp, uids, sync_positions(RANDOMNESS, shapes, sync_sample_count(hp)))
     repeats = repeats or (3 if quick else 9)
 
     def score(eval_peers: int):
@@ -136,7 +136,7 @@ def measure_miner_footprint() -> dict:
     setup_worker()
     from dso.codec import DeMoCodec, ErrorFeedback
     from dso.config import HParams
-    from dso.model import build_model, parameter_shapes
+    from dso.model import build_model, parameter_shapes, sync_sample_count
     from dso.train import compute_gradients
     from storage.wire import PayloadMeta, encode_payload
     import torch
@@ -148,7 +148,7 @@ def measure_miner_footprint() -> dict:
     dataset = default_dataset(hp)
     grads, _ = compute_gradients(model, dataset.assigned(0, 0, hp.batch_size), hp.micro_batch)
     update = feedback.step(grads, 0)
-    blob = encode_payload(codec, update, torch.zeros(hp.sync_samples), PayloadMeta(0, 0, hp.protocol_version,
+    blob = encode_payload(codec, update, torch.zeros(sync_sample_count(hp)), PayloadMeta(0, 0, hp.protocol_version,
                                                                                      hp.digest()))
     return {"inprocess_peak_rss_mb": own_peak_rss_mb(), "payload_bytes": len(blob)}
 

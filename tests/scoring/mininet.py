@@ -7,7 +7,7 @@ import torch
 
 from dso.codec import DeMoCodec, ErrorFeedback
 from dso.data import Dataset
-from dso.model import build_model, parameter_shapes
+from dso.model import build_model, parameter_shapes, sync_sample_count
 from dso.train import compute_gradients, learning_rate
 from scoring.sync import sample_parameters, sync_positions
 
@@ -30,7 +30,7 @@ class MiniNet:
         self.feedback = {uid: ErrorFeedback(self.codec, hp.ef_beta) for uid in behaviours}
 
     def payloads(self, window: int) -> dict[int, tuple]:
-        positions = sync_positions(chain_randomness(window), self.shapes, self.hp.sync_samples)
+        positions = sync_positions(chain_randomness(window), self.shapes, sync_sample_count(self.hp))
         named = dict(self.model.named_parameters())
         in_sync = sample_parameters(named, positions)
         out = {}
