@@ -84,7 +84,7 @@ def measure_eval_cost(quick: bool, eval_sequences: int | None = None, repeats: i
         hp_s = copy.deepcopy(hp)
         hp_s.eval_peers = eval_peers
         state = ValidatorState.new(hp.digest(), secret="00" * 16)
-        return score_window(state, model, codec, dataset, hp_s, WINDOW, payloads, {}, uids, RANDOMNESS)
+        return score_window(state, model, codec, dataset, hp_s, WINDOW, payloads, {}, uids, RANDOMNESS, RANDOMNESS)
 
     report = score(many)
     if sorted(report.evaluated) != uids:  # every honest peer must pass and be evaluated, or the timing is wrong

@@ -108,7 +108,8 @@ def test_restarted_validator_gives_the_uninterrupted_weights(network):
                         clock.put_window(t), cfg.storage.gather_deadline_seconds, commit_reveal=hp.commit_reveal)
     dataset = Dataset.from_config(cfg.data.corpus, cfg.data.cache_dir, hp.model.seq_len, hp.seed, hp.val_fraction,
                                   hp.data_hash)
-    inputs = WindowInputs(t, got.payloads, got.rejections, active, book.lists[t], clock.window_randomness(t))
+    inputs = WindowInputs(t, got.payloads, got.rejections, active, book.lists[t], clock.window_randomness(t),
+                          clock.eval_randomness(t, hp.commit_reveal))
     outcome = run_window(scores, model, codec, dataset, hp, inputs, ledger_prev_hash=book.ledger_hash,
                          validator=next(n.hotkey for n in net.chain.metagraph() if n.uid == validator.uid))
     val_loss = evaluate(model, dataset.validation(hp.val_sequences), hp.micro_batch)

@@ -16,6 +16,11 @@ def chain_randomness(window: int) -> bytes:
     return hashlib.sha256(f"test-chain-window-{window}".encode()).digest()
 
 
+def eval_seed(window: int) -> bytes:
+    """The chain randomness of a block after the window's uploads closed (draws F_t and S_t)."""
+    return hashlib.sha256(f"test-chain-eval-{window}".encode()).digest()
+
+
 class MiniNet:
     """Miners with scripted behaviours, all holding the validator's θ (they are in sync by construction).
 
