@@ -61,6 +61,11 @@ class DPConfig:
     delta: float = _doc("target delta of the (epsilon, delta) guarantee", default=1e-6)
     epsilon_budget: float = _doc("a miner stops uploading before spending more than this", default=10.0)
     max_order: int = _doc("Renyi orders 2..max_order are tracked", default=127)
+    # --- issue 17: noise from a target
+    target_epsilon: float = _doc("if > 0: noise_multiplier is derived so that target_rounds uploads spend exactly "
+                                 "this epsilon at delta, and it is the budget (noise_multiplier and epsilon_budget "
+                                 "are then replaced); 0 = use those two as given", default=8.0)
+    target_rounds: int = _doc("uploads the target_epsilon is spread over", default=100)
 
     def validate(self, prefix: str) -> None:
         _positive(self, prefix, "clip_norm", "noise_multiplier", "epsilon_budget")
@@ -68,6 +73,13 @@ class DPConfig:
             raise ConfigError(f"{prefix}.delta: must be in (0, 1), got {self.delta}")
         if self.max_order < 2:
             raise ConfigError(f"{prefix}.max_order: must be >= 2")
+        if self.target_epsilon < 0 or self.target_rounds < 1:  # issue 17
+            raise ConfigError(f"{prefix}.target_epsilon must be >= 0 and {prefix}.target_rounds >= 1")
+        if self.target_epsilon > 0:  # every node derives the same z, so the run's digest agrees
+            from dso.rdp import noise_for_target
+            self.noise_multiplier = noise_for_target(self.target_epsilon, self.delta, self.target_rounds,
+                                                     range(2, self.max_order + 1))
+            self.epsilon_budget = self.target_epsilon
 
 
 @dataclass

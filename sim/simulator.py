@@ -29,7 +29,7 @@ from dso.codecs import Update, make_codec
 from dso.config import HParams
 from dso.data import Dataset
 from dso.model import build_model, parameter_shapes, sync_sample_count
-from dso.privacy import RdpAccountant, clip_and_noise
+from dso.privacy import RdpAccountant, clip_and_noise, dp_settings
 from dso.rejections import Reason, Rejection
 from dso.train import compute_gradients, evaluate
 from neurons.engine import WindowInputs, WindowOutcome, announce_list, genesis_lists, run_window
@@ -97,6 +97,7 @@ class SimNet:
         self.ledger_hash = ""
         self.last_outcome: WindowOutcome | None = None  # the engine's full output of the latest window
         self.trained: set[int] = set()  # uids that trained in the latest window
+        self.dp_noise_multiplier, self.dp_budget = dp_settings(hp.dp)  # z and budget (hp.dp.target_epsilon)
 
     def _desynced(self, peer: SimPeer, t: int) -> bool:
         if peer.behaviour != "desync":
@@ -117,13 +118,13 @@ class SimNet:
     def _train(self, peer: SimPeer, t: int, batches: int) -> Update | None:
         """The peer's compressed update, or None once its privacy budget is spent."""
         dp = self.hp.dp
-        if peer.accountant is not None and peer.accountant.would_exceed(dp.epsilon_budget):
+        if peer.accountant is not None and peer.accountant.would_exceed(self.dp_budget):
             return None
         model = self._peer_model(peer, t)
         data = self.dataset.training_batch(peer.uid, t, self.hp.assigned_sequences, self.hp.batch_size * batches)
         grads, _ = compute_gradients(model, data, self.hp.micro_batch, self.device)
         if peer.accountant is not None:
-            grads = clip_and_noise(grads, dp.clip_norm, dp.noise_multiplier, self.noise)
+            grads = clip_and_noise(grads, dp.clip_norm, self.dp_noise_multiplier, self.noise)
             peer.accountant.step()
         return peer.feedback.step(grads, t, peer.uid)
 
