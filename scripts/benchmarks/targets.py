@@ -12,6 +12,10 @@ TARGETS = [
     ("gather time linear or better in K (log-log slope)", "gather", ("scaling_exponent",), "<=", 1.0),
     ("codec encode + decode share of a miner's window", "codec", ("compression_share_of_window",), "<", 0.10),
     ("convergence (a)/(c) within 5% of AdamW", "convergence", ("ratio",), "<=", 1.05),
+    # issue 17: fair and stable weights
+    ("identical honest peers within 2x of each other (median seed)", "incentives",
+     ("honest_max_min_ratio", "median"), "<=", 2.0),
+    ("diligent peer >= 1.5x the honest mean, seeds of 10", "incentives", ("diligent_wins_of_10",), ">=", 9.0),
 ]
 
 
