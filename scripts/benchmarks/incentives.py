@@ -15,6 +15,11 @@ Each is reported as the median over seeds and the per-seed list, and again from 
 the last ``SMOOTH`` windows (``smoothed``: what smoothing the posted weights would give).  Targets
 (scripts/benchmarks/targets.py): ratio ≤ 2 in the median seed, diligent wins ≥ 9 of 10.
 
+``gamer``: a miner that trains only when it expects evaluation (sim/foresight.py gives it everything but
+the future randomness) among ``GAMER["honest"]`` honest peers, |S_t| = 2, tiny model, under the drawn
+schedule and the old round robin: its final and cumulative (mean over windows) weight share per seed, next
+to an honest peer's mean, and the share of windows it trained in.
+
 ``python scripts/benchmarks/incentives.py --lever eval_peers=2 --lever rating=7,0.1 --seeds 4`` runs the
 same measurement with other settings (levers: any ``hparams`` key, ``rating=β,τ`` for the OpenSkill model,
 which is not a hyper-parameter); it is how the numbers in docs/scoring.md were measured.
@@ -35,6 +40,8 @@ from benchmarks.common import worker_pool  # noqa: E402
 
 FULL = {"seeds": 10, "windows": 20, "honest": 4, "tiny": False}
 QUICK = {"seeds": 2, "windows": 3, "honest": 2, "tiny": True}
+GAMER = {"seeds": 10, "windows": 40, "honest": 6, "eval_peers": 2}
+GAMER_QUICK = {"seeds": 1, "windows": 4, "honest": 6, "eval_peers": 2}
 ZERO_SHARE = 1e-6
 WIN = 1.5
 SMOOTH = 5
@@ -120,6 +127,41 @@ def _set_hparam(hp, key: str, value, set_key) -> None:
     set_key(cfg, f"hparams.{key}", value)
 
 
+def run_gamer(seed: int, schedule: str, windows: int, honest: int, eval_peers: int) -> dict:
+    """In a worker: the gamer among ``honest`` honest peers under one evaluation schedule."""
+    from benchmarks.common import default_dataset, setup_worker
+    setup_worker()
+    from dso.config import HParams, ModelConfig
+    from sim.simulator import SimNet
+
+    hp = HParams(seed=seed, model=ModelConfig(d_model=32, n_layers=1, n_heads=2, ffn_hidden=64, seq_len=32))
+    hp.batch_size, hp.assigned_sequences, hp.micro_batch, hp.chunk, hp.topk = 8, 16, 8, 16, 8
+    hp.eval_peers, hp.eval_schedule = eval_peers, schedule
+    records = SimNet(hp, default_dataset(hp), ["honest"] * honest + ["gamer"]).run(windows)
+    gamer = honest + 1
+    cumulative = sum(r.weights.get(gamer, 0.0) for r in records) / len(records)
+    return {"seed": seed, "final": records[-1].weights.get(gamer, 0.0), "cumulative": cumulative,
+            "honest_mean_final": sum(records[-1].weights.get(u, 0.0) for u in range(1, gamer)) / honest,
+            "trained_share": sum(gamer in r.trained for r in records) / len(records),
+            "evaluated": sum(gamer in r.evaluated for r in records),
+            "evaluated_on_zeros": sum(gamer in r.evaluated and gamer not in r.trained for r in records)}
+
+
+def measure_gamer(cfg: dict, workers: int = 2) -> dict:
+    with worker_pool(workers) as pool:
+        futures = {s: [pool.submit(run_gamer, seed, s, cfg["windows"], cfg["honest"], cfg["eval_peers"])
+                       for seed in range(1, cfg["seeds"] + 1)] for s in ("random", "round_robin")}
+        runs = {s: [f.result() for f in fs] for s, fs in futures.items()}
+    out: dict = {**cfg}
+    for schedule, rows in runs.items():
+        out[schedule] = {"final_mean": statistics.mean(r["final"] for r in rows),
+                         "final_max": max(r["final"] for r in rows),
+                         "cumulative_mean": statistics.mean(r["cumulative"] for r in rows),
+                         "honest_mean_final": statistics.mean(r["honest_mean_final"] for r in rows),
+                         "trained_share": statistics.mean(r["trained_share"] for r in rows), "runs": rows}
+    return out
+
+
 def measure(cfg: dict, levers: dict | None = None, workers: int = 2) -> dict:
     with worker_pool(workers) as pool:
         futures = [pool.submit(run_seed, seed, cfg["windows"], cfg["honest"], cfg["tiny"], levers)
@@ -133,7 +175,9 @@ def measure(cfg: dict, levers: dict | None = None, workers: int = 2) -> dict:
 
 
 def run(quick: bool) -> dict:
-    return measure(QUICK if quick else FULL)
+    out = measure(QUICK if quick else FULL)
+    out["gamer"] = measure_gamer(GAMER_QUICK if quick else GAMER)
+    return out
 
 
 def markdown(result: dict) -> str:
@@ -149,6 +193,16 @@ def markdown(result: dict) -> str:
         lines += [row(prefix + "honest_max_min_ratio"), row(prefix + "diligent_over_honest")]
     lines += ["", f"diligent ≥ {WIN}× the honest mean in {result['diligent_wins_of_10']:g} of 10 seeds "
               f"({result['smoothed_diligent_wins_of_10']:g} with weights averaged over the last {SMOOTH} windows)"]
+    g = result.get("gamer")
+    if g:
+        lines += ["", f"**Gamer** ({g['seeds']} seeds, {g['honest']} honest peers + the gamer, |S_t| = "
+                  f"{g['eval_peers']}, {g['windows']} windows, tiny model)", "",
+                  "| schedule | gamer final share (mean, max) | gamer cumulative share | honest peer's final share "
+                  "| windows it trained |", "|---|---:|---:|---:|---:|"]
+        for schedule in ("random", "round_robin"):
+            s = g[schedule]
+            lines.append(f"| {schedule} | {s['final_mean']:.4f}, {s['final_max']:.4f} | {s['cumulative_mean']:.4f} | "
+                         f"{s['honest_mean_final']:.4f} | {s['trained_share']:.0%} |")
     return "\n".join(lines)
 
 

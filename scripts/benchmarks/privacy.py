@@ -99,7 +99,8 @@ def placement(rounds: int, tiny: bool) -> dict:
 
     demo, sketch = DeMoCodec.from_hparams(shapes, hp), SketchCodec(shapes, dim=4096, clip=1e30, bits=8, seed=1)
     z8 = noise_for_target(TARGET_EPSILON, hp.dp.delta, 100, range(2, 128))
-    rows = [{"z": 0.0, "epsilon": None, "demo_update": cosine(demo, 0.0, True), "sketch4096_update": cosine(sketch, 0.0, True)}]
+    rows = [{"z": 0.0, "epsilon": None, "demo_update": cosine(demo, 0.0, True),
+             "sketch4096_update": cosine(sketch, 0.0, True)}]
     for z in (z8, *PLACEMENT_ZS):
         row = {"z": z, "epsilon": epsilon_for(z, 100, hp.dp.delta), "demo_update": cosine(demo, z, True),
                "sketch4096_update": cosine(sketch, z, True)}
@@ -165,7 +166,8 @@ def plot(training: dict, path: Path) -> None:
     fig, ax = plt.subplots(figsize=(7.5, 4.5))
     for key, curve in training["curves"].items():
         eps = training["epsilon"][key]
-        label = "no DP" if eps is None else f"DP, z = {training['z'][key]:.3g} (ε = {eps:.3g} at δ = {training['delta']:g})"
+        label = "no DP" if eps is None else \
+            f"DP, z = {training['z'][key]:.3g} (ε = {eps:.3g} at δ = {training['delta']:g})"
         ax.plot([i for i, y in enumerate(curve) if y is not None], [y for y in curve if y is not None], label=label)
     ax.set_xlabel("windows completed")
     ax.set_ylabel("validation loss (nats/byte)")
@@ -192,10 +194,11 @@ def markdown(result: dict) -> str:
         lines.append(f"| {r['z']:.4g} | {f(r['epsilon'], '.3g')} | {r['demo_update']:+.4f} | "
                      f"{r['sketch4096_update']:+.4f} | " + " | ".join(f(r.get(d), '+.4f') for d in dims) + " |")
     lines += ["", f"**Training** ({t['peers']} peers, {t['windows']} windows, δ = {t['delta']:g}): validation loss "
-              f"from {f(t['initial'])}", "", "| run | z | ε | final (nats/byte) | bits/byte |", "|---|---:|---:|---:|---:|"]
+              f"from {f(t['initial'])}", "", "| run | z | ε | final (nats/byte) | bits/byte |",
+              "|---|---:|---:|---:|---:|"]
     for key, final in t["final"].items():
         lines.append(f"| {key} | {f(t['z'][key], '.4g')} | {f(t['epsilon'][key], '.4g')} | {f(final)} | "
                      f"{f(t['final_bits_per_byte'][key])} |")
-    lines.append(f"\nPeers whose mean would bring the noise of ε = 8 over {t['windows']} windows down to z = {TRAINING_Z:g}: "
-                 f"{result['peers_to_average_eps8_noise_down_to_z']:.3g}")
+    lines.append(f"\nPeers whose mean would bring the noise of ε = 8 over {t['windows']} windows down to "
+                 f"z = {TRAINING_Z:g}: {result['peers_to_average_eps8_noise_down_to_z']:.3g}")
     return "\n".join(lines)

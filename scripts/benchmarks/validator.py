@@ -77,7 +77,8 @@ def measure_eval_cost(quick: bool, eval_sequences: int | None = None, repeats: i
     dataset = default_dataset(hp)
     many = hp.eval_peers
     uids = list(range(many))
-    payloads = _honest_payloads(model, codec, dataset, hp, uids, sync_positions(RANDOMNESS, shapes, sync_sample_count(hp)))
+    positions = sync_positions(RANDOMNESS, shapes, sync_sample_count(hp))
+    payloads = _honest_payloads(model, codec, dataset, hp, uids, positions)
     repeats = repeats or (3 if quick else 9)
 
     def score(eval_peers: int):
