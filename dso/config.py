@@ -62,9 +62,9 @@ class DPConfig:
     epsilon_budget: float = _doc("a miner stops uploading before spending more than this", default=10.0)
     max_order: int = _doc("Renyi orders 2..max_order are tracked", default=127)
     # --- issue 17: noise from a target
-    target_epsilon: float = _doc("if > 0: noise_multiplier is derived so that target_rounds uploads spend exactly "
-                                 "this epsilon at delta, and it is the budget (noise_multiplier and epsilon_budget "
-                                 "are then replaced); 0 = use those two as given", default=8.0)
+    target_epsilon: float = _doc("if > 0: the noise multiplier is derived so that target_rounds uploads spend "
+                                 "exactly this epsilon at delta, and it is the budget (noise_multiplier and "
+                                 "epsilon_budget are then not used); 0 = use those two", default=8.0)
     target_rounds: int = _doc("uploads the target_epsilon is spread over", default=100)
 
     def validate(self, prefix: str) -> None:
@@ -75,11 +75,12 @@ class DPConfig:
             raise ConfigError(f"{prefix}.max_order: must be >= 2")
         if self.target_epsilon < 0 or self.target_rounds < 1:  # issue 17
             raise ConfigError(f"{prefix}.target_epsilon must be >= 0 and {prefix}.target_rounds >= 1")
-        if self.target_epsilon > 0:  # every node derives the same z, so the run's digest agrees
+        if self.target_epsilon > 0:  # z is derived where it is used (dso.privacy.dp_settings); solvable?
             from dso.rdp import noise_for_target
-            self.noise_multiplier = noise_for_target(self.target_epsilon, self.delta, self.target_rounds,
-                                                     range(2, self.max_order + 1))
-            self.epsilon_budget = self.target_epsilon
+            try:
+                noise_for_target(self.target_epsilon, self.delta, self.target_rounds, range(2, self.max_order + 1))
+            except ValueError as e:
+                raise ConfigError(f"{prefix}.target_epsilon: {e}") from None
 
 
 @dataclass

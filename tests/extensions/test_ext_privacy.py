@@ -219,13 +219,14 @@ def test_the_config_derives_the_noise_from_a_target():
     from dso.config import ConfigError, from_dict
 
     cfg = from_dict({"hparams": {"dp": {"enabled": True, "target_epsilon": 8.0, "target_rounds": 100}}})
-    dp = cfg.hparams.dp
-    assert dp.noise_multiplier == pytest.approx(noise_for_target(8.0, 1e-6, 100, range(2, 128)))
-    assert dp.noise_multiplier == pytest.approx(13.893, abs=1e-3) and dp.epsilon_budget == 8.0
-    assert dp_settings(dp) == pytest.approx((dp.noise_multiplier, 8.0))
-    again = from_dict(cfg.to_dict())                                             # the digest is stable
-    assert again.hparams.digest() == cfg.hparams.digest()
+    z, budget = dp_settings(cfg.hparams.dp)
+    assert z == pytest.approx(noise_for_target(8.0, 1e-6, 100, range(2, 128))) and budget == 8.0
+    assert z == pytest.approx(13.893, abs=1e-3)
+    assert dp_settings(DPConfig()) == (z, budget)                                 # the default target
+    assert cfg.hparams.digest() == from_dict(cfg.to_dict()).hparams.digest()     # validation changes nothing
     manual = from_dict({"hparams": {"dp": {"target_epsilon": 0, "noise_multiplier": 2.5, "epsilon_budget": 4}}})
     assert dp_settings(manual.hparams.dp) == (2.5, 4.0)
     with pytest.raises(ConfigError, match="target_rounds"):
         from_dict({"hparams": {"dp": {"target_rounds": 0}}})
+    with pytest.raises(ConfigError, match="target_epsilon"):
+        from_dict({"hparams": {"dp": {"target_epsilon": 1e-30, "target_rounds": 10**9}}})
