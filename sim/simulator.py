@@ -8,7 +8,8 @@ storage.reveal: behaviours that read others' updates commit blind and reveal a
 copy (reveal_mismatch), a late miner's commitment is late (no_commit).  With
 ``hp.dp.enabled`` every trainer clips and noises its gradient and keeps an RDP
 accountant; once another round would exceed the budget it stops uploading
-(missing).  Everything else — assigned data, error feedback, behaviour
+(missing).  The ``gamer`` decides each window from what it can foresee of the evaluation schedule
+(sim/foresight.py).  Everything else — assigned data, error feedback, behaviour
 transforms, copy detection, ``score_window``, the top-G list and the signed
 aggregation — is the code the processes run: each window ends in
 :func:`neurons.engine.run_window`, the function the validator process calls.

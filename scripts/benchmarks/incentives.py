@@ -221,10 +221,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--windows", type=int, default=FULL["windows"])
     parser.add_argument("--honest", type=int, default=FULL["honest"])
     parser.add_argument("--tiny", action="store_true", help="the tiny model of the quick mode")
+    parser.add_argument("--workers", type=int, default=2, help="worker processes (one torch thread each)")
     parser.add_argument("--out", help="write the result as JSON")
     args = parser.parse_args(argv)
     cfg = {"seeds": args.seeds, "windows": args.windows, "honest": args.honest, "tiny": args.tiny}
-    result = measure(cfg, dict(args.lever))
+    result = measure(cfg, dict(args.lever), args.workers)
     print(markdown(result))
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
