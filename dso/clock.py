@@ -14,12 +14,14 @@ import math
 import time
 from dataclasses import dataclass
 
-from dso.chain.base import Chain
+from dso.chain.base import Chain, ChainError
+from dso.chain.rules import FUTURE_BLOCK
 
 TOLERANCE_SECONDS = 1.0  # S3 LastModified has one-second resolution
 # Validators gather this long after the last upload of a window may land: an upload is provably late only
 # once it lands more than TOLERANCE_SECONDS after the close.
 GATHER_SETTLE_SECONDS = 1.5
+EVAL_BLOCK_GRACE_SECONDS = 30.0  # how long past its scheduled time the eval-seed block is waited for
 
 
 @dataclass(frozen=True)
@@ -75,6 +77,29 @@ class Clock:
     def window_randomness(self, window: int) -> bytes:
         """Randomness fixed when window t's put window opens: unknown while peers train on window t."""
         return self.chain.randomness(self.first_block(window + 1))
+
+    def eval_block(self, window: int, commit_reveal: bool) -> int:
+        """The first block produced once no upload of window t can count any more: its timestamp is at least
+        ⌊uploads close⌋ + 1 s (LastModified is truncated to whole seconds, so an object written up to then can
+        still carry a timely time).  Its randomness draws the window's F_t and S_t."""
+        after = math.floor(self.uploads_close(window, commit_reveal)) + TOLERANCE_SECONDS
+        block = self.first_block(window + 1)
+        while self.chain.block_timestamp(block) < after:
+            block += 1
+        return block
+
+    def eval_randomness(self, window: int, commit_reveal: bool, stop=None) -> bytes:
+        """Randomness no miner knew while it could still upload for window t (waits for the block if needed)."""
+        block = self.eval_block(window, commit_reveal)
+        due = self.chain.block_timestamp(block)
+        self.sleep_until(due, stop)
+        while True:
+            try:
+                return self.chain.randomness(block)
+            except ChainError as e:  # block time is a schedule: the block may land a little late
+                if e.reason != FUTURE_BLOCK or time.time() > due + EVAL_BLOCK_GRACE_SECONDS or (stop and stop()):
+                    raise
+                time.sleep(0.2)
 
     def sleep_until(self, timestamp: float, stop=None, step: float = 0.2) -> bool:
         """Sleep until chain time ``timestamp``; returns False early if ``stop()`` becomes true."""

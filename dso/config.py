@@ -74,6 +74,11 @@ class DPConfig:
     delta: float = _doc("target delta of the (epsilon, delta) guarantee", default=1e-6)
     epsilon_budget: float = _doc("a miner stops uploading before spending more than this", default=10.0)
     max_order: int = _doc("Renyi orders 2..max_order are tracked", default=127)
+    # --- issue 17: noise from a target
+    target_epsilon: float = _doc("if > 0: the noise multiplier is derived so that target_rounds uploads spend "
+                                 "exactly this epsilon at delta, and it is the budget (noise_multiplier and "
+                                 "epsilon_budget are then not used); 0 = use those two", default=8.0)
+    target_rounds: int = _doc("uploads the target_epsilon is spread over", default=100)
 
     def validate(self, prefix: str) -> None:
         _positive(self, prefix, "clip_norm", "noise_multiplier", "epsilon_budget")
@@ -81,6 +86,14 @@ class DPConfig:
             raise ConfigError(f"{prefix}.delta: must be in (0, 1), got {self.delta}")
         if self.max_order < 2:
             raise ConfigError(f"{prefix}.max_order: must be >= 2")
+        if self.target_epsilon < 0 or self.target_rounds < 1:  # issue 17
+            raise ConfigError(f"{prefix}.target_epsilon must be >= 0 and {prefix}.target_rounds >= 1")
+        if self.target_epsilon > 0:  # z is derived where it is used (dso.privacy.dp_settings); solvable?
+            from dso.rdp import noise_for_target
+            try:
+                noise_for_target(self.target_epsilon, self.delta, self.target_rounds, range(2, self.max_order + 1))
+            except ValueError as e:
+                raise ConfigError(f"{prefix}.target_epsilon: {e}") from None
 
 
 @dataclass
@@ -117,7 +130,7 @@ class HParams:
     poc_gamma: float = _doc("gamma of the proof-of-computation EMA", default=0.95)
     fast_penalty: float = _doc("phi applied to mu on a failed fast check", default=0.75)
     sync_threshold: float = _doc("SyncScore above this (in signed steps) fails", default=3.0)
-    sync_samples: int = _doc("parameter samples per payload for SyncScore", default=64)
+    sync_samples: int = _doc("SyncScore samples per payload, at least (see sync_samples_per_tensor)", default=64)
     eval_peers: int = _doc("|S_t|: peers given the primary evaluation per window", default=6)
     fast_peers: int = _doc("|F_t|: peers given fast checks per window (top-G always in)", default=32)
     eval_sequences: int = _doc("sequences of D_rand / D_assigned used per loss (noise of the PoC test)", default=8)
@@ -140,6 +153,16 @@ class HParams:
         "hparams.model.vocab_size ids, trained from the corpus on first use (or data.tokenizer_file); "
         "bpe with 4096 ids is the default: lowest bits per byte at equal compute (docs/data.md)",
         default="bpe")
+    # --- issue 17: evaluation nobody can predict, SyncScore on every tensor
+    eval_schedule: Literal["random", "round_robin"] = _doc(
+        "how F_t and S_t are drawn: 'random' from the chain randomness of a block after the uploads close, weighted "
+        "toward peers not checked recently; 'round_robin' is the old least-recently-evaluated order (predictable: "
+        "kept as the measured baseline, docs/scoring.md)", default="random")
+    eval_max_gap_factor: float = _doc("random schedule: a passing peer waits at most ceil(factor * passing peers / "
+                                      "|S_t|) windows between evaluations (the same for fast checks)", default=2.0)
+    sync_samples_per_tensor: int = _doc("SyncScore samples per parameter tensor, so every tensor is checked each "
+                                        "window at any model size; sync_samples is the floor of the total",
+                                        default=1)
 
     def validate(self, prefix: str) -> None:
         self.model.validate(f"{prefix}.model")
@@ -170,6 +193,10 @@ class HParams:
             raise ConfigError(f"{prefix}.eval_scale: must be in (0, 1], got {self.eval_scale}")
         if self.krum_f < 0 or self.krum_m < 0 or self.warmup_windows < 0 or self.weight_decay < 0:
             raise ConfigError(f"{prefix}: krum_f, krum_m, warmup_windows, weight_decay must be >= 0")
+        if not self.eval_max_gap_factor >= 1:  # issue 17
+            raise ConfigError(f"{prefix}.eval_max_gap_factor: must be >= 1, got {self.eval_max_gap_factor}")
+        if self.sync_samples_per_tensor < 1:
+            raise ConfigError(f"{prefix}.sync_samples_per_tensor: must be >= 1 (every tensor checked each window)")
 
     def digest(self) -> str:
         """Stable hash of the run's protocol settings (nodes compare it)."""

@@ -7,6 +7,8 @@ sync checks, checkpoints and the provenance ledger.
 """
 from __future__ import annotations
 
+import dataclasses
+import functools
 import hashlib
 import math
 from typing import Iterable
@@ -149,3 +151,24 @@ def model_hash(model: nn.Module) -> str:
 
 def parameter_shapes(model: nn.Module) -> dict[str, tuple[int, ...]]:
     return {name: tuple(p.shape) for name, p in model.named_parameters()}
+
+
+@functools.lru_cache(maxsize=32)
+def _tensor_count(cfg_fields: tuple) -> int:
+    # The same architecture with every width shrunk to a few units: the same tensors, built in microseconds
+    # (the meta device would do it without memory, but its first use imports torch's compiler: seconds).
+    small = dataclasses.replace(ModelConfig(*cfg_fields), vocab_size=1, d_model=2, n_heads=1, ffn_hidden=1,
+                                seq_len=1)
+    return sum(1 for _ in Decoder(small).parameters())
+
+
+def tensor_count(cfg: ModelConfig) -> int:
+    """Number of parameter tensors of the model ``cfg`` describes (cached)."""
+    return _tensor_count(dataclasses.astuple(cfg))
+
+
+def sync_sample_count(hp) -> int:
+    """Length of every payload's SyncScore vector: ``hp.sync_samples_per_tensor`` samples for each parameter
+    tensor, and never fewer than ``hp.sync_samples`` in total (design §6.2, docs/scoring.md).  Miners, validators
+    and the wire format's strict checks all take the length from here."""
+    return max(hp.sync_samples, hp.sync_samples_per_tensor * tensor_count(hp.model))

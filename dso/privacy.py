@@ -2,11 +2,12 @@
 Rényi-DP accountant that stops the miner before its ε budget is spent.
 
 Mechanism.  Each round the miner's whole update (all tensors together) is clipped to L2 norm
-``C`` and N(0, (z·C)²) noise is added to every coordinate.  Neighbouring inputs differ by the
-miner's contribution for the round, so the sensitivity is C and one round is the Gaussian
-mechanism with noise multiplier z: RDP(α) = α / (2 z²) (Mironov 2017), no subsampling.  Rounds
-compose by adding RDP per order.  RDP is converted to (ε, δ) with Balle et al. 2020:
-``ε = min_α [RDP(α) + log1p(−1/α) − (ln δ + ln α)/(α − 1)]``.
+``C`` and N(0, (z·C)²) noise is added to every coordinate.  The guarantee is for one miner against
+every reader of its uploads, with "replace one" neighbours: the same miner on two different data
+sets (for a round, or for the whole run).  Two clipped updates can differ by 2C, so one round is the
+Gaussian mechanism with sensitivity 2C: RDP(α) = 2α / z² (dso/rdp.py has the formulas), no
+subsampling.  Rounds compose by adding RDP per order.  RDP is converted to (ε, δ) with Balle et al.
+2020.  ``dp.target_epsilon`` derives z from a target (ε, δ, rounds) instead (:func:`dp_settings`).
 
 The miner applies :func:`clip_and_noise` to its gradient *before* error feedback and the codec,
 so everything it ever sends is post-processing of privatised gradients (docs/extensions.md).
@@ -21,9 +22,14 @@ from typing import Iterable
 import torch
 
 from dso.atomic import atomic_write
+from dso.rdp import REPLACE_ONE, gaussian_rdp, noise_for_target, rdp_to_epsilon
 from dso.rejections import Reason, Rejection
 
-STATE_FORMAT = "dso-rdp-accountant/v1"
+__all__ = ["REPLACE_ONE", "PrivacyStateError", "RdpAccountant", "clip_and_noise", "dp_settings", "gaussian_rdp",
+           "global_norm", "noise_for_target", "rdp_to_epsilon"]
+STATE_FORMAT = "dso-rdp-accountant/v2"
+# v1 files recorded RDP with sensitivity C; Gaussian RDP scales with the squared sensitivity, so ×4 is exact
+LEGACY_FORMATS = {"dso-rdp-accountant/v1": REPLACE_ONE ** 2}
 
 
 class PrivacyStateError(ValueError):
@@ -64,22 +70,14 @@ def clip_and_noise(tensors: dict[str, torch.Tensor], clip_norm: float, noise_mul
 
 
 # ------------------------------------------------------------ accounting
-def gaussian_rdp(orders: Iterable[float], noise_multiplier: float) -> list[float]:
-    """RDP of one Gaussian-mechanism round with sensitivity 1 and std = noise_multiplier."""
-    return [float(a) / (2.0 * noise_multiplier ** 2) for a in orders]
-
-
-def rdp_to_epsilon(rdp: Iterable[float], orders: Iterable[float], delta: float) -> tuple[float, float | None]:
-    """(ε, optimal order) by the conversion of Balle et al. 2020; (0, None) when nothing was spent."""
-    rdp, orders = list(rdp), list(orders)
-    if all(r == 0 for r in rdp):
-        return 0.0, None
-    best, best_order = math.inf, None
-    for r, a in zip(rdp, orders):
-        eps = r + math.log1p(-1.0 / a) - (math.log(delta) + math.log(a)) / (a - 1.0)
-        if eps < best:
-            best, best_order = eps, a
-    return max(best, 0.0), best_order
+def dp_settings(dp) -> tuple[float, float]:
+    """(noise multiplier z, ε budget) of a :class:`dso.config.DPConfig`: as given, or with
+    ``target_epsilon > 0`` the z that spends exactly the target over ``target_rounds`` rounds, and the
+    target as the budget (so a miner stops after those rounds)."""
+    if dp.target_epsilon > 0:
+        z = noise_for_target(dp.target_epsilon, dp.delta, dp.target_rounds, range(2, dp.max_order + 1))
+        return z, float(dp.target_epsilon)
+    return float(dp.noise_multiplier), float(dp.epsilon_budget)
 
 
 class RdpAccountant:
@@ -102,8 +100,8 @@ class RdpAccountant:
 
     @classmethod
     def from_config(cls, dp) -> "RdpAccountant":
-        """From a :class:`dso.config.DPConfig`."""
-        return cls(dp.noise_multiplier, dp.delta, range(2, dp.max_order + 1))
+        """From a :class:`dso.config.DPConfig` (z from :func:`dp_settings`)."""
+        return cls(dp_settings(dp)[0], dp.delta, range(2, dp.max_order + 1))
 
     def _after(self, rounds: int) -> list[float]:
         if rounds < 0:
@@ -167,7 +165,7 @@ class RdpAccountant:
         want = {"format", "noise_multiplier", "delta", "orders", "rdp", "rounds"}
         if not isinstance(data, dict) or set(data) != want:
             raise PrivacyStateError(f"privacy state {path}: expected keys {sorted(want)}")
-        if data["format"] != STATE_FORMAT:
+        if data["format"] != STATE_FORMAT and data["format"] not in LEGACY_FORMATS:
             raise PrivacyStateError(f"privacy state {path}: unknown format {data['format']!r}")
         numbers = (data["noise_multiplier"], data["delta"], *_list(data["orders"]), *_list(data["rdp"]))
         if any(isinstance(v, bool) or not isinstance(v, (int, float)) for v in numbers):
@@ -181,7 +179,8 @@ class RdpAccountant:
             acc = cls(data["noise_multiplier"], data["delta"], data["orders"])
         except ValueError as exc:
             raise PrivacyStateError(f"privacy state {path}: {exc}") from exc
-        acc.rdp = [float(r) for r in data["rdp"]]
+        scale = LEGACY_FORMATS.get(data["format"], 1.0)  # an older file under-counted: re-express it exactly
+        acc.rdp = [float(r) * scale for r in data["rdp"]]
         acc.rounds = data["rounds"]
         return acc
 

@@ -57,6 +57,7 @@ class WindowInputs:
     active: Mapping[int, str]              # peers to score: uid → hotkey
     aggregation_list: Sequence[int]        # the top-G list in effect for the window
     randomness: bytes                      # the window's chain randomness (sync positions)
+    eval_seed: bytes                       # chain randomness after the uploads closed: draws F_t and S_t
     bundle: Mapping[int, Payload] | None = None  # the leader's payloads to aggregate, when not leading
 
 
@@ -135,7 +136,7 @@ def run_window(state: ValidatorState, model: torch.nn.Module, codec: Codec, data
         # 3. score window t at θ_t
         scored = {u: (p.update, p.sync_values) for u, p in payloads.items() if u not in rejections}
         report = score_window(state, model, codec, dataset, hp, t, scored, rejections, inputs.active,
-                              inputs.randomness)
+                              inputs.randomness, inputs.eval_seed)
     finally:
         theta_next.restore()
     del theta_t, theta_next

@@ -32,8 +32,8 @@ import torch
 from dso.clock import GATHER_SETTLE_SECONDS, PutWindow
 from dso.codec import CompressedUpdate, ErrorFeedback
 from dso.config import Config, parse_args
-from dso.model import model_hash
-from dso.privacy import PrivacyStateError, RdpAccountant, clip_and_noise
+from dso.model import model_hash, sync_sample_count
+from dso.privacy import PrivacyStateError, RdpAccountant, clip_and_noise, dp_settings
 from dso.train import bits_per_byte, compute_gradients
 from neurons import reveal
 from neurons.catchup import sync_to
@@ -64,6 +64,7 @@ class Miner:
         if saved is not None and self.feedback.load_state(saved):
             log.info("restored the error-feedback buffer from %s", self.ef_file)
         self.accountant, self.privacy_file = None, ctx.state_dir / "privacy.json"
+        self.noise_multiplier, self.epsilon_budget = dp_settings(hp.dp)  # z and budget, or from dp.target_epsilon
         if hp.dp.enabled:
             self.accountant = self._load_accountant()
         # DP noise must be unpredictable to every reader, and never repeat after a restart: seed it from the OS
@@ -79,12 +80,12 @@ class Miner:
     def _load_accountant(self) -> RdpAccountant:
         dp = self.ctx.hp.dp
         try:
-            accountant = RdpAccountant.load_or_create(self.privacy_file, dp.noise_multiplier, dp.delta,
+            accountant = RdpAccountant.load_or_create(self.privacy_file, self.noise_multiplier, dp.delta,
                                                       range(2, dp.max_order + 1))
         except PrivacyStateError as e:  # never reset silently: that would overspend the budget
             raise Fatal(f"{e} — repair or remove it knowingly") from None
         log.info("differential privacy on: ε spent %.4f of %.4g over %d rounds", accountant.epsilon()[0],
-                 dp.epsilon_budget, accountant.rounds)
+                 self.epsilon_budget, accountant.rounds)
         return accountant
 
     # ----------------------------------------------------------------- loop
@@ -147,7 +148,7 @@ class Miner:
                   **self.describe()}
         if self.accountant is not None:
             record["privacy"] = {"epsilon": self.accountant.epsilon()[0], "rounds": self.accountant.rounds,
-                                 "budget": ctx.hp.dp.epsilon_budget, "stopped": self.budget_spent}
+                                 "budget": self.epsilon_budget, "stopped": self.budget_spent}
         ctx.events.emit(record)
         log.info("window %d  loss %.4f  up %.1f KB  down %.1f KB  train %.2fs  %s", t, loss,
                  record["bytes_up"] / 1e3, record["bytes_down"] / 1e3, record["t_train"], applied)
@@ -157,7 +158,7 @@ class Miner:
         """Our compressed update of window t (None once the privacy budget is spent) and the training loss."""
         ctx, hp = self.ctx, self.ctx.hp
         if self.accountant is not None:
-            spent = self.accountant.budget_rejection(hp.dp.epsilon_budget)
+            spent = self.accountant.budget_rejection(self.epsilon_budget)
             if spent is not None:  # checked before training: nothing trained is ever released
                 if not self.budget_spent:
                     log.warning("window %d: %s; not uploading any more", t, spent.detail)
@@ -167,7 +168,7 @@ class Miner:
         self.trained = (data.shape[0] * (data.shape[1] - 1), ctx.dataset.target_bytes(data))  # tokens, bytes
         grads, loss = compute_gradients(ctx.model, data, hp.micro_batch, ctx.device)
         if self.accountant is not None:
-            grads = clip_and_noise(grads, hp.dp.clip_norm, hp.dp.noise_multiplier, self.dp_noise)
+            grads = clip_and_noise(grads, hp.dp.clip_norm, self.noise_multiplier, self.dp_noise)
             self.accountant.step()  # counted (and saved) before anything derived from it can leave the machine
             self.accountant.save(self.privacy_file)
         return self.feedback.step(grads, t, ctx.uid), loss
@@ -221,7 +222,7 @@ class Miner:
         if randomness is None:
             log.warning("window %d: no chain randomness for the sync samples; not uploading", t)
             return None
-        positions = sync_positions(randomness, ctx.shapes, ctx.hp.sync_samples)
+        positions = sync_positions(randomness, ctx.shapes, sync_sample_count(ctx.hp))
         return sample_parameters(dict(ctx.model.named_parameters()), positions)
 
     def put_payload(self, t: int, data: bytes) -> bool:

@@ -197,8 +197,9 @@ class Validator:
         active = ctx.peers.miners()
         got = self.gather(t, sorted(active))
         timings["gather"] = round(time.perf_counter() - mark, 3)
+        eval_seed = ctx.clock.eval_randomness(t, ctx.hp.commit_reveal, ctx.stop)  # who is evaluated (issue 17)
         inputs = WindowInputs(t, got.payloads, got.rejections, active, self.book.lists.get(t, []),
-                              ctx.clock.window_randomness(t), bundle=self.leader_bundle(t))
+                              ctx.clock.window_randomness(t), eval_seed, bundle=self.leader_bundle(t))
         outcome = run_window(self.scores, ctx.model, ctx.codec, ctx.dataset, ctx.hp, inputs,
                              ledger_prev_hash=self.book.ledger_hash, validator=ctx.hotkey, device=ctx.device,
                              on_aggregate=self.publish_aggregate)

@@ -6,10 +6,10 @@ window's aggregate (``model`` must hold θ_t, the model the miners trained on).
 It updates ``state`` all-or-nothing (the caller saves it afterwards) and
 returns a :class:`WindowReport`.  Order, as in the paper's Algorithm 1:
 
-1. F_t: current top-G + least recently checked peers.  Each gets the fast
+1. F_t: current top-G + peers drawn from ``eval_seed`` (scoring/selection.py).  Each gets the fast
    checks — a rejection from the gatherer, no payload, a malformed sync vector,
    or SyncScore above ``sync_threshold`` — and at most one penalty on μ.
-2. S_t ⊆ peers that passed: ``L(θ_t, D_rand)`` once, then per peer three
+2. S_t ⊆ peers that passed, drawn the same way: ``L(θ_t, D_rand)`` once, then per peer three
    forward passes, in place; LossScore = δ_rand; μ gets the proof-of-computation
    update; one OpenSkill match over S_t updates the ratings.
 3. Sign-safe PeerScores for the active peers → power-normalised weights →
@@ -38,7 +38,7 @@ import torch
 
 from dso.commit import BAN_AFTER, commit_penalty, is_invalid_update
 from dso.config import HParams
-from dso.model import parameter_shapes
+from dso.model import parameter_shapes, sync_sample_count
 from dso.rejections import Reason, Rejection
 from dso.train import evaluate, learning_rate
 from scoring import formulas, selection
@@ -85,20 +85,31 @@ class WindowReport:
         return clean(asdict(self))
 
 
-def plan_fast_set(state: ValidatorState, hp: HParams, window: int, active: Iterable[int]) -> list[int]:
+def picker(state: ValidatorState, hp: HParams, window: int, eval_seed: bytes, purpose: int) -> selection.Picker:
+    """How F_t (purpose PURPOSE_FAST) or S_t (PURPOSE_EVAL) fills its slots under ``hp.eval_schedule``."""
+    if hp.eval_schedule == "round_robin":
+        return selection.least_recent_picker(state.rng(window, purpose))
+    return selection.drawn_picker(window, eval_seed, b"fast" if purpose == PURPOSE_FAST else b"eval",
+                                  hp.eval_max_gap_factor)
+
+
+def plan_fast_set(state: ValidatorState, hp: HParams, window: int, active: Iterable[int],
+                  eval_seed: bytes) -> list[int]:
     """F_t, for a validator that wants to download only those payloads.  Same answer as inside
     :func:`score_window` as long as ``state`` has not changed in between."""
     active = sorted(set(active))
     return selection.fast_set(state.top_g, active, lambda uid: _peer_or_new(state, uid).last_fast_window,
-                              hp.fast_peers, state.rng(window, PURPOSE_FAST))
+                              hp.fast_peers, picker(state, hp, window, eval_seed, PURPOSE_FAST))
 
 
 def score_window(state: ValidatorState, model: torch.nn.Module, codec: Any, dataset: Any, hp: HParams,
                  window: int, payloads: Mapping[int, tuple[Any, torch.Tensor]],
                  rejections: Mapping[int, Rejection], active: Mapping[int, str] | Iterable[int],
-                 randomness: bytes) -> WindowReport:
+                 randomness: bytes, eval_seed: bytes) -> WindowReport:
     """Score window ``window``; ``active`` is the registered uids (or uid → hotkey, which also resets a
-    uid whose hotkey changed); ``randomness`` is the chain randomness of the window (sync positions)."""
+    uid whose hotkey changed); ``randomness`` is the chain randomness of the window (sync positions);
+    ``eval_seed`` the chain randomness of a block produced after the window's uploads closed, which draws
+    F_t and S_t (``dso.clock.Clock.eval_randomness``)."""
     if window <= state.window:
         raise WindowAlreadyScored(f"window {window} is not after the last scored window {state.window}")
     committed, state = state, copy.deepcopy(state)  # all-or-nothing: an exception leaves the state untouched
@@ -106,10 +117,10 @@ def score_window(state: ValidatorState, model: torch.nn.Module, codec: Any, data
     notes: list[str] = []
 
     # --- 1. fast checks on F_t
-    fast = plan_fast_set(state, hp, window, active_uids)
+    fast = plan_fast_set(state, hp, window, active_uids, eval_seed)
     shapes = parameter_shapes(model)
     lr = learning_rate(hp, window)
-    positions = sync_positions(randomness, shapes, hp.sync_samples)
+    positions = sync_positions(randomness, shapes, sync_sample_count(hp))
     reference = sample_parameters(dict(model.named_parameters()), positions).tolist()
     failures: dict[int, Rejection] = {}
     sync_scores: dict[int, float] = {}
@@ -128,7 +139,7 @@ def score_window(state: ValidatorState, model: torch.nn.Module, codec: Any, data
     # --- 2. primary evaluation on S_t (a banned peer's slot would be wasted)
     chosen = selection.eval_set([uid for uid in passed if uid not in banned],
                                 lambda uid: state.peers[uid].last_eval_window, hp.eval_peers,
-                                state.rng(window, PURPOSE_EVAL))
+                                picker(state, hp, window, eval_seed, PURPOSE_EVAL))
     losses, base_rand = _evaluate(state, model, codec, dataset, hp, window, chosen, payloads, shapes, lr,
                                   failures, notes)
     for uid, peer_losses in losses.items():
@@ -189,7 +200,7 @@ def _fast_check(uid: int, payloads: Mapping, rejections: Mapping[int, Rejection]
         return Rejection(Reason.MISSING, "no payload this window")
     if not (isinstance(payload, tuple) and len(payload) == 2):
         return Rejection(Reason.MALFORMED, "payload is not (update, sync samples)")
-    bad = check_sync_vector(payload[1], hp.sync_samples)
+    bad = check_sync_vector(payload[1], sync_sample_count(hp))
     if bad is not None:
         return bad
     score = formulas.sync_score(reference, payload[1].tolist(), lr)

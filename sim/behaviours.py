@@ -23,6 +23,12 @@ knows none of this; sim/miner.py and sim/simulator.py apply these plans.
 | malformed | garbage bytes, out-of-range indices, NaN values (rotating by window) |
 | alie | "a little is enough": mean − z·std of the honest updates it can read |
 | ipm | inner-product manipulation: −ε · mean of the honest updates it can read |
+| gamer | trains only in windows where it expects to be evaluated, uploads zeros otherwise (issue 17) |
+
+The ``gamer`` needs foresight of the evaluation schedule.  In the simulator it gets the most a miner could
+know (sim/foresight.py: the validator's whole state, everything but randomness that does not exist yet at
+upload time); on the local network it guesses the old round-robin period (trains one window in
+``GAMER_PERIOD``).
 """
 from __future__ import annotations
 
@@ -38,7 +44,7 @@ from dso.codecs import Codec, Update
 from storage.tensorfile import load_arrays, read_header
 
 BEHAVIOURS = ("honest", "diligent", "freerider", "absent", "noise", "scaler", "signflip", "copier", "sybil",
-              "desync", "late", "malformed", "alie", "ipm")
+              "desync", "late", "malformed", "alie", "ipm", "gamer")
 GOOD = ("honest", "diligent")
 
 ALIE_Z = 1.0        # std multiples subtracted by ALIE
@@ -46,6 +52,8 @@ IPM_EPSILON = 0.5   # scale of the negated mean
 SCALE = 1000.0
 LATE_BY = 1.1       # `late` uploads (commits, under commit-reveal) this long after the put window closed
 DESYNC_EVERY, DESYNC_LENGTH = 8, 3   # desync skips aggregates for 3 windows out of every 8
+GAMER_PERIOD = 5     # without foresight, the gamer trains one window in 5 (30 peers, 6 evaluated per window)
+GAMER_THRESHOLD = 0.5  # with foresight, it trains when its chance of being evaluated is at least this
 
 
 @dataclass(frozen=True)
@@ -81,7 +89,15 @@ def plan(behaviour: str, window: int) -> Plan:
         return Plan(late=True)
     if behaviour == "desync":
         return Plan(apply_aggregate=window % DESYNC_EVERY >= DESYNC_LENGTH)
+    if behaviour == "gamer":
+        return gamer_plan(1.0 if window % GAMER_PERIOD == 0 else 0.0)
     return Plan()
+
+
+def gamer_plan(evaluation_chance: float, threshold: float = GAMER_THRESHOLD) -> Plan:
+    """The gamer trains only when it expects evaluation; it still follows the network (its zeros must pass
+    SyncScore)."""
+    return Plan(train=evaluation_chance >= threshold)
 
 
 def zeros(codec: Codec, window: int) -> Update:
@@ -120,6 +136,8 @@ def transform(behaviour: str, codec: Codec, own: Update | None, window: int, gen
     """The update this behaviour uploads (None = nothing to upload this window)."""
     if behaviour in ("honest", "diligent", "late", "desync", "sybil"):
         return own
+    if behaviour == "gamer":
+        return zeros(codec, window) if own is None else own
     if behaviour == "freerider":
         return zeros(codec, window)
     if behaviour == "noise":

@@ -24,7 +24,8 @@ from sim.behaviours import GOOD
 
 COLOURS = {"honest": "#2b8cbe", "diligent": "#1a9850", "freerider": "#fdae61", "absent": "#bdbdbd",
            "noise": "#d73027", "scaler": "#f46d43", "signflip": "#a50026", "copier": "#762a83", "sybil": "#9970ab",
-           "desync": "#e08214", "late": "#8c510a", "malformed": "#4d4d4d", "alie": "#c51b7d", "ipm": "#de77ae"}
+           "desync": "#e08214", "late": "#8c510a", "malformed": "#4d4d4d", "alie": "#c51b7d", "ipm": "#de77ae",
+           "gamer": "#35978f"}
 
 
 def build(lines: list[dict], peers: dict[int, tuple[str, str]], posted: dict[int, float] | None) -> dict:

@@ -8,7 +8,8 @@ storage.reveal: behaviours that read others' updates commit blind and reveal a
 copy (reveal_mismatch), a late miner's commitment is late (no_commit).  With
 ``hp.dp.enabled`` every trainer clips and noises its gradient and keeps an RDP
 accountant; once another round would exceed the budget it stops uploading
-(missing).  Everything else — assigned data, error feedback, behaviour
+(missing).  The ``gamer`` decides each window from what it can foresee of the evaluation schedule
+(sim/foresight.py).  Everything else — assigned data, error feedback, behaviour
 transforms, copy detection, ``score_window``, the top-G list and the signed
 aggregation — is the code the processes run: each window ends in
 :func:`neurons.engine.run_window`, the function the validator process calls.
@@ -28,14 +29,15 @@ from dso.codec import ErrorFeedback
 from dso.codecs import Update, make_codec
 from dso.config import HParams
 from dso.data import Dataset
-from dso.model import build_model, parameter_shapes
-from dso.privacy import RdpAccountant, clip_and_noise
+from dso.model import build_model, parameter_shapes, sync_sample_count
+from dso.privacy import RdpAccountant, clip_and_noise, dp_settings
 from dso.rejections import Reason, Rejection
 from dso.train import compute_gradients, evaluate
 from neurons.engine import WindowInputs, WindowOutcome, announce_list, genesis_lists, run_window
 from scoring.state import ValidatorState
 from scoring.sync import sample_parameters, sync_positions
 from sim import behaviours
+from sim.foresight import evaluation_chance
 from storage.wire import Payload, PayloadMeta
 
 MALFORMED = (Reason.MALFORMED, Reason.WRONG_COUNT, Reason.NON_FINITE, Reason.BAD_SHAPE)
@@ -62,6 +64,8 @@ class WindowRecord:
     aggregated: list[int]
     rejections: dict[int, str]
     seconds: float
+    evaluated: list[int] = field(default_factory=list)   # S_t
+    trained: list[int] = field(default_factory=list)     # peers that trained this window
 
     def to_dict(self) -> dict:
         return {k: ({str(u): v for u, v in val.items()} if isinstance(val, dict) else val)
@@ -93,6 +97,8 @@ class SimNet:
         self.noise = torch.Generator().manual_seed(hp.seed)
         self.ledger_hash = ""
         self.last_outcome: WindowOutcome | None = None  # the engine's full output of the latest window
+        self.trained: set[int] = set()  # uids that trained in the latest window
+        self.dp_noise_multiplier, self.dp_budget = dp_settings(hp.dp)  # z and budget (hp.dp.target_epsilon)
 
     def _desynced(self, peer: SimPeer, t: int) -> bool:
         if peer.behaviour != "desync":
@@ -113,29 +119,41 @@ class SimNet:
     def _train(self, peer: SimPeer, t: int, batches: int) -> Update | None:
         """The peer's compressed update, or None once its privacy budget is spent."""
         dp = self.hp.dp
-        if peer.accountant is not None and peer.accountant.would_exceed(dp.epsilon_budget):
+        if peer.accountant is not None and peer.accountant.would_exceed(self.dp_budget):
             return None
         model = self._peer_model(peer, t)
         data = self.dataset.training_batch(peer.uid, t, self.hp.assigned_sequences, self.hp.batch_size * batches)
         grads, _ = compute_gradients(model, data, self.hp.micro_batch, self.device)
         if peer.accountant is not None:
-            grads = clip_and_noise(grads, dp.clip_norm, dp.noise_multiplier, self.noise)
+            grads = clip_and_noise(grads, dp.clip_norm, self.dp_noise_multiplier, self.noise)
             peer.accountant.step()
         return peer.feedback.step(grads, t, peer.uid)
 
     def randomness(self, t: int) -> bytes:
         return hashlib.sha256(f"chain-randomness/{self.hp.seed}/{t}".encode()).digest()
 
+    def eval_seed(self, t: int) -> bytes:
+        """The chain randomness of a block after window t's uploads closed (draws F_t and S_t)."""
+        return hashlib.sha256(f"chain-eval-randomness/{self.hp.seed}/{t}".encode()).digest()
+
+    def plan(self, peer: SimPeer, t: int) -> behaviours.Plan:
+        """What the peer does in window t; the gamer decides from what it can foresee of the schedule."""
+        if peer.behaviour == "gamer":
+            return behaviours.gamer_plan(evaluation_chance(self.state, self.hp, t, peer.uid, self.active))
+        return behaviours.plan(peer.behaviour, t)
+
     def uploads(self, t: int) -> tuple[dict[int, Payload], dict[int, Rejection]]:
         """What every peer's behaviour puts on the wire in window t, as the validator's gather would see it:
         payloads that pass the transport checks, and the transport rejections of the others."""
         hp = self.hp
-        positions = sync_positions(self.randomness(t), self.shapes, hp.sync_samples)
+        positions = sync_positions(self.randomness(t), self.shapes, sync_sample_count(hp))
         own: dict[int, Update | None] = {}
         sync: dict[int, torch.Tensor] = {}
         sybil_update = None
+        plans = {peer.uid: self.plan(peer, t) for peer in self.peers}
+        self.trained = {uid for uid, plan in plans.items() if plan.train}
         for peer in self.peers:
-            plan = behaviours.plan(peer.behaviour, t)
+            plan = plans[peer.uid]
             if plan.train and not (peer.behaviour == "sybil" and sybil_update is not None):
                 own[peer.uid] = self._train(peer, t, plan.data_batches)
                 if peer.behaviour == "sybil":
@@ -145,7 +163,7 @@ class SimNet:
         updates: dict[int, Update] = {}
         rejections: dict[int, Rejection] = {}
         for peer in self.peers:
-            outcome = self._outcome(peer, t, own, sybil_update, honest)
+            outcome = self._outcome(peer, t, plans[peer.uid], own, sybil_update, honest)
             if isinstance(outcome, Rejection):
                 rejections[peer.uid] = outcome
             else:
@@ -155,11 +173,10 @@ class SimNet:
                     for u, update in updates.items()}
         return payloads, rejections
 
-    def _outcome(self, peer: SimPeer, t: int, own: dict[int, Update | None], sybil_update: Update | None,
-                 honest: list[Update]) -> Update | Rejection:
+    def _outcome(self, peer: SimPeer, t: int, plan: behaviours.Plan, own: dict[int, Update | None],
+                 sybil_update: Update | None, honest: list[Update]) -> Update | Rejection:
         """One peer's update, or the rejection the real gatherer would return for what it uploaded."""
         b, hp = peer.behaviour, self.hp
-        plan = behaviours.plan(b, t)
         if b == "absent":
             return Rejection(Reason.MISSING, "nothing uploaded")
         if plan.train and own.get(peer.uid) is None and not (b == "sybil" and sybil_update is not None):
@@ -185,7 +202,8 @@ class SimNet:
                  started: float | None = None) -> WindowRecord:
         """The validator's window over these uploads (the engine), then every peer follows the network."""
         started, hp = time.perf_counter() if started is None else started, self.hp
-        inputs = WindowInputs(t, payloads, rejections, self.active, self.lists.get(t, []), self.randomness(t))
+        inputs = WindowInputs(t, payloads, rejections, self.active, self.lists.get(t, []), self.randomness(t),
+                              self.eval_seed(t))
         outcome = run_window(self.state, self.model, self.codec, self.dataset, hp, inputs,
                              ledger_prev_hash=self.ledger_hash, validator="simulator", device=self.device)
         self.ledger_hash = outcome.record["record_hash"]
@@ -198,7 +216,8 @@ class SimNet:
         report = outcome.report
         return WindowRecord(t, evaluate(self.model, self.val, hp.micro_batch, self.device), report.loss_scores,
                             report.loss_ratings, report.mu, report.scores, report.weights, agg.used,
-                            {u: r.reason.value for u, r in outcome.rejections.items()}, time.perf_counter() - started)
+                            {u: r.reason.value for u, r in outcome.rejections.items()}, time.perf_counter() - started,
+                            list(report.evaluated), sorted(self.trained))
 
     def run(self, windows: int, on_window: Callable[[WindowRecord], None] | None = None) -> list[WindowRecord]:
         records = []

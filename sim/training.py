@@ -20,6 +20,7 @@ from dso.codecs import Codec, make_codec
 from dso.config import HParams
 from dso.data import Dataset
 from dso.model import build_model, parameter_shapes
+from dso.privacy import clip_and_noise, dp_settings
 from dso.train import compute_gradients, evaluate, learning_rate
 
 
@@ -60,8 +61,13 @@ class History:
 
 def run_honest(hp: HParams, dataset: Dataset, n_peers: int, windows: int, *, compress: bool = True,
                device: str = "cpu", on_window: Callable[[int, float], None] | None = None) -> History:
-    """N honest peers for ``windows`` windows; validation loss before training and after every window."""
+    """N honest peers for ``windows`` windows; validation loss before training and after every window.
+
+    With ``hp.dp.enabled`` every peer clips and noises its gradient before error feedback, as the miner does
+    (z from ``dso.privacy.dp_settings``; no budget stop: set ``dp.target_rounds`` to ``windows``)."""
     model = build_model(hp.model, hp.seed, device)
+    noise_multiplier = dp_settings(hp.dp)[0] if hp.dp.enabled else 0.0
+    noise = torch.Generator().manual_seed(hp.seed)
     shapes = parameter_shapes(model)
     codec: Codec | DenseCodec = make_codec(shapes, hp) if compress else DenseCodec(shapes)
     feedback = [ErrorFeedback(codec, hp.ef_beta, device) for _ in range(n_peers)]
@@ -83,6 +89,8 @@ def run_honest(hp: HParams, dataset: Dataset, n_peers: int, windows: int, *, com
         for uid in range(n_peers):
             batch = dataset.training_batch(uid, t, hp.assigned_sequences, hp.batch_size)
             grads, loss = compute_gradients(model, batch, hp.micro_batch, device)
+            if hp.dp.enabled:
+                grads = clip_and_noise(grads, hp.dp.clip_norm, noise_multiplier, noise)
             updates.append(feedback[uid].step(grads, t, uid))
             losses.append(loss)
         signed_step(model, aggregate_signs(codec, updates, hp, device=device)[0], learning_rate(hp, t), hp.weight_decay)

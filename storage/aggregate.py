@@ -127,7 +127,7 @@ def get_bundle(client: S3Client, bucket: str, codec: Codec, hp: Any, window: int
                ) -> Bundle | Rejection:
     """The bundle of ``window`` from ``bucket`` (a Rejection when absent or unusable)."""
     expect = Expect.from_hparams(hp, window, run=run)
-    cap = bundle_size_cap(codec, hp.sync_samples, hp.topg)
+    cap = bundle_size_cap(codec, expect.sync_samples, hp.topg)
     try:
         data = client.get(bucket, keys.aggregate(window, hp.protocol_version, run), max_bytes=cap)
     except StorageError as e:

@@ -21,6 +21,7 @@ import numpy as np
 import safetensors.numpy
 import torch
 
+from dso.model import sync_sample_count
 from dso.packing import PackingError
 from dso.rejections import Reason, Rejection
 from storage.tensorfile import header_allowance, parse_uint, read_header, check_spec, load_arrays
@@ -61,7 +62,7 @@ class Expect:
         if data_hash is None:
             data_hash = hp.data_hash or None
         return cls(window=window, protocol_version=hp.protocol_version, hparams_digest=hp.digest(),
-                   sync_samples=hp.sync_samples, data_hash=data_hash, **kw)
+                   sync_samples=sync_sample_count(hp), data_hash=data_hash, **kw)
 
     def for_uid(self, uid: int) -> "Expect":
         return replace(self, uid=uid)

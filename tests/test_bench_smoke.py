@@ -18,13 +18,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 
 from benchmarks import MODULES, SECTIONS, generic_markdown, markdown  # noqa: E402
 from benchmarks import codec as codec_section  # noqa: E402
-from benchmarks import convergence, gather, targets, validator  # noqa: E402
+from benchmarks import convergence, gather, incentives, privacy, targets, validator  # noqa: E402
 from benchmarks.common import finite_or_none, proc_peak_rss_mb  # noqa: E402
 from dso.codec import DeMoCodec  # noqa: E402
 
 
 def test_every_issue_section_is_registered():
-    assert {"codec", "validator", "gather", "convergence", "sketch", "robust"} <= set(SECTIONS)
+    assert {"codec", "validator", "gather", "convergence", "sketch", "robust", "privacy", "incentives"} <= set(SECTIONS)
     assert list(SECTIONS)[-1] == "convergence"  # the longest runs last
 
 
@@ -151,6 +151,7 @@ def _result(**over):
         "gather": {"scaling_exponent": 1.0, "hostile_worst_ratio": 1.5, "hostile_honest_ok": 1.0},
         "convergence": {"ratio": 1.05, "ratio_4bit_vs_fp32_values": 1.001},
         "data": {"rss_growth_mb": 32.0},
+        "incentives": {"honest_max_min_ratio": {"median": 2.0}, "diligent_wins_of_10": 8},
     }
     res.update(over)
     return res
@@ -171,6 +172,8 @@ def test_targets_verdicts_on_boundaries():
     assert met["bytes per kept within 15% of the bound (~100 M shapes)"] is True
     assert met["miner peak RSS flat across corpus sizes (growth in MB)"] is True          # exactly 32
     assert rows["bytes per kept ≥ 1.5× smaller than 2.5 B"]["threshold"] == ">= 1.5"
+    assert met["identical honest peers within 2x of each other (median seed)"] is True        # exactly 2
+    assert met["diligent peer >= 1.5x the honest mean, seeds of 10"] is False
 
 
 def test_targets_of_sections_not_run_or_failed():
@@ -209,3 +212,38 @@ def test_data_section_growth_and_generated_corpus(tmp_path):
     text = files[0].read_text()
     assert text.count("\n") > 100 and len(set(text.split())) > 500   # lines of many distinct words
     assert "data" in SECTIONS and list(SECTIONS)[-1] == "convergence"
+# ------------------------------------------------------------- incentives
+def test_incentive_figures_by_hand():
+    assert incentives.max_min_ratio([0.1, 0.2, 0.4]) == pytest.approx(4.0)
+    assert incentives.max_min_ratio([0.0, 0.3]) == pytest.approx(0.3 / incentives.ZERO_SHARE)  # nothing: huge
+    assert incentives.over_mean(0.3, [0.1, 0.2]) == pytest.approx(2.0)
+    weights = [{1: 0.5, 2: 0.5, 3: 0.0}, {1: 0.1, 2: 0.3, 3: 0.6}]
+    got = incentives.seed_figures(weights, honest=[1, 2], diligent=3, smooth=2)
+    assert got["honest_max_min_ratio"] == pytest.approx(3.0)
+    assert got["diligent_over_honest"] == pytest.approx(0.6 / 0.2)
+    assert got["smoothed_honest_max_min_ratio"] == pytest.approx(0.4 / 0.3)   # means 0.3, 0.4, 0.3
+    assert got["smoothed_diligent_over_honest"] == pytest.approx(0.3 / 0.35)
+
+
+def test_incentive_summary_medians_wins_and_markdown():
+    per_seed = [{"honest_max_min_ratio": r, "diligent_over_honest": d, "smoothed_honest_max_min_ratio": r,
+                 "smoothed_diligent_over_honest": d} for r, d in [(1.5, 2.0), (3.0, 1.4), (2.5, 1.5), (1.2, 0.9)]]
+    s = incentives.summarise(per_seed)
+    assert s["honest_max_min_ratio"]["median"] == pytest.approx(2.0)
+    assert s["honest_max_min_ratio"]["per_seed"] == [1.5, 3.0, 2.5, 1.2]
+    assert s["diligent_wins_of_10"] == 5.0                                   # 2 of 4 seeds, scaled to 10
+    s.update(windows=3, honest_peers=4, tiny_model=True, levers={})
+    text = incentives.markdown(s)
+    assert "| honest_max_min_ratio | 2 |" in text and "in 5 of 10 seeds" in text
+
+
+# ---------------------------------------------------------------- privacy
+def test_privacy_markdown_and_epsilon():
+    assert privacy.epsilon_for(1.0, 1, 1e-6) == pytest.approx(11.855, abs=1e-3)
+    row = {"z": 0.01, "epsilon": 4e6, "demo_update": 0.38, "sketch4096_update": 0.48, "sketch4096_in_sketch": 0.26}
+    result = {"placement": {"rounds": 2, "parameters": 1000, "clip": 1.0, "rows": [row]},
+              "training": {"peers": 2, "windows": 3, "delta": 1e-6, "initial": 5.5, "z": {"no_dp": None},
+                           "epsilon": {"no_dp": None}, "final": {"no_dp": 5.0}, "final_bits_per_byte": {"no_dp": 7.2}},
+              "peers_to_average_eps8_noise_down_to_z": 6.4e5}
+    text = privacy.markdown(result)
+    assert "| 0.01 | 4e+06 | +0.3800 | +0.4800 | +0.2600 |" in text and "| no_dp | — | — | 5.0000 | 7.2000 |" in text

@@ -35,7 +35,7 @@ from benchmarks.common import proc_cpu_seconds  # noqa: E402
 
 from dso.codec import DeMoCodec  # noqa: E402
 from dso.config import HParams  # noqa: E402
-from dso.model import build_model, parameter_shapes  # noqa: E402
+from dso.model import build_model, parameter_shapes, sync_sample_count  # noqa: E402
 from storage import keys  # noqa: E402
 from storage.commitment import BucketInfo  # noqa: E402
 from storage.gather import ReaderCache, gather  # noqa: E402
@@ -70,7 +70,7 @@ def bench_gather(ks=(8, 32, 128), repeats: int = 3, deadline_seconds: float = 12
     codec = DeMoCodec.from_hparams(parameter_shapes(model), hp)
     gen = torch.Generator().manual_seed(0)
     update = codec.compress({n: torch.randn(p.shape, generator=gen) for n, p in model.named_parameters()}, 0)
-    sync = torch.randn(hp.sync_samples, generator=gen)
+    sync = torch.randn(sync_sample_count(hp), generator=gen)
     expect = Expect.from_hparams(hp, WINDOW)
     points = []
     with EmbeddedS3.start() as server:

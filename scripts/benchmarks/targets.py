@@ -18,6 +18,10 @@ TARGETS = [
     ("convergence (a)/(c) within 5% of AdamW", "convergence", ("ratio",), "<=", 1.05),
     # issue 14: ten times the corpus may not cost a miner more than a few MB of peak RSS
     ("miner peak RSS flat across corpus sizes (growth in MB)", "data", ("rss_growth_mb",), "<=", 32.0),
+    # issue 17: fair and stable weights
+    ("identical honest peers within 2x of each other (median seed)", "incentives",
+     ("honest_max_min_ratio", "median"), "<=", 2.0),
+    ("diligent peer >= 1.5x the honest mean, seeds of 10", "incentives", ("diligent_wins_of_10",), ">=", 9.0),
 ]
 
 

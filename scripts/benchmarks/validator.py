@@ -65,7 +65,7 @@ def measure_eval_cost(quick: bool, eval_sequences: int | None = None, repeats: i
     setup_worker()
     from dso.codec import DeMoCodec
     from dso.config import HParams
-    from dso.model import build_model, parameter_shapes
+    from dso.model import build_model, parameter_shapes, sync_sample_count
     from dso.train import evaluate, learning_rate
     from scoring.evaluation import ParameterSnapshot, evaluate_peer, update_signs
     from scoring.state import ValidatorState
@@ -81,15 +81,15 @@ def measure_eval_cost(quick: bool, eval_sequences: int | None = None, repeats: i
     dataset = default_dataset(hp)
     many = hp.eval_peers
     uids = list(range(many))
-    payloads = _honest_payloads(model, codec, dataset, hp, uids, sync_positions(RANDOMNESS, shapes, hp.sync_samples),
-                                gradient_sequences)
+    positions = sync_positions(RANDOMNESS, shapes, sync_sample_count(hp))
+    payloads = _honest_payloads(model, codec, dataset, hp, uids, positions, gradient_sequences)
     repeats = repeats or (3 if quick else 9)
 
     def score(eval_peers: int):
         hp_s = copy.deepcopy(hp)
         hp_s.eval_peers = eval_peers
         state = ValidatorState.new(hp.digest(), secret="00" * 16)
-        return score_window(state, model, codec, dataset, hp_s, WINDOW, payloads, {}, uids, RANDOMNESS)
+        return score_window(state, model, codec, dataset, hp_s, WINDOW, payloads, {}, uids, RANDOMNESS, RANDOMNESS)
 
     report = score(many)
     if sorted(report.evaluated) != uids:  # every honest peer must pass and be evaluated, or the timing is wrong
@@ -142,7 +142,7 @@ def measure_miner_footprint() -> dict:
     setup_worker()
     from dso.codec import DeMoCodec, ErrorFeedback
     from dso.config import HParams
-    from dso.model import build_model, parameter_shapes
+    from dso.model import build_model, parameter_shapes, sync_sample_count
     from dso.train import compute_gradients
     from storage.wire import PayloadMeta, encode_payload
     import torch
@@ -154,7 +154,7 @@ def measure_miner_footprint() -> dict:
     dataset = default_dataset(hp)
     grads, _ = compute_gradients(model, dataset.assigned(0, 0, hp.batch_size), hp.micro_batch)
     update = feedback.step(grads, 0)
-    blob = encode_payload(codec, update, torch.zeros(hp.sync_samples), PayloadMeta(0, 0, hp.protocol_version,
+    blob = encode_payload(codec, update, torch.zeros(sync_sample_count(hp)), PayloadMeta(0, 0, hp.protocol_version,
                                                                                      hp.digest()))
     return {"inprocess_peak_rss_mb": own_peak_rss_mb(), "payload_bytes": len(blob)}
 

@@ -181,7 +181,7 @@ def test_tampered_record_or_checkpoint_fails_verification(cr_network, verify_her
 # -------------------------------------------------------------------------- DP
 def epsilon_after(rounds: int, z: float, delta: float) -> float:
     a = np.arange(2, 128, dtype=np.float64)
-    return float((rounds * a / (2 * z * z) + np.log1p(-1 / a) - (math.log(delta) + np.log(a)) / (a - 1)).min())
+    return float((rounds * a * 4 / (2 * z * z) + np.log1p(-1 / a) - (math.log(delta) + np.log(a)) / (a - 1)).min())
 
 
 DP_ROUNDS, DP_Z, DP_DELTA = 2, 2.0, 1e-6
@@ -191,7 +191,7 @@ DP_ROUNDS, DP_Z, DP_DELTA = 2, 2.0, 1e-6
 def dp_network(tmp_path_factory, stdlib_corpus, network_hparams):
     root = tmp_path_factory.mktemp("dp")
     hp = network_hparams()
-    hp.dp.enabled, hp.dp.noise_multiplier, hp.dp.delta = True, DP_Z, DP_DELTA
+    hp.dp.enabled, hp.dp.noise_multiplier, hp.dp.delta, hp.dp.target_epsilon = True, DP_Z, DP_DELTA, 0.0
     # halfway between the ε of two and of three rounds: exactly two rounds fit
     fits, exceeds = epsilon_after(DP_ROUNDS, DP_Z, DP_DELTA), epsilon_after(DP_ROUNDS + 1, DP_Z, DP_DELTA)
     hp.dp.epsilon_budget = (fits + exceeds) / 2

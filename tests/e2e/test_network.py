@@ -111,7 +111,8 @@ def test_restarted_validator_gives_the_uninterrupted_weights(network):
                         clock.put_window(t), cfg.storage.gather_deadline_seconds, commit_reveal=hp.commit_reveal,
                         readers=ReaderCache.from_config(cfg.storage), priority=scores.standing())
     dataset = Dataset.for_run(hp, cfg.data.corpus, cfg.data.cache_dir, cfg.data.tokenizer_file)
-    inputs = WindowInputs(t, got.payloads, got.rejections, active, book.lists[t], clock.window_randomness(t))
+    inputs = WindowInputs(t, got.payloads, got.rejections, active, book.lists[t], clock.window_randomness(t),
+                          clock.eval_randomness(t, hp.commit_reveal))
     outcome = run_window(scores, model, codec, dataset, hp, inputs, ledger_prev_hash=book.ledger_hash,
                          validator=next(n.hotkey for n in net.chain.metagraph() if n.uid == validator.uid))
     val_loss = evaluate(model, dataset.validation(hp.val_sequences), hp.micro_batch)

@@ -29,7 +29,8 @@ def score(setup, state, window, rejections, active):
     """One window in which nobody uploads anything usable: only penalties move μ (no evaluation)."""
     hp, model, codec = setup
     randomness = hashlib.sha256(f"w{window}".encode()).digest()
-    return score_window(state, model, codec, None, hp, window, {}, rejections, active, randomness)
+    return score_window(state, model, codec, None, hp, window, {}, rejections, active, randomness,
+                        hashlib.sha256(f"eval{window}".encode()).digest())
 
 
 OFFENCES = {1: Reason.NO_COMMIT, 2: Reason.NO_REVEAL, 3: Reason.REVEAL_MISMATCH, 4: Reason.DUPLICATE,

@@ -10,36 +10,52 @@ import torch
 from scipy import stats
 
 from dso.config import DPConfig
-from dso.privacy import (PrivacyStateError, RdpAccountant, clip_and_noise, gaussian_rdp, global_norm,
-                         rdp_to_epsilon)
+from dso.privacy import (PrivacyStateError, RdpAccountant, clip_and_noise, dp_settings, gaussian_rdp, global_norm,
+                         noise_for_target, rdp_to_epsilon)
 from dso.rejections import Reason
 
 torch.set_num_threads(1)
 
 
 def oracle_epsilon(z: float, rounds: int, delta: float, orders=range(2, 128)) -> tuple[float, int]:
-    """Independent numpy evaluation of the Balle et al. (2020) conversion over the same orders."""
+    """Independent numpy evaluation of the Balle et al. (2020) conversion over the same orders, for the
+    Gaussian mechanism with sensitivity 2C (replace-one neighbours) and noise std zC: RDP = α·2²/(2z²)."""
     a = np.array(list(orders), dtype=float)
-    eps = rounds * a / (2 * z * z) + np.log((a - 1) / a) - (np.log(delta) + np.log(a)) / (a - 1)
+    eps = rounds * a * 4 / (2 * z * z) + np.log((a - 1) / a) - (np.log(delta) + np.log(a)) / (a - 1)
     i = int(np.argmin(eps))
     return float(eps[i]), int(a[i])
 
 
-def test_known_epsilon_one_round_z1():
+def dp_accounting_epsilon(z: float, rounds: int, delta: float, orders=range(2, 128)) -> tuple[float, int]:
+    """Google's dp-accounting (PyPI): the Gaussian mechanism with sensitivity 2C and std zC is its
+    GaussianDpEvent with noise multiplier z/2 (its multiplier is relative to the query's sensitivity)."""
+    dpa = pytest.importorskip("dp_accounting", reason="dp-accounting (test extra) is not installed")
+    from dp_accounting import rdp
+    accountant = rdp.RdpAccountant(list(orders))
+    accountant.compose(dpa.GaussianDpEvent(z / 2), rounds)
+    eps, order = accountant.get_epsilon_and_optimal_order(delta)
+    return float(eps), int(order)
+
+
+@pytest.mark.parametrize("z,rounds,epsilon,order", [(1.0, 1, 11.855, 4), (2.0, 100, 112.429, 2)])
+def test_known_epsilon_against_dp_accounting(z, rounds, epsilon, order):
+    """The issue's figures: a miner clips its whole update to C, so two real inputs differ by 2C."""
+    acc = RdpAccountant(z, 1e-6)
+    acc.step(rounds)
+    eps, got_order = acc.epsilon()
+    assert eps == pytest.approx(epsilon, abs=5e-3) and got_order == order
+    assert (eps, got_order) == pytest.approx(dp_accounting_epsilon(z, rounds, 1e-6), rel=1e-9)
+    assert (eps, got_order) == pytest.approx(oracle_epsilon(z, rounds, 1e-6), rel=1e-12)
+
+
+def test_known_epsilon_one_round_z1_by_hand():
     acc = RdpAccountant(1.0, 1e-6)
     acc.step()
-    eps, order = acc.epsilon()
-    assert eps == pytest.approx(5.2224, abs=5e-5) and order == 6
-    # by hand at α = 6: 3 + ln(5/6) − (ln 1e-6 + ln 6)/5
-    assert eps == pytest.approx(3 + math.log(5 / 6) - (math.log(1e-6) + math.log(6)) / 5, rel=1e-12)
-
-
-def test_known_epsilon_hundred_rounds_z2():
-    acc = RdpAccountant(2.0, 1e-6)
-    acc.step(100)
-    eps, order = acc.epsilon()
-    assert eps == pytest.approx(37.43, abs=5e-3) and order == 2
-    assert (eps, order) == pytest.approx(oracle_epsilon(2.0, 100, 1e-6), rel=1e-12)
+    # at α = 4: RDP = 2α/z² = 8, + ln(3/4) − (ln 1e-6 + ln 4)/3
+    assert acc.epsilon()[0] == pytest.approx(8 + math.log(3 / 4) - (math.log(1e-6) + math.log(4)) / 3, rel=1e-12)
+    # the old figure (sensitivity C) is what the add/remove relation would give: 5.2224 at order 6
+    assert rdp_to_epsilon(gaussian_rdp(range(2, 128), 1.0, sensitivity=1.0), range(2, 128), 1e-6) == \
+        pytest.approx((5.2224, 6), abs=5e-5)
 
 
 @pytest.mark.parametrize("z,rounds,delta", [(0.8, 3, 1e-5), (1.5, 40, 1e-6), (5.0, 1000, 1e-8)])
@@ -52,7 +68,8 @@ def test_epsilon_matches_oracle(z, rounds, delta):
 
 
 def test_rdp_is_linear_and_epsilon_grows_with_rounds():
-    assert gaussian_rdp([2, 10], 2.0) == [0.25, 1.25]
+    assert gaussian_rdp([2, 10], 2.0) == [1.0, 5.0]                        # 2α/z²
+    assert gaussian_rdp([2, 10], 2.0, sensitivity=1.0) == [0.25, 1.25]
     acc = RdpAccountant(1.0)
     assert acc.epsilon() == (0.0, None)  # nothing spent yet
     previous = 0.0
@@ -80,7 +97,7 @@ def test_would_exceed_and_budget_rejection():
 
 def test_state_survives_restart(tmp_path):
     path = tmp_path / "dp" / "accountant.json"
-    acc = RdpAccountant.from_config(DPConfig(noise_multiplier=1.3, delta=1e-6, max_order=64))
+    acc = RdpAccountant.from_config(DPConfig(noise_multiplier=1.3, delta=1e-6, max_order=64, target_epsilon=0))
     acc.step(7)
     acc.save(path)
     again = RdpAccountant.load(path)
@@ -165,3 +182,51 @@ def test_clip_and_noise_refuses_non_finite_updates():
 def test_rdp_to_epsilon_rejects_nothing_and_handles_single_order():
     eps, order = rdp_to_epsilon([0.5], [2], 1e-6)
     assert order == 2 and eps == pytest.approx(0.5 + math.log(0.5) - (math.log(1e-6) + math.log(2)))
+
+
+def test_a_version_one_state_is_reexpressed_at_the_true_sensitivity(tmp_path):
+    """Files written before the fix recorded RDP at sensitivity C: loading multiplies by 4 (exact for the
+    Gaussian mechanism), so a resumed miner never counts its past rounds at the optimistic figure."""
+    path = tmp_path / "old.json"
+    old = {"format": "dso-rdp-accountant/v1", "noise_multiplier": 2.0, "delta": 1e-6, "orders": list(range(2, 128)),
+           "rdp": gaussian_rdp(range(2, 128), 2.0, sensitivity=1.0), "rounds": 1}
+    path.write_text(json.dumps(old))
+    loaded = RdpAccountant.load(path)
+    fresh = RdpAccountant(2.0, 1e-6)
+    fresh.step()
+    assert loaded.rdp == pytest.approx(fresh.rdp, rel=1e-12) and loaded.epsilon() == pytest.approx(fresh.epsilon())
+    loaded.save(path)
+    assert json.loads(path.read_text())["format"] == "dso-rdp-accountant/v2"
+
+
+@pytest.mark.parametrize("epsilon,rounds,delta", [(8.0, 100, 1e-6), (8.0, 30, 1e-5), (1.0, 1, 1e-6), (50.0, 3, 1e-8)])
+def test_noise_for_target_spends_exactly_the_target(epsilon, rounds, delta):
+    z = noise_for_target(epsilon, delta, rounds, range(2, 128))
+    assert oracle_epsilon(z, rounds, delta)[0] <= epsilon < oracle_epsilon(z * (1 - 1e-6), rounds, delta)[0]
+    assert dp_accounting_epsilon(z, rounds, delta)[0] == pytest.approx(epsilon, rel=1e-6)
+    acc = RdpAccountant(z, delta)
+    acc.step(rounds)
+    assert acc.epsilon()[0] <= epsilon and acc.would_exceed(epsilon)      # the budget stops it right there
+
+
+def test_noise_for_target_refuses_nonsense():
+    for args in [(0.0, 1e-6, 10), (8.0, 1e-6, 0), (8.0, 1.5, 10), (math.inf, 1e-6, 10)]:
+        with pytest.raises(ValueError):
+            noise_for_target(*args, range(2, 128))
+
+
+def test_the_config_derives_the_noise_from_a_target():
+    from dso.config import ConfigError, from_dict
+
+    cfg = from_dict({"hparams": {"dp": {"enabled": True, "target_epsilon": 8.0, "target_rounds": 100}}})
+    z, budget = dp_settings(cfg.hparams.dp)
+    assert z == pytest.approx(noise_for_target(8.0, 1e-6, 100, range(2, 128))) and budget == 8.0
+    assert z == pytest.approx(13.893, abs=1e-3)
+    assert dp_settings(DPConfig()) == (z, budget)                                 # the default target
+    assert cfg.hparams.digest() == from_dict(cfg.to_dict()).hparams.digest()     # validation changes nothing
+    manual = from_dict({"hparams": {"dp": {"target_epsilon": 0, "noise_multiplier": 2.5, "epsilon_budget": 4}}})
+    assert dp_settings(manual.hparams.dp) == (2.5, 4.0)
+    with pytest.raises(ConfigError, match="target_rounds"):
+        from_dict({"hparams": {"dp": {"target_rounds": 0}}})
+    with pytest.raises(ConfigError, match="target_epsilon"):
+        from_dict({"hparams": {"dp": {"target_epsilon": 1e-30, "target_rounds": 10**9}}})

@@ -66,9 +66,10 @@ def test_commit_reveal_run_trains(commit_reveal_run):
 
 # ------------------------------------------------------------------------ DP
 def epsilon_after(rounds: int, z: float, delta: float, orders=range(2, 128)) -> float:
-    """Independent evaluation: RDP of the Gaussian mechanism (α/2z² per round) converted by Balle et al. 2020."""
+    """Independent evaluation: RDP of the Gaussian mechanism with sensitivity 2C (α·2²/2z² per round) converted
+    by Balle et al. 2020."""
     a = np.array(list(orders), dtype=np.float64)
-    eps = rounds * a / (2 * z * z) + np.log1p(-1 / a) - (math.log(delta) + np.log(a)) / (a - 1)
+    eps = rounds * a * 4 / (2 * z * z) + np.log1p(-1 / a) - (math.log(delta) + np.log(a)) / (a - 1)
     return float(max(eps.min(), 0.0))
 
 
@@ -77,6 +78,7 @@ def test_dp_accountant_stops_every_miner_when_its_budget_would_be_exceeded(datas
     budget = (epsilon_after(allowed, z, delta) + epsilon_after(allowed + 1, z, delta)) / 2
     hp = tiny()
     hp.dp.enabled, hp.dp.noise_multiplier, hp.dp.delta, hp.dp.epsilon_budget = True, z, delta, budget
+    hp.dp.target_epsilon = 0.0  # z and the budget as given
     roles = ["honest", "honest", "diligent", "freerider"]
     net = SimNet(hp, dataset, roles)
     records = net.run(6)

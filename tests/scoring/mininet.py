@@ -7,13 +7,18 @@ import torch
 
 from dso.codec import DeMoCodec, ErrorFeedback
 from dso.data import Dataset
-from dso.model import build_model, parameter_shapes
+from dso.model import build_model, parameter_shapes, sync_sample_count
 from dso.train import compute_gradients, learning_rate
 from scoring.sync import sample_parameters, sync_positions
 
 
 def chain_randomness(window: int) -> bytes:
     return hashlib.sha256(f"test-chain-window-{window}".encode()).digest()
+
+
+def eval_seed(window: int) -> bytes:
+    """The chain randomness of a block after the window's uploads closed (draws F_t and S_t)."""
+    return hashlib.sha256(f"test-chain-eval-{window}".encode()).digest()
 
 
 class MiniNet:
@@ -30,7 +35,7 @@ class MiniNet:
         self.feedback = {uid: ErrorFeedback(self.codec, hp.ef_beta) for uid in behaviours}
 
     def payloads(self, window: int) -> dict[int, tuple]:
-        positions = sync_positions(chain_randomness(window), self.shapes, self.hp.sync_samples)
+        positions = sync_positions(chain_randomness(window), self.shapes, sync_sample_count(self.hp))
         named = dict(self.model.named_parameters())
         in_sync = sample_parameters(named, positions)
         out = {}

@@ -6,7 +6,7 @@ import json
 
 import pytest
 import torch
-from mininet import MiniNet, chain_randomness
+from mininet import MiniNet, chain_randomness, eval_seed
 
 from dso.model import model_hash
 from dso.rejections import Reason, Rejection
@@ -21,7 +21,8 @@ SECRET = "5e" * 16
 def run(net: MiniNet, state: ValidatorState, window: int, payloads=None, rejections=None, active=None):
     payloads = net.payloads(window) if payloads is None else payloads
     report = score_window(state, net.model, net.codec, net.dataset, net.hp, window, payloads, rejections or {},
-                          sorted(net.behaviours) if active is None else active, chain_randomness(window))
+                          sorted(net.behaviours) if active is None else active, chain_randomness(window),
+                          eval_seed(window))
     net.apply_aggregate(window, state.top_g, payloads)
     return report
 
@@ -70,7 +71,7 @@ def test_forward_passes_per_window_are_one_plus_three_per_evaluated_peer(hp, dat
     original = net.model.loss
     net.model.loss = lambda batch: calls.append(batch.shape[0]) or original(batch)
     report = score_window(ValidatorState.new(secret=SECRET), net.model, net.codec, dataset, hp, 0, payloads, {},
-                          range(5), chain_randomness(0))
+                          range(5), chain_randomness(0), eval_seed(0))
     assert len(report.evaluated) == 3
     assert len(calls) == 1 + 3 * 3 and set(calls) == {hp.eval_sequences}   # ≤ 3.5 passes per peer
 
@@ -93,7 +94,7 @@ def test_fast_failures_are_penalised_once_and_counted_by_category(hp, dataset):
     state.peer(3).mu = -0.2                                                    # penalty must push it down
     before = model_hash(net.model)
     report = score_window(state, net.model, net.codec, dataset, hp, 0, payloads, rejections, range(8),
-                          chain_randomness(0))
+                          chain_randomness(0), eval_seed(0))
     assert model_hash(net.model) == before
     assert sorted(report.rejections) == [1, 2, 3, 4, 5, 6, 7]
     assert report.rejections[3].startswith("out_of_sync") and report.sync_scores[3] == pytest.approx(5.0, rel=1e-3)
@@ -208,7 +209,7 @@ def test_plan_fast_set_predicts_the_fast_set(hp, dataset):
     net = MiniNet(hp, dataset, {u: "zeros" for u in range(6)})
     state = ValidatorState.new(secret=SECRET)
     for window in range(3):
-        planned = plan_fast_set(state, hp, window, range(6))
+        planned = plan_fast_set(state, hp, window, range(6), eval_seed(window))
         assert run(net, state, window).fast == planned
 
 
@@ -239,8 +240,25 @@ def test_a_failing_window_leaves_the_state_untouched(hp, dataset):
             raise RuntimeError("disk gone")
 
     with pytest.raises(RuntimeError):
-        score_window(state, net.model, net.codec, BrokenDataset(), hp, 0, payloads, {}, [0, 1], chain_randomness(0))
+        score_window(state, net.model, net.codec, BrokenDataset(), hp, 0, payloads, {}, [0, 1], chain_randomness(0),
+                     eval_seed(0))
     assert state.to_dict() == before
     report = run(net, state, 0, payloads)                             # the retry penalises exactly once
     assert state.peers[1].mu == pytest.approx(0.3) and state.peers[1].offences == {"missing": 1}
     assert report.window == 0 and state.window == 0
+
+
+def test_validators_with_different_secrets_evaluate_the_same_peers(hp, dataset):
+    """S_t is drawn from the public eval seed: two validators that saw the same uploads pick the same peers
+    (the old round-robin broke its ties with each validator's private secret)."""
+    hp.eval_peers, hp.fast_peers = 2, 8
+    picks = {}
+    for schedule in ("random", "round_robin"):
+        hp.eval_schedule = schedule
+        for secret in ("11" * 16, "22" * 16):
+            net = MiniNet(hp, dataset, {u: "honest" for u in range(6)})
+            state = ValidatorState.new(secret=secret)
+            picks[schedule, secret] = [run(net, state, w).evaluated for w in range(4)]
+    assert picks["random", "11" * 16] == picks["random", "22" * 16]
+    assert picks["round_robin", "11" * 16] != picks["round_robin", "22" * 16]
+    assert all(len(s) == 2 for s in picks["random", "11" * 16])

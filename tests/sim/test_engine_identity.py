@@ -64,12 +64,13 @@ def validator_and_sim(tmp_path_factory, stdlib_corpus):
             "neuron": {"state_dir": str(root / "state")},
             "hparams": asdict(hp)})
         validator = Validator(build_context(cfg, "validator", handle_signals=False))
-        # the same starting point: window 0, the simulator's private seed, its chain randomness
+        # the same starting point: window 0, the simulator's private seed, its chain randomness (both)
         validator.ctx.run = "0123456789abcdef"
         validator.book = validator_state.Bookkeeping(0, genesis_lists(0, [p.uid for p in sim.peers], hp.topg),
                                                      run=validator.ctx.run)
         validator.scores.secret = sim.state.secret
         validator.ctx.clock.window_randomness = sim.randomness  # type: ignore[method-assign]
+        validator.ctx.clock.eval_randomness = lambda t, *_a, **_k: sim.eval_seed(t)  # type: ignore[method-assign]
         pairs = []
         for t in range(WINDOWS):
             payloads, rejections = sim.uploads(t)

@@ -1,0 +1,236 @@
+"""Incentives section: does equal work earn equal pay, and more work more? (issue 17)
+
+The in-process simulator (sim/simulator.py, the validator's real window engine) runs ``honest`` identical
+honest peers and one diligent peer (twice the data per window) for W windows, over 10 seeds (``hp.seed``
+changes the model's initialisation, the data assignment, the validator's secret and the chain randomness).
+From the weights of the last window, per seed:
+
+* ``honest_max_min_ratio``: the largest over the smallest share among the identical honest peers; a peer
+  with no weight counts as a share of ``ZERO_SHARE``, so the ratio stays finite (≥ 1e6: an honest peer got
+  nothing);
+* ``diligent_over_honest``: the diligent peer's share over the honest mean;
+* ``diligent_wins_of_10``: seeds where that is at least ``WIN``.
+
+Each is reported as the median over seeds and the per-seed list, and again from the weights averaged over
+the last ``SMOOTH`` windows (``smoothed``: what smoothing the posted weights would give).  Targets
+(scripts/benchmarks/targets.py): ratio ≤ 2 in the median seed, diligent wins ≥ 9 of 10.
+
+``gamer``: a miner that trains only when it expects evaluation (sim/foresight.py gives it everything but
+the future randomness) among ``GAMER["honest"]`` honest peers, |S_t| = 2, tiny model, under the drawn
+schedule and the old round robin: its final and cumulative (mean over windows) weight share per seed, next
+to an honest peer's mean, and the share of windows it trained in.
+
+``python scripts/benchmarks/incentives.py --lever eval_peers=2 --lever rating=7,0.1 --seeds 4`` runs the
+same measurement with other settings (levers: any ``hparams`` key, ``rating=β,τ`` for the OpenSkill model,
+which is not a hyper-parameter); it is how the numbers in docs/scoring.md were measured.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    sys.path.insert(1, str(Path(__file__).resolve().parents[2]))
+
+from benchmarks.common import worker_pool  # noqa: E402
+
+FULL = {"seeds": 10, "windows": 20, "honest": 4, "tiny": False}
+QUICK = {"seeds": 2, "windows": 3, "honest": 2, "tiny": True}
+GAMER = {"seeds": 10, "windows": 40, "honest": 6, "eval_peers": 2}
+GAMER_QUICK = {"seeds": 1, "windows": 4, "honest": 6, "eval_peers": 2}
+ZERO_SHARE = 1e-6
+WIN = 1.5
+SMOOTH = 5
+
+
+# ---------------------------------------------------------------- formulas
+def max_min_ratio(shares: list[float]) -> float:
+    """Largest over smallest share (a zero share counts as ZERO_SHARE)."""
+    return max(shares) / max(min(shares), ZERO_SHARE)
+
+
+def over_mean(share: float, others: list[float]) -> float:
+    """``share`` over the mean of ``others`` (a zero mean counts as ZERO_SHARE)."""
+    return share / max(sum(others) / len(others), ZERO_SHARE)
+
+
+def seed_figures(weights: list[dict[int, float]], honest: list[int], diligent: int, smooth: int = SMOOTH) -> dict:
+    """The per-seed figures from one run's per-window weights (uid → share)."""
+    last = weights[-1]
+    tail = weights[-smooth:]
+    mean = {u: sum(w.get(u, 0.0) for w in tail) / len(tail) for u in [*honest, diligent]}
+    return {
+        "honest_shares": [last.get(u, 0.0) for u in honest], "diligent_share": last.get(diligent, 0.0),
+        "honest_max_min_ratio": max_min_ratio([last.get(u, 0.0) for u in honest]),
+        "diligent_over_honest": over_mean(last.get(diligent, 0.0), [last.get(u, 0.0) for u in honest]),
+        "smoothed_honest_max_min_ratio": max_min_ratio([mean[u] for u in honest]),
+        "smoothed_diligent_over_honest": over_mean(mean[diligent], [mean[u] for u in honest]),
+    }
+
+
+def summarise(per_seed: list[dict]) -> dict:
+    """Medians, per-seed lists and quartiles over seeds; wins of the diligent peer."""
+    out: dict = {"seeds": len(per_seed)}
+    for prefix in ("", "smoothed_"):
+        for name in ("honest_max_min_ratio", "diligent_over_honest"):
+            values = [s[prefix + name] for s in per_seed]
+            out[prefix + name] = {"median": statistics.median(values), "per_seed": values,
+                                  "quartiles": _quartiles(values)}
+        out[prefix + "diligent_wins_of_10"] = round(
+            10 * sum(s[prefix + "diligent_over_honest"] >= WIN for s in per_seed) / len(per_seed), 1)
+    return out
+
+
+def _quartiles(values: list[float]) -> list[float]:
+    if len(values) < 2:
+        return [values[0], values[0]] if values else []
+    q = statistics.quantiles(values, n=4, method="inclusive")
+    return [q[0], q[2]]
+
+
+# ------------------------------------------------------------------ runs
+def run_seed(seed: int, windows: int, honest: int, tiny: bool, levers: dict | None = None) -> dict:
+    """In a worker: one simulated run; per-window weights and the per-seed figures."""
+    from benchmarks.common import default_dataset, setup_worker
+    setup_worker()
+    from dso.config import HParams, ModelConfig, set_key
+    from sim.simulator import SimNet
+
+    hp = HParams(seed=seed)
+    if tiny:
+        hp.model = ModelConfig(d_model=32, n_layers=1, n_heads=2, ffn_hidden=64, seq_len=32)
+        hp.batch_size, hp.assigned_sequences, hp.micro_batch, hp.chunk, hp.topk = 8, 16, 8, 16, 8
+    levers = dict(levers or {})
+    rating = levers.pop("rating", None)
+    if rating is not None:  # the OpenSkill model is not a hyper-parameter: swapped in this worker only
+        from openskill.models import PlackettLuce
+
+        import scoring.rating
+        scoring.rating._MODEL = PlackettLuce(beta=float(rating[0]), tau=float(rating[1]))
+    for key, value in levers.items():
+        _set_hparam(hp, key, value, set_key)
+    roles = ["honest"] * honest + ["diligent"]
+    records = SimNet(hp, default_dataset(hp), roles).run(windows)
+    weights = [r.weights for r in records]
+    figures = seed_figures(weights, list(range(1, honest + 1)), honest + 1)
+    return {"seed": seed, **figures, "val_loss": records[-1].val_loss, "seconds": sum(r.seconds for r in records)}
+
+
+def _set_hparam(hp, key: str, value, set_key) -> None:
+    from dso.config import Config
+    cfg = Config()
+    cfg.hparams = hp
+    set_key(cfg, f"hparams.{key}", value)
+
+
+def run_gamer(seed: int, schedule: str, windows: int, honest: int, eval_peers: int) -> dict:
+    """In a worker: the gamer among ``honest`` honest peers under one evaluation schedule."""
+    from benchmarks.common import default_dataset, setup_worker
+    setup_worker()
+    from dso.config import HParams, ModelConfig
+    from sim.simulator import SimNet
+
+    hp = HParams(seed=seed, model=ModelConfig(d_model=32, n_layers=1, n_heads=2, ffn_hidden=64, seq_len=32))
+    hp.batch_size, hp.assigned_sequences, hp.micro_batch, hp.chunk, hp.topk = 8, 16, 8, 16, 8
+    hp.eval_peers, hp.eval_schedule = eval_peers, schedule
+    records = SimNet(hp, default_dataset(hp), ["honest"] * honest + ["gamer"]).run(windows)
+    gamer = honest + 1
+    cumulative = sum(r.weights.get(gamer, 0.0) for r in records) / len(records)
+    return {"seed": seed, "final": records[-1].weights.get(gamer, 0.0), "cumulative": cumulative,
+            "honest_mean_final": sum(records[-1].weights.get(u, 0.0) for u in range(1, gamer)) / honest,
+            "trained_share": sum(gamer in r.trained for r in records) / len(records),
+            "evaluated": sum(gamer in r.evaluated for r in records),
+            "evaluated_on_zeros": sum(gamer in r.evaluated and gamer not in r.trained for r in records)}
+
+
+def measure_gamer(cfg: dict, workers: int = 2) -> dict:
+    with worker_pool(workers) as pool:
+        futures = {s: [pool.submit(run_gamer, seed, s, cfg["windows"], cfg["honest"], cfg["eval_peers"])
+                       for seed in range(1, cfg["seeds"] + 1)] for s in ("random", "round_robin")}
+        runs = {s: [f.result() for f in fs] for s, fs in futures.items()}
+    out: dict = {**cfg}
+    for schedule, rows in runs.items():
+        out[schedule] = {"final_mean": statistics.mean(r["final"] for r in rows),
+                         "final_max": max(r["final"] for r in rows),
+                         "cumulative_mean": statistics.mean(r["cumulative"] for r in rows),
+                         "honest_mean_final": statistics.mean(r["honest_mean_final"] for r in rows),
+                         "trained_share": statistics.mean(r["trained_share"] for r in rows), "runs": rows}
+    return out
+
+
+def measure(cfg: dict, levers: dict | None = None, workers: int = 2) -> dict:
+    with worker_pool(workers) as pool:
+        futures = [pool.submit(run_seed, seed, cfg["windows"], cfg["honest"], cfg["tiny"], levers)
+                   for seed in range(1, cfg["seeds"] + 1)]
+        per_seed = [f.result() for f in futures]
+    out = summarise(per_seed)
+    out.update({"windows": cfg["windows"], "honest_peers": cfg["honest"], "tiny_model": cfg["tiny"],
+                "levers": {k: list(v) if isinstance(v, tuple) else v for k, v in (levers or {}).items()},
+                "runs": per_seed})
+    return out
+
+
+def run(quick: bool) -> dict:
+    out = measure(QUICK if quick else FULL)
+    out["gamer"] = measure_gamer(GAMER_QUICK if quick else GAMER)
+    return out
+
+
+def markdown(result: dict) -> str:
+    def row(name: str) -> str:
+        m = result[name]
+        return (f"| {name} | {m['median']:.3g} | {m['quartiles'][0]:.3g}–{m['quartiles'][1]:.3g} | "
+                + ", ".join(f"{v:.3g}" for v in m["per_seed"]) + " |")
+    lines = [f"{result['seeds']} seeds, {result['honest_peers']} identical honest peers + 1 diligent, "
+             f"{result['windows']} windows" + (" (tiny model)" if result["tiny_model"] else "")
+             + (f", levers {result['levers']}" if result.get("levers") else ""), "",
+             "| figure | median | quartiles | per seed |", "|---|---:|---:|---|"]
+    for prefix in ("", "smoothed_"):
+        lines += [row(prefix + "honest_max_min_ratio"), row(prefix + "diligent_over_honest")]
+    lines += ["", f"diligent ≥ {WIN}× the honest mean in {result['diligent_wins_of_10']:g} of 10 seeds "
+              f"({result['smoothed_diligent_wins_of_10']:g} with weights averaged over the last {SMOOTH} windows)"]
+    g = result.get("gamer")
+    if g:
+        lines += ["", f"**Gamer** ({g['seeds']} seeds, {g['honest']} honest peers + the gamer, |S_t| = "
+                  f"{g['eval_peers']}, {g['windows']} windows, tiny model)", "",
+                  "| schedule | gamer final share (mean, max) | gamer cumulative share | honest peer's final share "
+                  "| windows it trained |", "|---|---:|---:|---:|---:|"]
+        for schedule in ("random", "round_robin"):
+            s = g[schedule]
+            lines.append(f"| {schedule} | {s['final_mean']:.4f}, {s['final_max']:.4f} | {s['cumulative_mean']:.4f} | "
+                         f"{s['honest_mean_final']:.4f} | {s['trained_share']:.0%} |")
+    return "\n".join(lines)
+
+
+def _lever(text: str) -> tuple[str, object]:
+    key, _, value = text.partition("=")
+    if key == "rating":
+        beta, tau = value.split(",")
+        return key, (float(beta), float(tau))
+    return key, value
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--lever", action="append", default=[], type=_lever, help="KEY=VALUE or rating=BETA,TAU")
+    parser.add_argument("--seeds", type=int, default=FULL["seeds"])
+    parser.add_argument("--windows", type=int, default=FULL["windows"])
+    parser.add_argument("--honest", type=int, default=FULL["honest"])
+    parser.add_argument("--tiny", action="store_true", help="the tiny model of the quick mode")
+    parser.add_argument("--workers", type=int, default=2, help="worker processes (one torch thread each)")
+    parser.add_argument("--out", help="write the result as JSON")
+    args = parser.parse_args(argv)
+    cfg = {"seeds": args.seeds, "windows": args.windows, "honest": args.honest, "tiny": args.tiny}
+    result = measure(cfg, dict(args.lever), args.workers)
+    print(markdown(result))
+    if args.out:
+        Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

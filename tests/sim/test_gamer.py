@@ -1,0 +1,60 @@
+"""A miner that trains only when it expects evaluation (issue 17): paid under the old round-robin schedule,
+not under the drawn one.  It is given the most a miner could know (sim/foresight.py)."""
+from __future__ import annotations
+
+import pytest
+
+from dso.data import Dataset
+from sim import behaviours
+from sim.simulator import SimNet, behaviour_shares
+
+ROLES = ["honest"] * 6 + ["gamer"]
+GAMER = len(ROLES)
+
+
+def _run(stdlib_corpus, cache, schedule: str, windows: int):
+    from dso.config import HParams, ModelConfig
+
+    hp = HParams(model=ModelConfig(d_model=32, n_layers=1, n_heads=2, ffn_hidden=64, seq_len=32))
+    hp.batch_size, hp.assigned_sequences, hp.micro_batch, hp.chunk, hp.topk = 8, 16, 8, 16, 8
+    hp.eval_sequences, hp.eval_peers, hp.learning_rate, hp.warmup_windows = 8, 2, 5e-3, 0
+    hp.eval_schedule, hp.seed = schedule, 3
+    ds = Dataset.from_config(str(stdlib_corpus), str(cache), 32, hp.seed, 0.02)
+    return SimNet(hp, ds, ROLES).run(windows)
+
+
+def test_under_round_robin_the_gamer_is_only_ever_evaluated_when_it_trained(stdlib_corpus, tmp_path):
+    records = _run(stdlib_corpus, tmp_path, "round_robin", 15)
+    evaluated = [r.window for r in records if GAMER in r.evaluated]
+    trained = [r.window for r in records if GAMER in r.trained]
+    assert len(evaluated) >= 3 and evaluated == trained          # it foresaw every evaluation, and trained then only
+    assert len(trained) <= len(records) / 3
+
+
+def test_under_the_drawn_schedule_the_gamer_gets_no_weight(stdlib_corpus, tmp_path):
+    records = _run(stdlib_corpus, tmp_path, "random", 40)
+    evaluated = [r.window for r in records if GAMER in r.evaluated]
+    on_zeros = [w for w in evaluated if GAMER not in records[w].trained]
+    assert len(evaluated) >= 8 and len(on_zeros) >= len(evaluated) / 2   # it had to guess, and mostly guessed wrong
+    cumulative = sum(behaviour_shares(ROLES, r.weights)["gamer"] for r in records) / len(records)
+    assert cumulative <= 0.01 and behaviour_shares(ROLES, records[-1].weights)["gamer"] <= 0.01
+    assert sum(behaviour_shares(ROLES, records[-1].weights).values()) == pytest.approx(1.0)
+
+
+def test_gamer_plans():
+    assert behaviours.gamer_plan(0.5).train and not behaviours.gamer_plan(0.49).train
+    assert behaviours.gamer_plan(0.0).apply_aggregate                      # it keeps following the network
+    local = [behaviours.plan("gamer", t).train for t in range(2 * behaviours.GAMER_PERIOD)]
+    assert local.count(True) == 2                                          # without foresight: one window in 5
+
+
+def test_gamer_uploads_its_update_or_zeros():
+    import torch
+
+    from dso.codec import DeMoCodec
+
+    codec = DeMoCodec({"a": (32, 32)}, chunk=16, topk=8, value_bits=4)
+    own = codec.compress({"a": torch.randn(32, 32)}, 0)
+    assert behaviours.transform("gamer", codec, own, 0, torch.Generator()) is own
+    zeros = behaviours.transform("gamer", codec, None, 0, torch.Generator())
+    assert codec.decompress(zeros)["a"].abs().max() == 0
