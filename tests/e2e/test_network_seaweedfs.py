@@ -13,6 +13,12 @@ pytestmark = pytest.mark.slow
 WINDOWS = 6
 
 
+def every_miner_weighted(net: LocalNet) -> bool:
+    validator = next(n for n in net.nodes if n.role == "validator")
+    posted = net.chain.weights().get(validator.uid) or {}
+    return all(posted.get(m.uid, 0.0) > 0 for m in net.nodes if m.role == "miner")
+
+
 @pytest.fixture(scope="module")
 def seaweed_network(tmp_path_factory, stdlib_corpus, network_hparams, seaweedfs_engine):
     root = tmp_path_factory.mktemp("seaweednet")
@@ -21,9 +27,12 @@ def seaweed_network(tmp_path_factory, stdlib_corpus, network_hparams, seaweedfs_
     with net:
         net.prepare()
         net.start()
-        done = wait_for(lambda: len(net.validator_lines()) >= WINDOWS or bool(net.dead()), timeout=240, step=0.2)
+        # WINDOWS scored, and a posted row that weights every miner (on a cold machine the miners may join a few
+        # windows late, so their first positive scores come later: wait for them, bounded)
+        ready = lambda: len(net.validator_lines()) >= WINDOWS and every_miner_weighted(net)  # noqa: E731
+        done = wait_for(lambda: ready() or bool(net.dead()), timeout=300, step=0.5)
         logs = {p.name: p.read_text()[-3000:] for p in net.logs.glob("*.log")}
-        assert done and not net.dead(), f"network on SeaweedFS did not complete {WINDOWS} windows: {logs}"
+        assert done and not net.dead(), f"network on SeaweedFS did not complete {WINDOWS} weighted windows: {logs}"
         yield net
 
 
