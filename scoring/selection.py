@@ -95,6 +95,14 @@ def drawn_picker(window: int, seed: bytes, purpose: bytes, factor: float) -> Pic
     return lambda candidates, last_seen, n: weighted_draw(candidates, last_seen, n, window, seed, purpose, factor)
 
 
+def public_rng(window: int, seed: bytes, purpose: bytes) -> np.random.Generator:
+    """Randomness every validator derives alike from the eval seed (a block after the uploads closed): the
+    evaluation data of the random schedule.  Public once drawn, but unknown to a miner until its upload is
+    fixed, so it cannot be trained on — and validators that share it score peers on the same sequences."""
+    digest = hashlib.sha256(bytes(seed) + purpose + window.to_bytes(8, "little", signed=True)).digest()
+    return np.random.default_rng([int.from_bytes(digest[i:i + 4], "little") for i in range(0, 32, 4)])
+
+
 def fast_set(current_top_g: Iterable[int], active: Iterable[int], last_fast: LastSeen, size: int,
              pick: Picker) -> list[int]:
     """F_t: every active member of the current top-G, filled up to ``size`` by ``pick``."""

@@ -93,6 +93,15 @@ def picker(state: ValidatorState, hp: HParams, window: int, eval_seed: bytes, pu
                                   hp.eval_max_gap_factor)
 
 
+def data_rng(state: ValidatorState, hp: HParams, window: int, eval_seed: bytes) -> np.random.Generator:
+    """Which assigned sequences and which D_rand the evaluation uses: drawn from the public eval seed under the
+    random schedule (every validator scores on the same data, so their ratings agree — issue 16), from the
+    validator's private secret under the round-robin baseline (whose schedule is predictable anyway)."""
+    if hp.eval_schedule == "random":
+        return selection.public_rng(window, eval_seed, b"data")
+    return state.rng(window, PURPOSE_DATA)
+
+
 def plan_fast_set(state: ValidatorState, hp: HParams, window: int, active: Iterable[int],
                   eval_seed: bytes) -> list[int]:
     """F_t, for a validator that wants to download only those payloads.  Same answer as inside
@@ -141,7 +150,7 @@ def score_window(state: ValidatorState, model: torch.nn.Module, codec: Any, data
                                 lambda uid: state.peers[uid].last_eval_window, hp.eval_peers,
                                 picker(state, hp, window, eval_seed, PURPOSE_EVAL))
     losses, base_rand = _evaluate(state, model, codec, dataset, hp, window, chosen, payloads, shapes, lr,
-                                  failures, notes)
+                                  failures, notes, data_rng(state, hp, window, eval_seed))
     for uid, peer_losses in losses.items():
         peer = state.peers[uid]
         peer.loss_score, peer.delta_assigned = peer_losses.delta_rand, peer_losses.delta_assigned
@@ -236,11 +245,12 @@ def _penalise(peer: PeerState, failure: Rejection, hp: HParams) -> None:
 
 def _evaluate(state: ValidatorState, model: torch.nn.Module, codec: Any, dataset: Any, hp: HParams, window: int,
               chosen: list[int], payloads: Mapping, shapes: Mapping[str, tuple[int, ...]], lr: float,
-              failures: dict[int, Rejection], notes: list[str]) -> tuple[dict, float | None]:
-    """Losses of every peer in ``chosen`` whose update decodes (the others are penalised here)."""
+              failures: dict[int, Rejection], notes: list[str],
+              rng: np.random.Generator) -> tuple[dict, float | None]:
+    """Losses of every peer in ``chosen`` whose update decodes (the others are penalised here); ``rng`` draws
+    the evaluated sequences (:func:`data_rng`)."""
     if not chosen:
         return {}, None
-    rng = state.rng(window, PURPOSE_DATA)
     assigned: dict[int, torch.Tensor] = {}
     for uid in chosen:  # uid order: the rng draws must not depend on dict order
         batch = dataset.assigned(uid, window, hp.assigned_sequences)

@@ -194,7 +194,9 @@ def run(argv: list[str] | None = None) -> int:
         view.say(failed)
         return 1
     lines = net.validator_lines()
-    report = run_report.build(lines, {n.uid: (n.name, n.behaviour) for n in nodes if n.role == "miner"}, posted)
+    validators = {n.name: net.validator_lines(n.name) for n in nodes if n.role == "validator"}
+    report = run_report.build(lines, {n.uid: (n.name, n.behaviour) for n in nodes if n.role == "miner"}, posted,
+                              validators)
     view.say(f"writing the report ({len(lines)} windows) to {out}")
     run_report.write(report, out, command)
     s = report["summary"]

@@ -20,6 +20,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from sim import agreement
 from sim.behaviours import GOOD
 
 COLOURS = {"honest": "#2b8cbe", "diligent": "#1a9850", "freerider": "#fdae61", "absent": "#bdbdbd",
@@ -28,9 +29,11 @@ COLOURS = {"honest": "#2b8cbe", "diligent": "#1a9850", "freerider": "#fdae61", "
            "gamer": "#35978f"}
 
 
-def build(lines: list[dict], peers: dict[int, tuple[str, str]], posted: dict[int, float] | None) -> dict:
+def build(lines: list[dict], peers: dict[int, tuple[str, str]], posted: dict[int, float] | None,
+          validators: dict[str, list[dict]] | None = None) -> dict:
     """``lines``: the leading validator's JSON lines; ``peers``: uid → (name, behaviour);
-    ``posted``: its last weights on chain (uid → weight), None when it never posted."""
+    ``posted``: its last weights on chain (uid → weight), None when it never posted; ``validators``: every
+    validator's lines, when there are several (their agreement and the leader hand-overs)."""
     per_window = [{int(u): w for u, w in line.get("weights", {}).items()} for line in lines]
     last = posted if posted else (per_window[-1] if per_window else {})
     total = sum(last.get(u, 0.0) for u in peers) or 1.0
@@ -47,10 +50,13 @@ def build(lines: list[dict], peers: dict[int, tuple[str, str]], posted: dict[int
                      "rejections": dict(rejections[uid])})
     val = [{"window": line["window"], "loss": line["val_loss"],
             "bits_per_byte": line.get("val_bits_per_byte", math.nan)} for line in lines]
-    return {"windows": len(lines), "val_loss": val, "peers": rows, "summary": summarise(rows, val),
+    report = {"windows": len(lines), "val_loss": val, "peers": rows, "summary": summarise(rows, val),
             "history": {"weights": [{str(u): w for u, w in pw.items()} for pw in per_window],
                         "ratings": [line.get("loss_ratings", {}) for line in lines],
                         "windows": [line["window"] for line in lines]}}
+    if validators and len(validators) > 1:
+        report["validators"] = agreement.weight_agreement(validators)
+    return report
 
 
 def summarise(rows: list[dict], val: list[dict]) -> dict:
@@ -89,6 +95,8 @@ def markdown(report: dict, command: str = "") -> str:
         rej = ", ".join(f"{k} {v}" for k, v in sorted(r["rejections"].items())) or "—"
         out.append(f"| {r['uid']} | {r['name']} | {r['behaviour']} | {100 * r['weight']:.2f}% | "
                    f"{100 * r['weight_mean']:.2f}% | {rej} |")
+    if report.get("validators"):
+        out += [""] + agreement.markdown(report["validators"])
     out += ["", "![validation loss](val_loss.png)", "", "![weights](weights.png)", "", "![ratings](ratings.png)", "",
             "The same report with every plot and table in one page: [report.html](report.html).", ""]
     return "\n".join(out)

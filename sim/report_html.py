@@ -118,6 +118,21 @@ def _samples(report: dict) -> str:
     return '<div id="sampled-text">' + "".join(parts) + "</div>"
 
 
+def _validators(report: dict) -> str:
+    agreement = report.get("validators")
+    if not agreement:
+        return ""
+    m = agreement["mean_l1_last"]
+    figure = "—" if m is None else f"{m:.4f}"
+    rows = "".join(f'<tr><td class="num">{p["window"]}</td><td class="num">{p["mean_l1"]:.4f}</td>'
+                   f'<td>{_e(", ".join(agreement["leaders"].get(str(p["window"]), [])))}</td></tr>'
+                   for p in agreement["per_window"])
+    return (f'<h2>Validators</h2><p id="validator-agreement">{len(agreement["validators"])} validators; mean '
+            f'pairwise L1 of their weight rows over the last {agreement["last_windows"]} windows: <b>{figure}</b> '
+            f'(target ≤ {agreement["target"]})</p><table id="validators"><thead><tr><th class="num">window</th>'
+            f'<th class="num">mean pairwise L1</th><th>leading</th></tr></thead><tbody>{rows}</tbody></table>')
+
+
 def _plots(report: dict) -> str:
     import matplotlib.pyplot as plt
 
@@ -135,7 +150,7 @@ def render(report: dict, command: str = "") -> str:
             f"<title>DSO local network run — {report['windows']} windows</title><style>{STYLE}</style></head>"
             f"<body><main><h1>Local network run</h1>{cmd}{_cards(report)}"
             f"<h2>Plots</h2>{_plots(report)}<h2>Peers</h2>{_peers(report)}"
-            f"<h2>Rejections</h2>{_rejections(report)}<h2>Sampled text</h2>{_samples(report)}"
+            f"<h2>Rejections</h2>{_rejections(report)}{_validators(report)}<h2>Sampled text</h2>{_samples(report)}"
             "</main></body></html>\n")
 
 

@@ -7,11 +7,11 @@ network's model — no miner falls out of sync; they only miss the windows of th
 """
 from __future__ import annotations
 
-import itertools
 import signal
 
 import pytest
 
+from sim.agreement import TARGET_MEAN_L1, weight_agreement
 from sim.localnet import LocalNet, plan_nodes, wait_for
 
 pytestmark = pytest.mark.slow
@@ -75,16 +75,11 @@ def test_after_the_leader_is_killed_the_next_leads_and_no_miner_falls_out_of_syn
             assert line["model_hash"] == reference[line["window"]], (name, line["window"])
 
 
-def test_weights_of_the_validators_are_compared(handover):
-    """How far the validators' rows are apart (mean pairwise L1 over the windows all three scored); the
-    protocol's target is ≤ 0.1 over the last 10 windows of a 20-window run (docs/protocol.md)."""
+def test_weights_of_the_validators_agree(handover):
+    """How far the validators' rows are apart (mean pairwise L1 over the windows all three weighted before the
+    kill).  They hold the same model and draw S_t and the evaluation data from the same public eval seed, so
+    only what each one managed to gather may differ; the target is ≤ 0.1 (docs/protocol.md)."""
     before, _, _, _ = handover
-    rows = {name: by_window(lines, "weights") for name, lines in before.items()}
-    common = sorted(set.intersection(*(set(r) for r in rows.values())))
-    assert common
-    distances = []
-    for w in common:
-        for a, b in itertools.combinations(rows.values(), 2):
-            uids = set(a[w]) | set(b[w])
-            distances.append(sum(abs(a[w].get(u, 0.0) - b[w].get(u, 0.0)) for u in uids))
-    assert all(0.0 <= d <= 2.0 for d in distances)
+    got = weight_agreement(before, last=10)
+    assert got["last_windows"] >= 2, got
+    assert got["mean_l1_last"] <= TARGET_MEAN_L1, got

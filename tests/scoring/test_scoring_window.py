@@ -262,3 +262,21 @@ def test_validators_with_different_secrets_evaluate_the_same_peers(hp, dataset):
     assert picks["random", "11" * 16] == picks["random", "22" * 16]
     assert picks["round_robin", "11" * 16] != picks["round_robin", "22" * 16]
     assert all(len(s) == 2 for s in picks["random", "11" * 16])
+
+
+def test_validators_with_different_secrets_score_and_weight_alike_under_the_random_schedule(hp, dataset):
+    """The evaluation data comes from the eval seed too, so two validators with different secrets that saw
+    the same uploads produce the same LossScores and weights (issue 16); under round-robin they do not."""
+    hp.eval_peers, hp.fast_peers = 3, 8
+    reports = {}
+    for schedule in ("random", "round_robin"):
+        hp.eval_schedule = schedule
+        for secret in ("11" * 16, "22" * 16):
+            net = MiniNet(hp, dataset, {u: "honest" for u in range(5)})
+            state = ValidatorState.new(secret=secret)
+            reports[schedule, secret] = [run(net, state, w) for w in range(3)]
+    same = [(a.loss_scores, a.weights) for a in reports["random", "11" * 16]]
+    assert same == [(b.loss_scores, b.weights) for b in reports["random", "22" * 16]]
+    assert any(a.loss_scores for a in reports["random", "11" * 16])
+    assert [a.loss_scores for a in reports["round_robin", "11" * 16]] != \
+        [b.loss_scores for b in reports["round_robin", "22" * 16]]

@@ -1,0 +1,65 @@
+"""How far several validators' weight rows are apart, and who led each window (issue 16).
+
+Pure functions over the validators' JSON lines (``window``, ``weights``, ``leading``): the report of a local
+network with more than one validator shows them, and the three-validator end-to-end test checks the target.
+"""
+from __future__ import annotations
+
+import itertools
+from typing import Mapping, Sequence
+
+TARGET_MEAN_L1 = 0.1   # mean pairwise L1 over the last windows (the protocol's target, docs/protocol.md)
+
+
+def l1(a: Mapping[int, float], b: Mapping[int, float]) -> float:
+    """L1 distance of two weight rows (a uid missing from one row weighs 0 there)."""
+    return sum(abs(a.get(u, 0.0) - b.get(u, 0.0)) for u in set(a) | set(b))
+
+
+def mean_pairwise_l1(rows: Sequence[Mapping[int, float]]) -> float:
+    pairs = list(itertools.combinations(rows, 2))
+    return sum(l1(a, b) for a, b in pairs) / len(pairs) if pairs else 0.0
+
+
+def weighted_windows(by_validator: Mapping[str, Sequence[dict]]) -> dict[int, dict[str, dict[int, float]]]:
+    """window → validator → its row, for the windows every validator scored with some positive weight (rows of
+    a cold start, all zero, agree trivially and would flatter the figure)."""
+    rows = {name: {line["window"]: {int(u): float(w) for u, w in line.get("weights", {}).items()} for line in lines}
+            for name, lines in by_validator.items()}
+    common = set.intersection(*(set(r) for r in rows.values())) if rows else set()
+    return {w: {name: r[w] for name, r in rows.items()} for w in sorted(common)
+            if all(sum(r[w].values()) > 0 for r in rows.values())}
+
+
+def weight_agreement(by_validator: Mapping[str, Sequence[dict]], last: int = 10) -> dict:
+    """Per-window mean pairwise L1 of the validators' rows, and its mean over the ``last`` such windows."""
+    windows = weighted_windows(by_validator)
+    per_window = [{"window": w, "mean_l1": mean_pairwise_l1(list(rows.values()))} for w, rows in windows.items()]
+    tail = per_window[-last:]
+    mean_last = sum(p["mean_l1"] for p in tail) / len(tail) if tail else None
+    leaders = {}
+    for name, lines in by_validator.items():
+        for line in lines:
+            if line.get("leading"):
+                leaders.setdefault(line["window"], []).append(name)
+    return {"validators": sorted(by_validator), "per_window": per_window, "last_windows": len(tail),
+            "mean_l1_last": mean_last, "target": TARGET_MEAN_L1,
+            "met": mean_last is not None and mean_last <= TARGET_MEAN_L1,
+            "leaders": {str(w): names for w, names in sorted(leaders.items())}}
+
+
+def markdown(agreement: dict) -> list[str]:
+    m = agreement["mean_l1_last"]
+    out = ["## Validators", "",
+           f"{len(agreement['validators'])} validators ({', '.join(agreement['validators'])}). Mean pairwise L1 "
+           f"distance of their weight rows over the last {agreement['last_windows']} windows they all weighted: "
+           + (f"**{m:.4f}** (target ≤ {agreement['target']}: {'met' if agreement['met'] else 'not met'})."
+              if m is not None else "no window that all of them weighted."), ""]
+    changes, previous = [], None
+    for window, names in agreement["leaders"].items():
+        if names != previous:
+            changes.append(f"window {window}: {', '.join(names)}")
+            previous = names
+    if changes:
+        out += ["Leading validator (as each reported it), from: " + "; ".join(changes) + ".", ""]
+    return out
