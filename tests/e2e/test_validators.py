@@ -59,7 +59,7 @@ def test_validators_hold_the_leaders_model_and_post_weights(handover):
         assert any(sum(line["weights"].values()) > 0.99 for line in before[name]), f"{name} never weighted"
 
 
-def test_after_the_leader_is_killed_the_next_leads_and_no_miner_falls_out_of_sync(handover):
+def test_after_the_leader_is_killed_the_next_leads_and_every_miner_is_back_in_sync(handover):
     _, after, miners, killed_at = handover
     reference = by_window(after["validator1"], "model_hash")
     # the third validator may go its own way in the windows without a leader, then takes the new leader's model
@@ -67,10 +67,12 @@ def test_after_the_leader_is_killed_the_next_leads_and_no_miner_falls_out_of_syn
     settled = [w for w in sorted(third) if w > killed_at + AFTER_KILL // 2 and w in reference]
     assert settled and all(third[w] == reference[w] for w in settled), (third, reference)
     for name, lines in miners.items():
-        # a window whose bundle never came (the leader died in it) is missed, not diverged: the miner keeps θ_t
-        followed = [line for line in lines if line["window"] > killed_at and line["window"] in reference
-                    and str(line.get("aggregated", "")).startswith("applied")]
-        assert len(followed) >= AFTER_KILL - 7, (name, [line["window"] for line in lines])
+        # in the windows of the hand-over a miner may miss a window (no bundle: it keeps θ_t) or apply the bundle
+        # of a validator that briefly believed it led (docs/deployment.md, "Several validators"); once the new
+        # leader is known every miner holds its model again, from its checkpoint
+        followed = [line for line in lines if line["window"] > killed_at + AFTER_KILL // 2
+                    and line["window"] in reference and str(line.get("aggregated", "")).startswith("applied")]
+        assert len(followed) >= AFTER_KILL // 2 - 3, (name, [line["window"] for line in lines])
         for line in followed:
             assert line["model_hash"] == reference[line["window"]], (name, line["window"])
 
