@@ -86,7 +86,8 @@ class DevWallet:
 
     @property
     def name(self) -> str:
-        return self.hotkey.ss58_address[:8]
+        name: str = self.hotkey.ss58_address[:8]
+        return name
 
 
 def dev_wallet(uri: str) -> DevWallet:
