@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
+from typing import Callable
 
 from dso.chain.base import Chain
 
@@ -76,7 +77,7 @@ class Clock:
         """Randomness fixed when window t's put window opens: unknown while peers train on window t."""
         return self.chain.randomness(self.first_block(window + 1))
 
-    def sleep_until(self, timestamp: float, stop=None, step: float = 0.2) -> bool:
+    def sleep_until(self, timestamp: float, stop: Callable[[], bool] | None = None, step: float = 0.2) -> bool:
         """Sleep until chain time ``timestamp``; returns False early if ``stop()`` becomes true."""
         while True:
             remaining = timestamp - time.time()

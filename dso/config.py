@@ -18,9 +18,12 @@ import sys
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from dso import presets
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -270,7 +273,7 @@ class Config:
             raise ConfigError("data.tokenizer_file: only used with hparams.tokenizer=bpe")
         return self
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
 
@@ -327,7 +330,7 @@ def _coerce(key: str, value: Any, typ: Any) -> Any:
     raise ConfigError(f"{key}: unsupported type {typ}")  # pragma: no cover
 
 
-def _leaf_types(cls: type, prefix: str = "") -> dict[str, Any]:
+def _leaf_types(cls: DataclassInstance | type[DataclassInstance], prefix: str = "") -> dict[str, Any]:
     hints = typing.get_type_hints(cls)
     out: dict[str, Any] = {}
     for f in dataclasses.fields(cls):
@@ -340,7 +343,7 @@ def _leaf_types(cls: type, prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def _apply(obj: Any, data: dict, prefix: str = "") -> None:
+def _apply(obj: Any, data: dict[str, Any], prefix: str = "") -> None:
     """Merge a nested dict into a dataclass instance, rejecting unknown keys."""
     if not isinstance(data, dict):
         raise ConfigError(f"{prefix.rstrip('.') or 'config'}: expected a table/object")
@@ -362,7 +365,7 @@ def _apply(obj: Any, data: dict, prefix: str = "") -> None:
 def set_key(cfg: Config, key: str, value: Any) -> None:
     """Set one dotted key, e.g. ``set_key(cfg, 'hparams.topk', 16)``."""
     parts = key.split(".")
-    nested: dict = {}
+    nested: dict[str, Any] = {}
     cur = nested
     for p in parts[:-1]:
         cur = cur.setdefault(p, {})
@@ -370,7 +373,8 @@ def set_key(cfg: Config, key: str, value: Any) -> None:
     _apply(cfg, nested)
 
 
-def load_file(path: str | Path) -> dict:
+def load_file(path: str | Path) -> Any:
+    """The file's JSON or TOML value (JSON need not be an object: :func:`from_dict` / ``_apply`` check)."""
     path = Path(path)
     try:
         text = path.read_bytes()
@@ -384,7 +388,7 @@ def load_file(path: str | Path) -> dict:
         raise ConfigError(f"config file {path}: not valid {path.suffix.lstrip('.') or 'JSON'} ({e})") from None
 
 
-def from_dict(data: dict) -> Config:
+def from_dict(data: dict[str, Any]) -> Config:
     cfg = Config()
     _apply(cfg, data)
     return cfg.validate()

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from typing import Iterable
+from typing import Callable, Iterable
 
 import torch
 import torch.nn.functional as F
@@ -53,12 +53,14 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         b, t, d = x.shape
-        split = lambda y: y.view(b, t, self.n_heads, self.head_dim).transpose(1, 2)  # noqa: E731
+        split: Callable[[torch.Tensor], torch.Tensor] = (  # noqa: E731
+            lambda y: y.view(b, t, self.n_heads, self.head_dim).transpose(1, 2))
         q = apply_rotary(split(self.wq(x)), cos, sin)
         k = apply_rotary(split(self.wk(x)), cos, sin)
         v = split(self.wv(x))
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        return self.wo(y.transpose(1, 2).reshape(b, t, d))
+        out: torch.Tensor = self.wo(y.transpose(1, 2).reshape(b, t, d))
+        return out
 
 
 class SwiGLU(nn.Module):
@@ -69,7 +71,8 @@ class SwiGLU(nn.Module):
         self.w_down = nn.Linear(cfg.ffn_hidden, cfg.d_model, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.w_down(F.silu(self.w_gate(x)) * self.w_up(x))
+        out: torch.Tensor = self.w_down(F.silu(self.w_gate(x)) * self.w_up(x))
+        return out
 
 
 class Block(nn.Module):
@@ -82,10 +85,14 @@ class Block(nn.Module):
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         x = x + self.attn(self.attn_norm(x), cos, sin)
-        return x + self.ffn(self.ffn_norm(x))
+        out: torch.Tensor = x + self.ffn(self.ffn_norm(x))
+        return out
 
 
 class Decoder(nn.Module):
+    rope_cos: torch.Tensor  # buffers (register_buffer below)
+    rope_sin: torch.Tensor
+
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.cfg = cfg
@@ -104,7 +111,8 @@ class Decoder(nn.Module):
         x = self.embed(tokens)
         for block in self.blocks:
             x = block(x, cos, sin)
-        return self.norm(x) @ self.embed.weight.T  # tied output head
+        logits: torch.Tensor = self.norm(x) @ self.embed.weight.T  # tied output head
+        return logits
 
     def loss(self, batch: torch.Tensor) -> torch.Tensor:
         """Mean next-token cross-entropy of a (n, seq_len + 1) batch of ids."""

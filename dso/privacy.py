@@ -16,12 +16,15 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Iterable
+from typing import TYPE_CHECKING, Any, Iterable, NoReturn
 
 import torch
 
 from dso.atomic import atomic_write
 from dso.rejections import Reason, Rejection
+
+if TYPE_CHECKING:
+    from dso.config import DPConfig
 
 STATE_FORMAT = "dso-rdp-accountant/v1"
 
@@ -101,7 +104,7 @@ class RdpAccountant:
         self.rounds = 0
 
     @classmethod
-    def from_config(cls, dp) -> "RdpAccountant":
+    def from_config(cls, dp: DPConfig) -> "RdpAccountant":
         """From a :class:`dso.config.DPConfig`."""
         return cls(dp.noise_multiplier, dp.delta, range(2, dp.max_order + 1))
 
@@ -138,7 +141,7 @@ class RdpAccountant:
                                            f"{self.rounds} rounds, one more would make ε={nxt:.4f} (order {order})")
 
     # ------------------------------------------------------- persistence
-    def state(self) -> dict:
+    def state(self) -> dict[str, Any]:
         return {"format": STATE_FORMAT, "noise_multiplier": self.noise_multiplier, "delta": self.delta,
                 "orders": list(self.orders), "rdp": list(self.rdp), "rounds": self.rounds}
 
@@ -203,11 +206,11 @@ class RdpAccountant:
         return acc
 
 
-def _list(value) -> list:
+def _list(value: object) -> list[Any]:
     if not isinstance(value, list):
         raise PrivacyStateError("privacy state: orders and rdp must be lists")
     return value
 
 
-def _reject_constant(name: str):
+def _reject_constant(name: str) -> NoReturn:
     raise ValueError(f"non-finite number {name} in privacy state")
