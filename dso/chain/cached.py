@@ -32,7 +32,7 @@ class CachedChain(Chain):
         self.hits = self.misses = 0
 
     @property
-    def weights_version(self) -> int:  # type: ignore[override]
+    def weights_version(self) -> int:  # type: ignore[override]  # a read-only view of the inner chain's attribute
         return self.inner.weights_version
 
     def __repr__(self) -> str:
