@@ -28,7 +28,7 @@ import numpy as np
 import safetensors.numpy
 
 from dso.codecs import Codec
-from dso.rejections import Reason, Rejection
+from dso.rejections import Reason, Rejection, unexpected
 from storage import keys
 from storage.client import S3Client, StorageError
 from storage.jsonobj import rejection_for
@@ -72,7 +72,7 @@ def decode_bundle(data: bytes, codec: Codec, expect: Expect, max_peers: int) -> 
     try:
         return _decode(data, codec, expect, max_peers)
     except Exception as e:  # noqa: BLE001 — last line of defence: a bug must not stop a node
-        return Rejection(Reason.MALFORMED, f"unexpected {type(e).__name__}: {str(e)[:120]}")
+        return unexpected(Reason.MALFORMED, e)
 
 
 def _decode(data: bytes, codec: Codec, expect: Expect, max_peers: int) -> Bundle | Rejection:

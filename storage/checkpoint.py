@@ -19,7 +19,7 @@ import safetensors.numpy
 import torch
 
 from dso.model import state_hash
-from dso.rejections import Reason, Rejection
+from dso.rejections import Reason, Rejection, unexpected
 from storage import keys
 from storage.client import S3Client, StorageError
 from storage.jsonobj import get_json, put_json, rejection_for
@@ -75,7 +75,7 @@ def decode_checkpoint(data: bytes, shapes: dict[str, tuple[int, ...]], protocol_
     try:
         return _decode(data, shapes, protocol_version, hparams_digest, expect_window, expect_hash)
     except Exception as e:  # noqa: BLE001
-        return Rejection(Reason.MALFORMED, f"unexpected {type(e).__name__}: {str(e)[:120]}")
+        return unexpected(Reason.MALFORMED, e)
 
 
 def _decode(data: bytes, shapes: dict[str, tuple[int, ...]], protocol_version: int, hparams_digest: str | None,

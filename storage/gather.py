@@ -30,7 +30,7 @@ from urllib.parse import urlsplit
 
 from dso.clock import PutWindow
 from dso.codecs import Codec
-from dso.rejections import Reason, Rejection
+from dso.rejections import Reason, Rejection, unexpected
 from storage import keys
 from storage.client import StorageError
 from storage.commitment import BucketInfo, parse_commitment
@@ -155,7 +155,7 @@ def fetch_payload(client: PeerClient, bucket: str, key: str, codec: Codec, expec
     except StorageError as e:
         return rejection_for(e), got
     except Exception as e:  # noqa: BLE001 — a hostile server must not crash the caller
-        return Rejection(Reason.UNREACHABLE, f"unexpected {type(e).__name__}: {str(e)[:160]}"), got
+        return unexpected(Reason.UNREACHABLE, e), got
     with _DECODE_SLOTS:
         result = decode_payload(data, codec, expect)
     if isinstance(result, Payload):
@@ -213,7 +213,7 @@ def gather(window: int, peers: dict[int, BucketInfo | str | None], codec: Codec,
                 outcome = fetch(client, job.payload.bucket, key, codec, expect.for_uid(job.uid), put_window,
                                 peer_deadline)
             except Exception as e:  # noqa: BLE001
-                outcome = (Rejection(Reason.UNREACHABLE, f"unexpected {type(e).__name__}: {str(e)[:160]}"), 0)
+                outcome = (unexpected(Reason.UNREACHABLE, e), 0)
             finally:
                 schedule.done(job)
             with cond:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from dso.rejections import Reason, Rejection
+from dso.rejections import Reason, Rejection, unexpected
 from storage.client import S3Client, StorageError
 from storage.tensorfile import strict_json
 
@@ -66,5 +66,5 @@ def get_json(client: S3Client, bucket: str, key: str, max_bytes: int = MAX_JSON_
     except StorageError as e:
         return rejection_for(e)
     except Exception as e:  # noqa: BLE001
-        return Rejection(Reason.UNREACHABLE, f"unexpected {type(e).__name__}: {str(e)[:160]}")
+        return unexpected(Reason.UNREACHABLE, e)
     return parse_json_object(data, max_bytes)

@@ -23,7 +23,7 @@ from typing import Any, cast
 from dso.clock import PutWindow, reveal_window_after
 from dso.codecs import Codec
 from dso.commit import NONCE_BYTES, commitment_hash, is_commitment, judge_reveal, new_nonce
-from dso.rejections import Reason, Rejection
+from dso.rejections import Reason, Rejection, unexpected
 from storage import keys
 from storage.client import S3Client, StorageError
 from storage.commitment import BucketInfo
@@ -131,7 +131,7 @@ def fetch_revealed(client: S3Client | PeerClient, bucket: str, key: str, codec: 
     except StorageError as e:
         return rejection_for(e), counted[0]
     except Exception as e:  # noqa: BLE001 — a hostile server must not crash the caller
-        return Rejection(Reason.UNREACHABLE, f"unexpected {type(e).__name__}: {str(e)[:160]}"), counted[0]
+        return unexpected(Reason.UNREACHABLE, e), counted[0]
 
 
 def _fetch_revealed(client: S3Client | PeerClient, bucket: str, key: str, codec: Codec, expect: Expect,

@@ -24,7 +24,7 @@ import torch
 
 from dso.codecs import Codec, Update
 from dso.packing import PackingError
-from dso.rejections import Reason, Rejection
+from dso.rejections import Reason, Rejection, unexpected
 from storage.tensorfile import header_allowance, parse_uint, read_header, check_spec, load_arrays
 
 if TYPE_CHECKING:
@@ -167,7 +167,7 @@ def decode_payload(data: bytes, codec: Codec, expect: Expect) -> Payload | Rejec
     try:
         return _decode(data, codec, expect)
     except Exception as e:  # noqa: BLE001 — last line of defence: a bug must not stop a validator
-        return Rejection(Reason.MALFORMED, f"unexpected {type(e).__name__}: {str(e)[:120]}")
+        return unexpected(Reason.MALFORMED, e)
 
 
 def _decode(data: bytes, codec: Codec, expect: Expect) -> Payload | Rejection:
