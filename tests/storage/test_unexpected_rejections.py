@@ -8,6 +8,7 @@ from pathlib import Path
 from dso.codec import DeMoCodec
 from dso.rejections import UNEXPECTED_DETAIL_CHARS, Reason, Rejection, unexpected
 from storage.gather import fetch_payload
+from storage.reveal import fetch_revealed
 from storage.wire import Expect, decode_payload
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -44,6 +45,17 @@ def test_decode_and_fetch_reject_an_unforeseen_exception_through_the_helper():
     outcome, downloaded = fetch_payload(_HostileClient(), "b", "k", DeMoCodec({"w": (8, 8)}),
                                         expect, None, time.monotonic() + 5)
     assert (outcome, downloaded) == (unexpected(Reason.UNREACHABLE, _Boom("server sent nonsense")), 0)
+
+
+def test_a_commit_reveal_fetch_without_a_uid_reads_nothing():
+    """Without Expect.for_uid the keys would name uid None: refused before any request."""
+    from dso.clock import PutWindow
+
+    expect = Expect(window=3, protocol_version=1, hparams_digest="ab", sync_samples=4)  # no uid
+    put = PutWindow(window=3, open=0.0, close=1.0)
+    got, downloaded = fetch_revealed(_HostileClient(), "b", "k", DeMoCodec({"w": (8, 8)}), expect, put,
+                                     time.monotonic() + 5, put=put)
+    assert downloaded == 0 and got.reason is Reason.UNREACHABLE and "Expect.for_uid" in got.detail
 
 
 def test_no_module_words_the_message_itself():
