@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import torch
 
+from dso.codecs import Codec, Update
+from dso.config import HParams
 from dso.robust import AggregationInfo, robust_delta
 
 
-def aggregate_signs(codec, updates: list, hp, ids: list[int] | None = None,
-                    device="cpu") -> tuple[dict[str, torch.Tensor], AggregationInfo]:
+def aggregate_signs(codec: Codec, updates: list[Update], hp: HParams, ids: list[int] | None = None,
+                    device: str | torch.device = "cpu") -> tuple[dict[str, torch.Tensor], AggregationInfo]:
     """sign(Δ) per parameter under the run's rule (``hp.aggregation``, coherence gate); Δ = 0 without updates.
 
     The Gauntlet rule is the decoded mean of L2-normalised updates; the robust rules run on the

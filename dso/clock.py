@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
+from typing import Callable
 
 from dso.chain.base import Chain, ChainError
 from dso.chain.rules import FUTURE_BLOCK
@@ -88,7 +89,7 @@ class Clock:
             block += 1
         return block
 
-    def eval_randomness(self, window: int, commit_reveal: bool, stop=None) -> bytes:
+    def eval_randomness(self, window: int, commit_reveal: bool, stop: Callable[[], bool] | None = None) -> bytes:
         """Randomness no miner knew while it could still upload for window t (waits for the block if needed)."""
         block = self.eval_block(window, commit_reveal)
         due = self.chain.block_timestamp(block)
@@ -101,7 +102,7 @@ class Clock:
                     raise
                 time.sleep(0.2)
 
-    def sleep_until(self, timestamp: float, stop=None, step: float = 0.2) -> bool:
+    def sleep_until(self, timestamp: float, stop: Callable[[], bool] | None = None, step: float = 0.2) -> bool:
         """Sleep until chain time ``timestamp``; returns False early if ``stop()`` becomes true."""
         while True:
             remaining = timestamp - time.time()

@@ -13,13 +13,17 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Mapping
 
 import numpy as np
 import torch
 
 from dso.dct import ChunkPlan
 from dso.packing import EliasFano, PackingError, codes_nbytes, index_bound_bits, pack_codes, unpack_codes
+
+if TYPE_CHECKING:
+    from dso.codecs import Codec
+    from dso.config import HParams
 
 
 @dataclass
@@ -78,7 +82,7 @@ class DeMoCodec:
         self.quantiser = LogGridQuantiser(self.value_bits) if self.value_bits <= 8 else None
 
     @classmethod
-    def from_hparams(cls, shapes: dict[str, tuple[int, ...]], hp) -> "DeMoCodec":
+    def from_hparams(cls, shapes: dict[str, tuple[int, ...]], hp: HParams) -> "DeMoCodec":
         return cls(shapes, chunk=hp.chunk, topk=hp.topk, value_bits=hp.value_bits)
 
     def k(self, name: str) -> int:
@@ -112,16 +116,17 @@ class DeMoCodec:
             return u.codes.float()
         return self.quantiser.dequantise(u.codes, u.scale)
 
-    def scatter(self, name: str, idx: torch.Tensor, vals: torch.Tensor, device="cpu") -> torch.Tensor:
+    def scatter(self, name: str, idx: torch.Tensor, vals: torch.Tensor,
+                device: str | torch.device = "cpu") -> torch.Tensor:
         """Sparse (idx, vals) → dense DCT-domain (n_chunks, chunk_size)."""
         plan = self.plans[name]
         dense = torch.zeros(plan.n_chunks, plan.chunk_size, device=device)
         return dense.scatter_add_(1, idx.to(device), vals.to(device))
 
-    def to_dense(self, name: str, u: TensorUpdate, device="cpu") -> torch.Tensor:
+    def to_dense(self, name: str, u: TensorUpdate, device: str | torch.device = "cpu") -> torch.Tensor:
         return self.plans[name].decode(self.scatter(name, u.idx, self.values(u), device))
 
-    def decompress(self, update: CompressedUpdate, device="cpu") -> dict[str, torch.Tensor]:
+    def decompress(self, update: CompressedUpdate, device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
         return {n: self.to_dense(n, u, device) for n, u in update.items()}
 
     def normalised_values(self, u: TensorUpdate) -> torch.Tensor | None:
@@ -130,9 +135,11 @@ class DeMoCodec:
         norm = torch.linalg.vector_norm(vals)
         if not torch.isfinite(norm) or norm == 0:
             return None
-        return vals / norm
+        unit: torch.Tensor = vals / norm
+        return unit
 
-    def mean_delta(self, updates: list[CompressedUpdate], device="cpu") -> dict[str, torch.Tensor]:
+    def mean_delta(self, updates: list[CompressedUpdate],
+                   device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
         """Decoded mean of per-tensor L2-normalised updates (DCT domain), not yet signed.
 
         Normalising makes a ×1000-scaled update count exactly as much as the unscaled one."""
@@ -224,7 +231,7 @@ class DeMoCodec:
 class ErrorFeedback:
     """Per-parameter residual buffers e, kept on the miner (and saved across restarts)."""
 
-    def __init__(self, codec: Any, beta: float, device: str | torch.device = "cpu"):
+    def __init__(self, codec: Codec, beta: float, device: str | torch.device = "cpu"):
         self.codec, self.beta = codec, beta
         self.buffers = {n: torch.zeros(s, device=device) for n, s in codec.shapes.items()}
 

@@ -8,10 +8,13 @@ Updates are opaque to callers: only the codec that made one reads it.
 """
 from __future__ import annotations
 
-from typing import Any, Mapping, Protocol
+from typing import TYPE_CHECKING, Any, Mapping, Protocol
 
 import numpy as np
 import torch
+
+if TYPE_CHECKING:
+    from dso.config import HParams
 
 Shapes = dict[str, tuple[int, ...]]
 Update = Any          # one codec's compressed update (parameter name → per-tensor record)
@@ -61,7 +64,7 @@ class Codec(Protocol):
         """Bytes of an encoded update without container overhead."""
 
 
-def make_codec(shapes: Shapes, hp: Any) -> Codec:
+def make_codec(shapes: Shapes, hp: HParams) -> Codec:
     """The run's codec: DeMo or the sketch, as ``hp.codec`` says."""
     if hp.codec == "sketch":
         from dso.sketch import SketchCodec

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
-from typing import Mapping
+from typing import Any, Mapping
 
 import torch
 
@@ -34,7 +34,7 @@ class Contribution:
     evaluated: bool
     score: float
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 

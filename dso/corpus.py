@@ -102,10 +102,11 @@ def _read_lines_chunks(path: Path) -> Iterator[tuple[bytes, int]]:
             carry = data[cut:]
 
 
-def _decode(path: Path, chunk: bytes, offset: int, decoder) -> str:
+def _decode(path: Path, chunk: bytes, offset: int, decoder: codecs.IncrementalDecoder) -> str:
     _check_bytes(path, chunk, offset)
     try:
-        return decoder.decode(chunk, final=False)
+        text: str = decoder.decode(chunk, final=False)
+        return text
     except UnicodeDecodeError as e:
         raise DataError(f"{path}: invalid UTF-8 at byte {offset + e.start} ({e.reason})") from None
 
@@ -147,7 +148,8 @@ def _jsonl_pieces(path: Path) -> Iterator[Piece]:
             try:
                 record = json.loads(line)
             except ValueError as e:
-                raise DataError(f"{path}:{lineno}: not valid JSON ({e.msg})") from None
+                why = e.msg if isinstance(e, json.JSONDecodeError) else e  # e.g. an integer over 4300 digits
+                raise DataError(f"{path}:{lineno}: not valid JSON ({why})") from None
             value = record.get(JSONL_TEXT_KEY) if isinstance(record, dict) else None
             if not isinstance(value, str):
                 raise DataError(f"{path}:{lineno}: expected a JSON object with a string {JSONL_TEXT_KEY!r} field")

@@ -23,15 +23,17 @@ from __future__ import annotations
 import hashlib
 import logging
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Sequence
 
 import numpy as np
+import numpy.typing as npt
 import torch
 
+from dso.config import HParams
 from dso.corpus import (SHAKESPEARE_HINT, DataError, corpus_files, find_shakespeare,  # noqa: F401 (re-exported)
                         fingerprint, total_bytes)
 from dso.progress import Progress
-from dso.shards import (MANIFEST, ShardSet, is_shard_corpus, iter_all_text, open_shards, prepared_shards,
+from dso.shards import (MANIFEST, ShardFile, ShardSet, is_shard_corpus, iter_all_text, open_shards, prepared_shards,
                         read_manifest)
 from dso.tokenizer import MIN_FREQUENCY, TRAIN_CAP_BYTES, Tokenizer, TokenizerSpec, train_bpe
 
@@ -48,7 +50,8 @@ def _splitmix64(x: np.ndarray) -> np.ndarray:
         z = x.astype(np.uint64) + np.uint64(0x9E3779B97F4A7C15)
         z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
         z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-        return z ^ (z >> np.uint64(31))
+        mixed: np.ndarray = z ^ (z >> np.uint64(31))
+        return mixed
 
 
 class _Rows:
@@ -61,16 +64,17 @@ class _Rows:
     def __len__(self) -> int:
         return self.shape[0]
 
-    def __getitem__(self, rows) -> np.ndarray:
+    def __getitem__(self, rows: npt.ArrayLike) -> np.ndarray:
         if isinstance(rows, (int, np.integer)):
-            return self._ds.rows(np.array([rows]))[0]
+            row: np.ndarray = self._ds.rows(np.array([rows]))[0]
+            return row
         return self._ds.rows(np.asarray(rows))
 
 
 class Dataset:
     """Sequences of ``seq_len + 1`` ids over one or more token arrays (shard files or in-memory arrays)."""
 
-    def __init__(self, tokens: np.ndarray | Sequence[np.ndarray], data_hash: str, seq_len: int, seed: int,
+    def __init__(self, tokens: np.ndarray | Sequence[np.ndarray | ShardFile], data_hash: str, seq_len: int, seed: int,
                  val_fraction: float = 0.02, tokenizer: Tokenizer | None = None):
         arrays = [tokens] if isinstance(tokens, np.ndarray) else list(tokens)
         self.data_hash, self.seq_len, self.seed, self.val_fraction = data_hash, seq_len, seed, val_fraction
@@ -100,7 +104,8 @@ class Dataset:
 
     def is_validation(self, rows: np.ndarray) -> np.ndarray:
         rows = np.asarray(rows, dtype=np.int64)
-        return (self._hash(rows) < self._threshold) | (rows == self._forced_val)
+        held_out: np.ndarray = (self._hash(rows) < self._threshold) | (rows == self._forced_val)
+        return held_out
 
     def _count_validation(self) -> int:
         n, best, best_row = 0, None, -1
@@ -219,7 +224,7 @@ class Dataset:
         return cls.from_shards(shards, seq_len, seed, val_fraction)
 
     @classmethod
-    def for_run(cls, hp: Any, corpus: str, cache_dir: str, tokenizer_file: str = "") -> "Dataset":
+    def for_run(cls, hp: HParams, corpus: str, cache_dir: str, tokenizer_file: str = "") -> "Dataset":
         """The data of a run with hyper-parameters ``hp``: its tokeniser, sequence length, seed and split,
         checked against its pinned ``hp.data_hash`` — what every node and experiment should call."""
         spec = TokenizerSpec(hp.tokenizer, hp.model.vocab_size, tokenizer_file)

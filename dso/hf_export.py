@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import safetensors.torch
 import torch
@@ -68,7 +69,7 @@ def hf_state_dict(tensors: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[st
     return {k: v.contiguous() for k, v in out.items()}
 
 
-def hf_config(cfg: ModelConfig) -> dict:
+def hf_config(cfg: ModelConfig) -> dict[str, Any]:
     """A ``LlamaConfig`` as JSON (keys for transformers 4.x and 5.x alike)."""
     return {
         "architectures": ["LlamaForCausalLM"], "model_type": "llama",
@@ -84,7 +85,7 @@ def hf_config(cfg: ModelConfig) -> dict:
 
 
 def write_export(out_dir: str | Path, tensors: dict[str, torch.Tensor], cfg: ModelConfig, tokenizer: Tokenizer,
-                 provenance: dict | None = None) -> Path:
+                 provenance: dict[str, Any] | None = None) -> Path:
     """Write a folder ``AutoModelForCausalLM`` / ``AutoTokenizer.from_pretrained`` load."""
     if tokenizer.vocab_size != cfg.vocab_size:
         raise ValueError(f"tokeniser has {tokenizer.vocab_size} ids, the model {cfg.vocab_size}")
@@ -103,5 +104,5 @@ def write_export(out_dir: str | Path, tensors: dict[str, torch.Tensor], cfg: Mod
     return out
 
 
-def _write_json(path: Path, obj: dict) -> None:
+def _write_json(path: Path, obj: dict[str, Any]) -> None:
     path.write_text(json.dumps(obj, indent=2) + "\n", encoding="utf-8")

@@ -11,13 +11,13 @@ import dataclasses
 import functools
 import hashlib
 import math
-from typing import Iterable
+from typing import Any, Callable, Iterable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dso.config import ModelConfig
+from dso.config import HParams, ModelConfig
 
 
 class RMSNorm(nn.Module):
@@ -55,12 +55,14 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         b, t, d = x.shape
-        split = lambda y: y.view(b, t, self.n_heads, self.head_dim).transpose(1, 2)  # noqa: E731
+        split: Callable[[torch.Tensor], torch.Tensor] = (  # noqa: E731
+            lambda y: y.view(b, t, self.n_heads, self.head_dim).transpose(1, 2))
         q = apply_rotary(split(self.wq(x)), cos, sin)
         k = apply_rotary(split(self.wk(x)), cos, sin)
         v = split(self.wv(x))
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        return self.wo(y.transpose(1, 2).reshape(b, t, d))
+        out: torch.Tensor = self.wo(y.transpose(1, 2).reshape(b, t, d))
+        return out
 
 
 class SwiGLU(nn.Module):
@@ -71,7 +73,8 @@ class SwiGLU(nn.Module):
         self.w_down = nn.Linear(cfg.ffn_hidden, cfg.d_model, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.w_down(F.silu(self.w_gate(x)) * self.w_up(x))
+        out: torch.Tensor = self.w_down(F.silu(self.w_gate(x)) * self.w_up(x))
+        return out
 
 
 class Block(nn.Module):
@@ -84,10 +87,14 @@ class Block(nn.Module):
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         x = x + self.attn(self.attn_norm(x), cos, sin)
-        return x + self.ffn(self.ffn_norm(x))
+        out: torch.Tensor = x + self.ffn(self.ffn_norm(x))
+        return out
 
 
 class Decoder(nn.Module):
+    rope_cos: torch.Tensor  # buffers (register_buffer below)
+    rope_sin: torch.Tensor
+
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.cfg = cfg
@@ -106,7 +113,8 @@ class Decoder(nn.Module):
         x = self.embed(tokens)
         for block in self.blocks:
             x = block(x, cos, sin)
-        return self.norm(x) @ self.embed.weight.T  # tied output head
+        logits: torch.Tensor = self.norm(x) @ self.embed.weight.T  # tied output head
+        return logits
 
     def loss(self, batch: torch.Tensor) -> torch.Tensor:
         """Mean next-token cross-entropy of a (n, seq_len + 1) batch of ids."""
@@ -154,7 +162,7 @@ def parameter_shapes(model: nn.Module) -> dict[str, tuple[int, ...]]:
 
 
 @functools.lru_cache(maxsize=32)
-def _tensor_count(cfg_fields: tuple) -> int:
+def _tensor_count(cfg_fields: tuple[Any, ...]) -> int:
     # The same architecture with every width shrunk to a few units: the same tensors, built in microseconds
     # (the meta device would do it without memory, but its first use imports torch's compiler: seconds).
     small = dataclasses.replace(ModelConfig(*cfg_fields), vocab_size=1, d_model=2, n_heads=1, ffn_hidden=1,
@@ -167,8 +175,8 @@ def tensor_count(cfg: ModelConfig) -> int:
     return _tensor_count(dataclasses.astuple(cfg))
 
 
-def sync_sample_count(hp) -> int:
+def sync_sample_count(hp: HParams) -> int:
     """Length of every payload's SyncScore vector: ``hp.sync_samples_per_tensor`` samples for each parameter
     tensor, and never fewer than ``hp.sync_samples`` in total (design §6.2, docs/scoring.md).  Miners, validators
     and the wire format's strict checks all take the length from here."""
-    return max(hp.sync_samples, hp.sync_samples_per_tensor * tensor_count(hp.model))
+    return max(int(hp.sync_samples), int(hp.sync_samples_per_tensor) * tensor_count(hp.model))

@@ -61,7 +61,7 @@ class EliasFano:
         if buf.size != self.nbytes(n_chunks):
             raise PackingError("bad_shape", f"index stream has {buf.size} bytes, expected {self.nbytes(n_chunks)}")
         total = n_chunks * self.bits_per_chunk
-        bits = np.unpackbits(buf, bitorder="little")
+        bits: np.ndarray = np.unpackbits(buf, bitorder="little")
         if bits[total:].any():
             raise PackingError("bad_encoding", "non-zero padding bits after the index stream")
         bits = bits[:total].reshape(n_chunks, self.bits_per_chunk)
@@ -74,7 +74,7 @@ class EliasFano:
         pos = np.nonzero(upper)[1].reshape(n_chunks, k)
         high = pos - np.arange(k)
         low = (bits[:, : k * L].reshape(n_chunks, k, L).astype(np.int64) << np.arange(L)).sum(axis=2)
-        idx = (high << L) | low
+        idx: np.ndarray = (high << L) | low
         if (idx >= self.universe).any():
             raise PackingError("index_out_of_range", f"an index is >= chunk size {self.universe}")
         if k > 1 and (np.diff(idx, axis=1) <= 0).any():
@@ -101,7 +101,8 @@ def unpack_codes(buf: np.ndarray, count: int, bits: int) -> np.ndarray:
     if flat[count * bits:].any():
         raise PackingError("bad_encoding", "non-zero padding bits after the value stream")
     expanded = flat[: count * bits].reshape(count, bits)
-    return (expanded << np.arange(bits, dtype=np.uint8)).sum(axis=1, dtype=np.uint8)
+    codes: np.ndarray = (expanded << np.arange(bits, dtype=np.uint8)).sum(axis=1, dtype=np.uint8)
+    return codes
 
 
 def index_bound_bits(universe: int, k: int) -> float:

@@ -17,12 +17,12 @@ PRESETS: dict[str, dict[str, int]] = {
 }
 
 
-def non_embedding_parameters(d_model: int, n_layers: int, ffn_hidden: int, **_) -> int:
+def non_embedding_parameters(d_model: int, n_layers: int, ffn_hidden: int, **_: int) -> int:
     """Per block: four d×d attention projections, three SwiGLU matrices, two RMSNorm gains; plus the final norm."""
     return n_layers * (4 * d_model * d_model + 3 * d_model * ffn_hidden + 2 * d_model) + d_model
 
 
-def total_parameters(d_model: int, n_layers: int, ffn_hidden: int, vocab_size: int, **_) -> int:
+def total_parameters(d_model: int, n_layers: int, ffn_hidden: int, vocab_size: int, **_: int) -> int:
     return non_embedding_parameters(d_model, n_layers, ffn_hidden) + vocab_size * d_model
 
 

@@ -17,13 +17,16 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Iterable
+from typing import TYPE_CHECKING, Any, Iterable, NoReturn
 
 import torch
 
 from dso.atomic import atomic_write
 from dso.rdp import REPLACE_ONE, gaussian_rdp, noise_for_target, rdp_to_epsilon
 from dso.rejections import Reason, Rejection
+
+if TYPE_CHECKING:
+    from dso.config import DPConfig
 
 __all__ = ["REPLACE_ONE", "PrivacyStateError", "RdpAccountant", "clip_and_noise", "dp_settings", "gaussian_rdp",
            "global_norm", "noise_for_target", "rdp_to_epsilon"]
@@ -70,7 +73,7 @@ def clip_and_noise(tensors: dict[str, torch.Tensor], clip_norm: float, noise_mul
 
 
 # ------------------------------------------------------------ accounting
-def dp_settings(dp) -> tuple[float, float]:
+def dp_settings(dp: DPConfig) -> tuple[float, float]:
     """(noise multiplier z, ε budget) of a :class:`dso.config.DPConfig`: as given, or with
     ``target_epsilon > 0`` the z that spends exactly the target over ``target_rounds`` rounds, and the
     target as the budget (so a miner stops after those rounds)."""
@@ -99,7 +102,7 @@ class RdpAccountant:
         self.rounds = 0
 
     @classmethod
-    def from_config(cls, dp) -> "RdpAccountant":
+    def from_config(cls, dp: DPConfig) -> "RdpAccountant":
         """From a :class:`dso.config.DPConfig` (z from :func:`dp_settings`)."""
         return cls(dp_settings(dp)[0], dp.delta, range(2, dp.max_order + 1))
 
@@ -136,7 +139,7 @@ class RdpAccountant:
                                            f"{self.rounds} rounds, one more would make ε={nxt:.4f} (order {order})")
 
     # ------------------------------------------------------- persistence
-    def state(self) -> dict:
+    def state(self) -> dict[str, Any]:
         return {"format": STATE_FORMAT, "noise_multiplier": self.noise_multiplier, "delta": self.delta,
                 "orders": list(self.orders), "rdp": list(self.rdp), "rounds": self.rounds}
 
@@ -202,11 +205,11 @@ class RdpAccountant:
         return acc
 
 
-def _list(value) -> list:
+def _list(value: object) -> list[Any]:
     if not isinstance(value, list):
         raise PrivacyStateError("privacy state: orders and rdp must be lists")
     return value
 
 
-def _reject_constant(name: str):
+def _reject_constant(name: str) -> NoReturn:
     raise ValueError(f"non-finite number {name} in privacy state")

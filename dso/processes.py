@@ -47,7 +47,7 @@ def has_parent_death_signal() -> bool:
 
 
 def spawn(cmd: list[str], *, nice: int = 0, death_signal: int = signal.SIGTERM,
-          before_exec: Callable[[], None] | None = None, **popen: Any) -> subprocess.Popen:
+          before_exec: Callable[[], None] | None = None, **popen: Any) -> subprocess.Popen[bytes]:
     """``subprocess.Popen`` in a new session (own process group) that dies with this process; ``before_exec``
     runs in the child last.  The parent-death signal is tied to the thread that forks: call this from a
     thread that lives as long as the child should (the main thread, in practice)."""
@@ -63,7 +63,7 @@ def spawn(cmd: list[str], *, nice: int = 0, death_signal: int = signal.SIGTERM,
     return subprocess.Popen(cmd, start_new_session=True, preexec_fn=in_child, **popen)
 
 
-def signal_group(process: subprocess.Popen, sig: int) -> None:
+def signal_group(process: subprocess.Popen[Any], sig: int) -> None:
     """Send ``sig`` to the child's process group (it leads it: see :func:`spawn`)."""
     if process.poll() is None:
         try:
@@ -72,13 +72,13 @@ def signal_group(process: subprocess.Popen, sig: int) -> None:
             pass
 
 
-def stop(process: subprocess.Popen, timeout: float, sig: int = signal.SIGTERM) -> int:
+def stop(process: subprocess.Popen[Any], timeout: float, sig: int = signal.SIGTERM) -> int:
     """Ask the child's group to stop, wait up to ``timeout`` seconds, then SIGKILL the group; the exit code."""
     signal_group(process, sig)
     return reap(process, timeout)
 
 
-def reap(process: subprocess.Popen, timeout: float) -> int:
+def reap(process: subprocess.Popen[Any], timeout: float) -> int:
     """Wait for an already-signalled child; SIGKILL its group when it does not exit in time."""
     try:
         return process.wait(max(0.1, timeout))

@@ -40,7 +40,7 @@ def _number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def _contributor(c: Mapping[str, Any]) -> dict:
+def _contributor(c: Mapping[str, Any]) -> dict[str, Any]:
     if set(c) != _CONTRIBUTOR_FIELDS:
         raise ValueError(f"contributor needs exactly the keys {sorted(_CONTRIBUTOR_FIELDS)}, got {sorted(c)}")
     uid = c["uid"]
@@ -54,7 +54,7 @@ def _contributor(c: Mapping[str, Any]) -> dict:
 
 
 def make_record(window: int, prev_model_hash: str, new_model_hash: str, contributors: Sequence[Mapping[str, Any]],
-                prev_record_hash: str, validator: str, extra: Mapping[str, Any] | None = None) -> dict:
+                prev_record_hash: str, validator: str, extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """A record ready to publish (contributors sorted by uid, ``record_hash`` filled in).
 
     Raises ValueError on malformed input (it is the validator's own data: a bug, not an attack)."""
@@ -96,7 +96,7 @@ def record_problems(record: Any) -> list[str]:
     if not isinstance(record["contributors"], list):
         problems.append(f"{where}: contributors must be a list")
     else:
-        uids = []
+        uids: list[Any] = []  # JSON values; checked below
         for c in record["contributors"]:
             try:
                 uids.append(_contributor(c)["uid"] if isinstance(c, dict) else None)
@@ -124,7 +124,7 @@ def verify_chain(records: Sequence[Any], checkpoint_hashes: Mapping[int, str] | 
     hash of the next) and, for every checkpoint window, that the model hash after the latest round at
     or before it (or the chain's starting model, before the first round) equals the checkpoint's."""
     problems: list[str] = []
-    good: list[dict] = []
+    good: list[dict[str, Any]] = []
     for i, record in enumerate(records):
         own = record_problems(record)
         if own:

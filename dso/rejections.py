@@ -56,3 +56,13 @@ class Rejection:
 
     def __str__(self) -> str:
         return f"{self.reason.value}: {self.detail}" if self.detail else self.reason.value
+
+
+UNEXPECTED_DETAIL_CHARS = 160  # of the exception's message: enough to debug, too little to flood a log
+
+
+def unexpected(reason: Reason, e: BaseException) -> Rejection:
+    """The rejection for an exception a check did not foresee, from the handler that is its caller's last
+    line of defence (a bug or a hostile input must not stop a validator):
+    ``unexpected <exception type>: <message, cut>``."""
+    return Rejection(reason, f"unexpected {type(e).__name__}: {str(e)[:UNEXPECTED_DETAIL_CHARS]}")

@@ -21,12 +21,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 import torch
 
 from dso.rejections import Reason, Rejection
+
+if TYPE_CHECKING:
+    from dso.codecs import Codec, Update
+    from dso.config import HParams
 
 RULES = ("mean", "krum", "median", "trimmed_mean", "geomedian")
 COLUMN_BLOCK = 1 << 18  # columns per block: bounds temporaries of sorts and Gram products
@@ -44,7 +48,7 @@ class AggregationInfo:
     iterations: int = 0                                   # Weiszfeld iterations
     notes: list[str] = field(default_factory=list)
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {"rule": self.rule, "kept": list(self.kept),
                 "dropped": {str(k): str(v) for k, v in self.dropped.items()},
                 "incoherent": {str(k): v for k, v in self.incoherent.items()},
@@ -214,7 +218,7 @@ def geometric_median(X: torch.Tensor, nu: float = 1e-6, rtol: float = 1e-10,
 
 
 # -------------------------------------------------------------- dispatcher
-def robust_aggregate(rule: str, X: torch.Tensor, hp, ids: Sequence[int] | None = None,
+def robust_aggregate(rule: str, X: torch.Tensor, hp: HParams, ids: Sequence[int] | None = None,
                      consensus: torch.Tensor | None = None) -> tuple[torch.Tensor, AggregationInfo]:
     """Aggregate the rows of X with ``rule`` (one of :data:`RULES`) after dropping non-finite rows
     and, when ``hp.coherence_threshold > -1``, rows incoherent with ``consensus`` (default: the
@@ -261,7 +265,7 @@ def robust_aggregate(rule: str, X: torch.Tensor, hp, ids: Sequence[int] | None =
 
 
 # ------------------------------------------------- codec-level convenience
-def decoded_rows(codec, updates: list, device="cpu") -> torch.Tensor:
+def decoded_rows(codec: Codec, updates: list[Update], device: str | torch.device = "cpu") -> torch.Tensor:
     """Stack each peer's decoded update, every tensor scaled by 1/‖codec values‖ (the same
     per-tensor normalisation as ``codec.mean_delta``; decode is linear).  A tensor whose values
     have no finite non-zero norm contributes zeros."""
@@ -290,8 +294,8 @@ def split_vector(vector: torch.Tensor, shapes: dict[str, tuple[int, ...]]) -> di
     return out
 
 
-def robust_delta(codec, updates: list, hp, ids: Sequence[int] | None = None,
-                 device="cpu") -> tuple[dict[str, torch.Tensor], AggregationInfo]:
+def robust_delta(codec: Codec, updates: list[Update], hp: HParams, ids: Sequence[int] | None = None,
+                 device: str | torch.device = "cpu") -> tuple[dict[str, torch.Tensor], AggregationInfo]:
     """The aggregate Δ (parameter space, not yet signed) under ``hp.aggregation``.
 
     With the plain mean and no coherence gate this is exactly ``codec.mean_delta`` (same bits as

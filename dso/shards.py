@@ -29,9 +29,10 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Callable, Iterable, TypeGuard
 
 import numpy as np
+import numpy.typing as npt
 
 from dso.atomic import atomic_write
 from dso.corpus import DataError, iter_documents, total_bytes
@@ -175,7 +176,7 @@ def read_manifest(folder: Path) -> Manifest:
         obj = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, ValueError) as e:
         raise DataError(f"{path}: unreadable shard manifest ({e})") from None
-    bad = lambda what: DataError(f"{path}: {what}")  # noqa: E731
+    bad: Callable[[str], DataError] = lambda what: DataError(f"{path}: {what}")  # noqa: E731
     if not isinstance(obj, dict) or obj.get("format") != FORMAT or obj.get("version") != VERSION:
         raise bad(f"not a {FORMAT} v{VERSION} manifest")
     tok, shards = obj.get("tokenizer"), obj.get("shards")
@@ -200,11 +201,11 @@ def read_manifest(folder: Path) -> Manifest:
                     _int_or0(obj.get("text_bytes")))
 
 
-def _is_int(v) -> bool:
+def _is_int(v: object) -> TypeGuard[int]:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
-def _int_or0(v) -> int:
+def _int_or0(v: object) -> int:
     return v if _is_int(v) and v >= 0 else 0
 
 
@@ -250,7 +251,7 @@ class ShardFile:
             raise DataError(f"{self.path}: shorter than its header says (truncated while in use?)")
         return np.frombuffer(data, dtype=self.dtype)
 
-    def __array__(self, dtype=None, copy=None) -> np.ndarray:
+    def __array__(self, dtype: npt.DTypeLike | None = None, copy: bool | None = None) -> np.ndarray:
         out = self[0:self.shape[0]]
         return out.astype(dtype) if dtype is not None else out
 

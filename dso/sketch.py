@@ -23,13 +23,16 @@ import hashlib
 import math
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Mapping
 
 import numpy as np
 import torch
 
 from dso.packing import PackingError, codes_nbytes, pack_codes, unpack_codes
 from dso.rejections import Reason
+
+if TYPE_CHECKING:
+    from dso.config import HParams
 
 
 @dataclass
@@ -89,7 +92,7 @@ class SketchCodec:
         self._cache: OrderedDict[tuple[str, int], Projection] = OrderedDict()
 
     @classmethod
-    def from_hparams(cls, shapes: dict[str, tuple[int, ...]], hp: Any) -> "SketchCodec":
+    def from_hparams(cls, shapes: dict[str, tuple[int, ...]], hp: HParams) -> "SketchCodec":
         return cls(shapes, dim=hp.sketch_dim, clip=hp.sketch_clip, bits=hp.value_bits, seed=hp.seed)
 
     def settings(self) -> dict[str, str]:
@@ -175,15 +178,17 @@ class SketchCodec:
         norm = torch.linalg.vector_norm(vals)
         if not torch.isfinite(norm) or norm == 0:
             return None
-        return vals / norm
+        unit: torch.Tensor = vals / norm
+        return unit
 
-    def to_dense(self, name: str, u: SketchUpdate, device="cpu") -> torch.Tensor:
+    def to_dense(self, name: str, u: SketchUpdate, device: str | torch.device = "cpu") -> torch.Tensor:
         return self.transpose(name, self.values(u), u.window, device)
 
-    def decompress(self, update: SketchCompressed, device="cpu") -> dict[str, torch.Tensor]:
+    def decompress(self, update: SketchCompressed, device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
         return {n: self.to_dense(n, u, device) for n, u in update.items()}
 
-    def mean_delta(self, updates: list[SketchCompressed], device="cpu") -> dict[str, torch.Tensor]:
+    def mean_delta(self, updates: list[SketchCompressed],
+                   device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
         """Decoded mean of per-tensor L2-normalised sketches (decode is linear: sum, then decode once
         per window)."""
         out: dict[str, torch.Tensor] = {}

@@ -19,11 +19,16 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, Sequence
 
 import numpy as np
 
 from dso.corpus import DataError
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer as HFTokenizer, models, pre_tokenizers
+
+    from dso.config import Config
 
 BYTES_ID = "bytes-v1"
 TRAIN_CAP_BYTES = 64 << 20    # BPE learns its merges from at most this much text (the corpus's start)
@@ -45,12 +50,12 @@ def byte_alphabet() -> dict[int, str]:
     return out
 
 
-def _pre_tokenizer():
+def _pre_tokenizer() -> pre_tokenizers.ByteLevel:
     from tokenizers import pre_tokenizers
     return pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
 
 
-def _assemble(model):
+def _assemble(model: models.Model) -> HFTokenizer:
     from tokenizers import Tokenizer as HFTokenizer, decoders
     tok = HFTokenizer(model)
     tok.pre_tokenizer = _pre_tokenizer()
@@ -61,14 +66,16 @@ def _assemble(model):
 class Tokenizer:
     """One tokeniser: ``kind`` is ``bytes`` or ``bpe``; ids are 0 … vocab_size - 1."""
 
-    def __init__(self, kind: str, hf=None):
+    def __init__(self, kind: str, hf: HFTokenizer | None = None) -> None:
         if kind not in ("bytes", "bpe"):
             raise ValueError(f"unknown tokenizer kind {kind!r}")
+        if (hf is None) != (kind == "bytes"):  # so below, hf is None exactly for bytes
+            raise ValueError(f"a {kind} tokenizer {'takes no' if hf is not None else 'needs its'} tokenizers object")
         self.kind, self._hf = kind, hf
-        self.vocab_size = 256 if kind == "bytes" else hf.get_vocab_size(with_added_tokens=True)
-        self.hash = (hashlib.sha256(BYTES_ID.encode()).hexdigest() if kind == "bytes"
+        self.vocab_size = 256 if hf is None else hf.get_vocab_size(with_added_tokens=True)
+        self.hash = (hashlib.sha256(BYTES_ID.encode()).hexdigest() if hf is None
                      else canonical_hash(hf.to_str()))
-        self.token_bytes = np.ones(256, np.int64) if kind == "bytes" else _token_byte_lengths(hf)
+        self.token_bytes = np.ones(256, np.int64) if hf is None else _token_byte_lengths(hf)
 
     # -------------------------------------------------------------- build
     @classmethod
@@ -107,7 +114,7 @@ class Tokenizer:
         return self.encode_many([text])[0]
 
     def encode_many(self, texts: Sequence[str]) -> list[np.ndarray]:
-        if self.kind == "bytes":
+        if self._hf is None:  # bytes
             return [np.frombuffer(t.encode("utf-8"), dtype=np.uint8).astype(np.int64) for t in texts]
         return [np.asarray(e.ids, dtype=np.int64) for e in self._hf.encode_batch(list(texts), add_special_tokens=False)]
 
@@ -119,7 +126,7 @@ class Tokenizer:
 
     def decode(self, ids: Iterable[int]) -> str:
         ids = [int(i) for i in ids]
-        if self.kind == "bytes":
+        if self._hf is None:  # bytes
             return bytes(ids).decode("utf-8", errors="replace")
         return self._hf.decode(ids, skip_special_tokens=False)
 
@@ -144,7 +151,7 @@ def _line_batches(text: str) -> Iterator[str]:
         start = end
 
 
-def bytes_as_hf():
+def bytes_as_hf() -> HFTokenizer:
     """The byte tokeniser as a `tokenizers` object (for export): ByteLevel BPE without merges."""
     from tokenizers import models
     alphabet = byte_alphabet()
@@ -162,7 +169,7 @@ def canonical_hash(tokenizer_json: str) -> str:
     return hashlib.sha256(json.dumps(canon, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
-def _not_byte_level(obj: dict) -> str:
+def _not_byte_level(obj: dict[str, Any]) -> str:
     """Why a tokenizers JSON is not a byte-level BPE whose tokens spell exactly the input's bytes ('' if it is)."""
     model, pre = obj.get("model") or {}, obj.get("pre_tokenizer") or {}
     steps = pre.get("pretokenizers", []) if pre.get("type") == "Sequence" else [pre]
@@ -178,7 +185,7 @@ def _not_byte_level(obj: dict) -> str:
     return ""
 
 
-def _token_byte_lengths(hf) -> np.ndarray:
+def _token_byte_lengths(hf: HFTokenizer) -> np.ndarray:
     """Bytes each id decodes to; refuses tokenisers whose tokens are not byte-level strings."""
     size = hf.get_vocab_size(with_added_tokens=True)
     vocab = hf.get_vocab(with_added_tokens=True)
@@ -235,7 +242,7 @@ class TokenizerSpec:
     file: str = ""
 
     @classmethod
-    def from_config(cls, cfg) -> "TokenizerSpec":
+    def from_config(cls, cfg: Config) -> "TokenizerSpec":
         return cls(cfg.hparams.tokenizer, cfg.hparams.model.vocab_size, cfg.data.tokenizer_file)
 
     def check(self, tok: Tokenizer, source: str) -> Tokenizer:

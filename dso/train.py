@@ -6,6 +6,7 @@ import math
 import torch
 
 from dso.config import HParams
+from dso.model import Decoder
 
 
 def learning_rate(hp: HParams, window: int) -> float:
@@ -15,23 +16,25 @@ def learning_rate(hp: HParams, window: int) -> float:
     return hp.learning_rate * min(1.0, (window + 1) / hp.warmup_windows)
 
 
-def compute_gradients(model: torch.nn.Module, batch: torch.Tensor, micro_batch: int,
-                      device="cpu") -> tuple[dict[str, torch.Tensor], float]:
+def compute_gradients(model: Decoder, batch: torch.Tensor, micro_batch: int,
+                      device: str | torch.device = "cpu") -> tuple[dict[str, torch.Tensor], float]:
     """Mean-loss gradient over ``batch`` by gradient accumulation; returns (grads, mean loss)."""
     model.zero_grad(set_to_none=True)
     total, n = 0.0, batch.shape[0]
     for start in range(0, n, micro_batch):
         part = batch[start:start + micro_batch].to(device)
         loss = model.loss(part) * (part.shape[0] / n)
-        loss.backward()
+        loss.backward()  # type: ignore[no-untyped-call]  # torch leaves Tensor.backward unannotated
         total += loss.item()
-    grads = {name: p.grad.detach().clone() for name, p in model.named_parameters()}
+    # a parameter the loss does not reach keeps grad None (zero_grad set_to_none): its gradient is zero
+    grads = {name: torch.zeros_like(p) if p.grad is None else p.grad.detach().clone()
+             for name, p in model.named_parameters()}
     model.zero_grad(set_to_none=True)
     return grads, total
 
 
 @torch.no_grad()
-def evaluate(model: torch.nn.Module, batch: torch.Tensor, micro_batch: int, device="cpu") -> float:
+def evaluate(model: Decoder, batch: torch.Tensor, micro_batch: int, device: str | torch.device = "cpu") -> float:
     total, n = 0.0, batch.shape[0]
     for start in range(0, n, micro_batch):
         part = batch[start:start + micro_batch].to(device)

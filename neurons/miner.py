@@ -31,7 +31,8 @@ import torch
 
 from dso.clock import GATHER_SETTLE_SECONDS, PutWindow
 from dso.codec import CompressedUpdate, ErrorFeedback
-from dso.config import Config, parse_args
+from dso.config import Config
+from dso.config_sources import parse_args
 from dso.model import model_hash, sync_sample_count
 from dso.privacy import PrivacyStateError, RdpAccountant, clip_and_noise, dp_settings
 from dso.train import bits_per_byte, compute_gradients

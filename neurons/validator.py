@@ -28,7 +28,8 @@ from dso.chain import ChainError
 from dso.chain.factory import open_chain
 from dso.chain.writer import ChainWriter, WriteResult
 from dso.clock import GATHER_SETTLE_SECONDS
-from dso.config import Config, parse_args
+from dso.config import Config
+from dso.config_sources import parse_args
 from dso.model import model_hash
 from dso.provenance import record_hash
 from dso.train import bits_per_byte, evaluate

@@ -19,14 +19,23 @@ Cost: two forward passes per tied member, only when a tie exists.
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Callable, Mapping
 
 import torch
 
+from dso.codecs import Codec, Update
 from dso.commit import content_digest
+from dso.model import Decoder
 from dso.rejections import Reason, Rejection
 from dso.train import evaluate
 from scoring.evaluation import ParameterSnapshot, update_signs
+
+if TYPE_CHECKING:
+    from dso.config import HParams
+    from dso.data import Dataset
+
+# (tied uids, their shared update, the whole copy group) -> uid -> gain
+AuthorGain = Callable[[list[int], Update, list[int]], dict[int, float]]
 
 
 def copy_groups(digests: Mapping[int, str]) -> list[list[int]]:
@@ -36,8 +45,8 @@ def copy_groups(digests: Mapping[int, str]) -> list[list[int]]:
     return [uids for uids in groups.values() if len(uids) > 1]
 
 
-def find_copies(codec: Any, updates: Mapping[int, Any], last_modified: Mapping[int, float], author_gain
-                ) -> dict[int, Rejection]:
+def find_copies(codec: Codec, updates: Mapping[int, Update], last_modified: Mapping[int, float],
+                author_gain: AuthorGain) -> dict[int, Rejection]:
     """uid → DUPLICATE rejection for every member of a copy group but its author.
 
     ``author_gain(tied, update, group) -> {uid: gain}`` scores the tied members of a group (see
@@ -60,8 +69,8 @@ def find_copies(codec: Any, updates: Mapping[int, Any], last_modified: Mapping[i
     return out
 
 
-def _step_losses(model: torch.nn.Module, signs: dict | None, step: float, batches: dict, micro_batch: int
-                 ) -> dict[int, float]:
+def _step_losses(model: Decoder, signs: dict[str, torch.Tensor] | None, step: float, batches: dict[int, torch.Tensor],
+                 micro_batch: int) -> dict[int, float]:
     """Loss of each batch at θ − step·signs (θ itself when ``signs`` is None); θ is restored exactly."""
     device = next(model.parameters()).device
     if signs is None:
@@ -76,13 +85,13 @@ def _step_losses(model: torch.nn.Module, signs: dict | None, step: float, batche
         snapshot.restore()
 
 
-def assigned_gains(model: torch.nn.Module, codec: Any, dataset: Any, hp: Any, window: int, step: float,
-                   updates: Mapping[int, Any]) -> Any:
+def assigned_gains(model: Decoder, codec: Codec, dataset: Dataset, hp: HParams, window: int, step: float,
+                   updates: Mapping[int, Update]) -> AuthorGain:
     """``author_gain`` for :func:`find_copies`: for each tied uid, how much more a step with the copied
     update lowers the loss on the first ``batch_size`` sequences of its assignment (what a baseline miner
     trains on) than a step with the consensus of the window's other updates does."""
 
-    def gain(tied: list[int], update: Any, group: list[int]) -> dict[int, float]:
+    def gain(tied: list[int], update: Update, group: list[int]) -> dict[int, float]:
         shapes = {n: tuple(p.shape) for n, p in model.named_parameters()}
         signs = update_signs(codec.decompress, update, shapes)
         if isinstance(signs, Rejection):

@@ -17,6 +17,7 @@ from typing import Callable, Mapping
 
 import torch
 
+from dso.model import Decoder
 from dso.rejections import Reason, Rejection
 from dso.train import evaluate
 from scoring.formulas import loss_delta
@@ -25,7 +26,7 @@ from scoring.formulas import loss_delta
 class ParameterSnapshot:
     """One exact copy of θ_t for a window; :meth:`restore` writes it back with ``copy_``."""
 
-    def __init__(self, model: torch.nn.Module):
+    def __init__(self, model: Decoder):
         self.params = [p for _, p in model.named_parameters()]
         self.copies = [p.detach().clone() for p in self.params]
 
@@ -77,7 +78,7 @@ class PeerLosses:
         return loss_delta(self.base_rand, self.stepped_rand)
 
 
-def evaluate_peer(model: torch.nn.Module, snapshot: ParameterSnapshot, signs: Mapping[str, torch.Tensor],
+def evaluate_peer(model: Decoder, snapshot: ParameterSnapshot, signs: Mapping[str, torch.Tensor],
                   step: float, assigned: torch.Tensor, rand: torch.Tensor, base_rand: float,
                   micro_batch: int) -> PeerLosses:
     """Losses of θ_t and θ_t − step·sign on the peer's assigned data and on D_rand.

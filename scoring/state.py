@@ -21,13 +21,15 @@ import math
 import secrets
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
 from dso.atomic import atomic_write
 from scoring.formulas import MU_MAX, MU_MIN
 from scoring.rating import RATING_MU_BOUND, SIGMA_MAX, SIGMA_MIN, Rating, initial_rating, ordinal
+
+T = TypeVar("T")
 
 # 2: μ and ratings are bounded (docs/scoring.md, "Bounds").  Version 1 states may hold any μ down to −inf,
 # so they are refused rather than silently clamped.
@@ -229,17 +231,17 @@ def _fields(data: Any, where: str, expected: set[str]) -> dict[str, Any]:
     return data
 
 
-def _typed(value: Any, typ: type, where: str) -> Any:
+def _typed(value: Any, typ: type[T], where: str) -> T:
     if not isinstance(value, typ) or isinstance(value, bool):
         raise ValueError(f"{where}: expected {typ.__name__}, got {type(value).__name__}")
     return value
 
 
 def _int(value: Any, where: str) -> int:
-    value = _typed(value, int, where)
-    if not -1 <= value <= MAX_INT:
-        raise ValueError(f"{where}: {str(value)[:24]} is out of range")
-    return value
+    number = _typed(value, int, where)
+    if not -1 <= number <= MAX_INT:
+        raise ValueError(f"{where}: {str(number)[:24]} is out of range")
+    return number
 
 
 def _uid(key: str, where: str) -> int:

@@ -31,21 +31,25 @@ from __future__ import annotations
 import copy
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Any, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
 import numpy as np
 import torch
 
 from dso.commit import BAN_AFTER, commit_penalty, is_invalid_update
 from dso.config import HParams
-from dso.model import parameter_shapes, sync_sample_count
+from dso.codecs import Codec
+from dso.model import Decoder, parameter_shapes, sync_sample_count
 from dso.rejections import Reason, Rejection
 from dso.train import evaluate, learning_rate
 from scoring import formulas, selection
-from scoring.evaluation import ParameterSnapshot, evaluate_peer, update_signs
+from scoring.evaluation import ParameterSnapshot, PeerLosses, evaluate_peer, update_signs
 from scoring.rating import rate_match
 from scoring.state import PeerState, ValidatorState
 from scoring.sync import check_sync_vector, sample_parameters, sync_positions
+
+if TYPE_CHECKING:
+    from dso.data import Dataset
 
 # Purposes of the validator's private per-window randomness (never reuse a number).
 PURPOSE_FAST, PURPOSE_EVAL, PURPOSE_DATA = 1, 2, 3
@@ -82,7 +86,8 @@ class WindowReport:
             if isinstance(x, list):
                 return [clean(v) for v in x]
             return x
-        return clean(asdict(self))
+        cleaned: dict[str, Any] = clean(asdict(self))
+        return cleaned
 
 
 def picker(state: ValidatorState, hp: HParams, window: int, eval_seed: bytes, purpose: int) -> selection.Picker:
@@ -111,7 +116,7 @@ def plan_fast_set(state: ValidatorState, hp: HParams, window: int, active: Itera
                               hp.fast_peers, picker(state, hp, window, eval_seed, PURPOSE_FAST))
 
 
-def score_window(state: ValidatorState, model: torch.nn.Module, codec: Any, dataset: Any, hp: HParams,
+def score_window(state: ValidatorState, model: Decoder, codec: Codec, dataset: Dataset, hp: HParams,
                  window: int, payloads: Mapping[int, tuple[Any, torch.Tensor]],
                  rejections: Mapping[int, Rejection], active: Mapping[int, str] | Iterable[int],
                  randomness: bytes, eval_seed: bytes) -> WindowReport:
@@ -199,7 +204,7 @@ def _register(state: ValidatorState, active: Mapping[int, str] | Iterable[int]) 
     return sorted(hotkeys)
 
 
-def _fast_check(uid: int, payloads: Mapping, rejections: Mapping[int, Rejection], reference: list[float],
+def _fast_check(uid: int, payloads: Mapping[int, Any], rejections: Mapping[int, Rejection], reference: list[float],
                 lr: float, hp: HParams, sync_scores: dict[int, float]) -> Rejection | None:
     if uid in rejections:
         given = rejections[uid]
@@ -243,10 +248,10 @@ def _penalise(peer: PeerState, failure: Rejection, hp: HParams) -> None:
     peer.last_offence = str(failure)
 
 
-def _evaluate(state: ValidatorState, model: torch.nn.Module, codec: Any, dataset: Any, hp: HParams, window: int,
-              chosen: list[int], payloads: Mapping, shapes: Mapping[str, tuple[int, ...]], lr: float,
+def _evaluate(state: ValidatorState, model: Decoder, codec: Codec, dataset: Dataset, hp: HParams, window: int,
+              chosen: list[int], payloads: Mapping[int, Any], shapes: Mapping[str, tuple[int, ...]], lr: float,
               failures: dict[int, Rejection], notes: list[str],
-              rng: np.random.Generator) -> tuple[dict, float | None]:
+              rng: np.random.Generator) -> tuple[dict[int, PeerLosses], float | None]:
     """Losses of every peer in ``chosen`` whose update decodes (the others are penalised here); ``rng`` draws
     the evaluated sequences (:func:`data_rng`)."""
     if not chosen:

@@ -29,7 +29,8 @@ import safetensors  # noqa: E402
 import safetensors.torch  # noqa: E402
 import torch  # noqa: E402
 
-from dso.config import Config, build_parser, parse_args  # noqa: E402
+from dso.config import Config  # noqa: E402
+from dso.config_sources import build_parser, parse_args  # noqa: E402
 from dso.corpus import DataError, corpus_files  # noqa: E402
 from dso.data import resolve_tokenizer  # noqa: E402
 from dso.hf_export import write_export  # noqa: E402

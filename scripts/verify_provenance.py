@@ -26,7 +26,8 @@ import sys
 
 from dso.chain import ChainError
 from dso.chain.factory import open_chain
-from dso.config import ConfigError, from_dict, load_file
+from dso.config import ConfigError
+from dso.config_sources import from_dict, load_file
 from dso.model import build_model, parameter_shapes
 from dso.provenance import GENESIS, verify_chain
 from dso.rejections import Rejection

@@ -29,7 +29,8 @@ from typing import Any
 
 from rich.console import Console
 
-from dso.config import Config, ConfigError, HParams, set_key
+from dso.config import Config, ConfigError, HParams
+from dso.config_sources import set_key
 from dso.data import DataError, corpus_tokenizer
 from sim import report as run_report
 from sim.behaviours import BEHAVIOURS

@@ -20,7 +20,7 @@ import torch
 from dso.clock import PutWindow, reveal_time, reveal_window_after
 from dso.codec import CompressedUpdate
 from dso.commit import new_nonce
-from dso.config import build_parser, parse_args
+from dso.config_sources import build_parser, parse_args
 from dso.rejections import Rejection
 from neurons import reveal
 from neurons.context import build_context

@@ -22,18 +22,21 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Mapping, Sequence
 
 import numpy as np
 import safetensors.numpy
 
 from dso.codecs import Codec
-from dso.rejections import Reason, Rejection
+from dso.rejections import Reason, Rejection, unexpected
 from storage import keys
 from storage.client import S3Client, StorageError
 from storage.jsonobj import rejection_for
 from storage.tensorfile import check_spec, header_allowance, load_arrays, parse_uint, read_capped
 from storage.wire import Expect, Payload, decode_payload, encode_payload, payload_size_cap
+
+if TYPE_CHECKING:
+    from dso.config import HParams
 
 FORMAT = "dso-bundle"
 _HEX = set("0123456789abcdef")
@@ -72,7 +75,7 @@ def decode_bundle(data: bytes, codec: Codec, expect: Expect, max_peers: int) -> 
     try:
         return _decode(data, codec, expect, max_peers)
     except Exception as e:  # noqa: BLE001 — last line of defence: a bug must not stop a node
-        return Rejection(Reason.MALFORMED, f"unexpected {type(e).__name__}: {str(e)[:120]}")
+        return unexpected(Reason.MALFORMED, e)
 
 
 def _decode(data: bytes, codec: Codec, expect: Expect, max_peers: int) -> Bundle | Rejection:
@@ -123,7 +126,7 @@ def put_bundle(client: S3Client, bucket: str, data: bytes, window: int, protocol
     return key
 
 
-def get_bundle(client: S3Client, bucket: str, codec: Codec, hp: Any, window: int, run: str = ""
+def get_bundle(client: S3Client, bucket: str, codec: Codec, hp: HParams, window: int, run: str = ""
                ) -> Bundle | Rejection:
     """The bundle of ``window`` from ``bucket`` (a Rejection when absent or unusable)."""
     expect = Expect.from_hparams(hp, window, run=run)

@@ -12,18 +12,21 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Iterable
+from typing import TYPE_CHECKING, Iterable
 
 import numpy as np
 import safetensors.numpy
 import torch
 
 from dso.model import state_hash
-from dso.rejections import Reason, Rejection
+from dso.rejections import Reason, Rejection, unexpected
 from storage import keys
 from storage.client import S3Client, StorageError
 from storage.jsonobj import get_json, put_json, rejection_for
 from storage.tensorfile import check_spec, header_allowance, load_arrays, parse_uint, read_capped
+
+if TYPE_CHECKING:
+    from dso.config import HParams
 
 FORMAT = "dso-checkpoint"
 
@@ -72,10 +75,11 @@ def decode_checkpoint(data: bytes, shapes: dict[str, tuple[int, ...]], protocol_
     try:
         return _decode(data, shapes, protocol_version, hparams_digest, expect_window, expect_hash)
     except Exception as e:  # noqa: BLE001
-        return Rejection(Reason.MALFORMED, f"unexpected {type(e).__name__}: {str(e)[:120]}")
+        return unexpected(Reason.MALFORMED, e)
 
 
-def _decode(data, shapes, protocol_version, hparams_digest, expect_window, expect_hash):
+def _decode(data: bytes, shapes: dict[str, tuple[int, ...]], protocol_version: int, hparams_digest: str | None,
+            expect_window: int | None, expect_hash: str | None) -> Checkpoint | Rejection:
     header = read_capped(data, checkpoint_size_cap(shapes), len(shapes),
                          {"format", "protocol_version", "window", "model_hash", "data_hash", "hparams"})
     if isinstance(header, Rejection):
@@ -112,7 +116,7 @@ def _decode(data, shapes, protocol_version, hparams_digest, expect_window, expec
 
 
 # ------------------------------------------------------------------ S3
-def save_checkpoint(client: S3Client, bucket: str, model: torch.nn.Module, window: int, hp,
+def save_checkpoint(client: S3Client, bucket: str, model: torch.nn.Module, window: int, hp: HParams,
                     run: str = "") -> LatestPointer:
     """Upload the model's checkpoint for ``window``, then move the latest pointer to it."""
     data, model_hash = encode_checkpoint(model.named_parameters(), window, hp.protocol_version, hp.digest(),
@@ -141,7 +145,7 @@ def read_latest(client: S3Client, bucket: str, version: int, run: str = "") -> L
     return LatestPointer(window, version, key, h)
 
 
-def load_checkpoint(client: S3Client, bucket: str, window: int, shapes: dict[str, tuple[int, ...]], hp,
+def load_checkpoint(client: S3Client, bucket: str, window: int, shapes: dict[str, tuple[int, ...]], hp: HParams,
                     expect_hash: str | None = None, run: str = "") -> Checkpoint | Rejection:
     cap = checkpoint_size_cap(shapes)
     key = keys.checkpoint(window, hp.protocol_version, run)
@@ -155,7 +159,7 @@ def load_checkpoint(client: S3Client, bucket: str, window: int, shapes: dict[str
 
 
 def load_latest_checkpoint(client: S3Client, bucket: str, shapes: dict[str, tuple[int, ...]],
-                           hp, run: str = "") -> Checkpoint | Rejection:
+                           hp: HParams, run: str = "") -> Checkpoint | Rejection:
     """Follow the latest pointer; the checkpoint must hash to what the pointer says."""
     pointer = read_latest(client, bucket, hp.protocol_version, run)
     if isinstance(pointer, Rejection):

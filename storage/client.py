@@ -14,6 +14,7 @@ import os
 import threading
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import boto3
 from boto3.exceptions import S3UploadFailedError
@@ -21,6 +22,9 @@ from boto3.s3.transfer import TransferConfig
 from botocore import UNSIGNED
 from botocore.config import Config as BotoConfig
 from botocore.exceptions import (BotoCoreError, ClientError, ConnectTimeoutError, ReadTimeoutError)
+
+if TYPE_CHECKING:
+    from dso.config import StorageConfig
 
 MiB = 1024 * 1024
 READ_CHUNK = 256 * 1024
@@ -76,7 +80,7 @@ _SESSION_LOCK = threading.Lock()
 _SESSION: boto3.session.Session | None = None
 
 
-def _new_client(endpoint: str | None, region: str, key: str, secret: str, config: BotoConfig):
+def _new_client(endpoint: str | None, region: str, key: str, secret: str, config: BotoConfig) -> Any:  # boto3
     global _SESSION
     with _SESSION_LOCK:
         if _SESSION is None:
@@ -127,7 +131,7 @@ class S3Client:
         self.bytes_down = 0
 
     @classmethod
-    def from_config(cls, storage_cfg, read_only: bool = False) -> "S3Client":
+    def from_config(cls, storage_cfg: StorageConfig, read_only: bool = False) -> "S3Client":
         """Build from a :class:`dso.config.StorageConfig` (write keys, or the published read keys)."""
         key = storage_cfg.read_access_key_id if read_only else storage_cfg.access_key_id
         secret = storage_cfg.read_secret_access_key if read_only else storage_cfg.secret_access_key
@@ -258,7 +262,7 @@ class S3Client:
         return out
 
 
-def _info(key: str, resp: dict, size: int | None = None) -> ObjectInfo:
+def _info(key: str, resp: dict[str, Any], size: int | None = None) -> ObjectInfo:
     modified = resp.get("LastModified")
     return ObjectInfo(key, int(resp.get("ContentLength", 0) if size is None else size),
                       modified.timestamp() if modified is not None else float("nan"),

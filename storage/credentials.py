@@ -17,6 +17,7 @@ import os
 import re
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import boto3
 from botocore.config import Config as BotoConfig
@@ -24,13 +25,16 @@ from botocore.config import Config as BotoConfig
 from storage.client import S3Client
 from storage.commitment import BucketInfo, format_commitment
 
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
 ADMIN_USER = "dso-admin"
 BUCKET_PREFIX = "dso-"
 REGION = "us-east-1"
 _PEER_NAME = re.compile(r"[a-z0-9](?:[a-z0-9-]{0,38}[a-z0-9])?")
 
 
-def _write_private(path: str | Path, data: dict) -> None:
+def _write_private(path: str | Path, data: dict[str, Any]) -> None:
     """Write JSON readable by the owner only, atomically (readers never see half a file)."""
     path = Path(path).expanduser()
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -41,7 +45,7 @@ def _write_private(path: str | Path, data: dict) -> None:
     os.replace(tmp, path)
 
 
-def _load_fields(cls, path: str | Path) -> dict:
+def _load_fields(cls: type[DataclassInstance], path: str | Path) -> dict[str, str]:
     """The dataclass fields of ``cls`` from a JSON file; ValueError naming what is missing or wrong."""
     path = Path(path).expanduser()
     try:
@@ -75,7 +79,7 @@ class AdminCredentials:
     def save(self, path: str | Path) -> None:
         _write_private(path, asdict(self))
 
-    def client(self, **kw) -> S3Client:
+    def client(self, **kw: Any) -> S3Client:
         return S3Client(self.endpoint, self.region, self.access_key_id, self.secret_access_key, **kw)
 
     def __repr__(self) -> str:
@@ -107,10 +111,10 @@ class PeerCredentials:
     def commitment(self) -> str:
         return format_commitment(self.read_info())
 
-    def write_client(self, **kw) -> S3Client:
+    def write_client(self, **kw: Any) -> S3Client:
         return S3Client(self.endpoint, self.region, self.write_key_id, self.write_secret, **kw)
 
-    def read_client(self, **kw) -> S3Client:
+    def read_client(self, **kw: Any) -> S3Client:
         return S3Client(self.endpoint, self.region, self.read_key_id, self.read_secret, **kw)
 
     def __repr__(self) -> str:
@@ -132,7 +136,7 @@ def _policy(actions: list[str], bucket: str) -> str:
 
 
 @functools.lru_cache(maxsize=8)
-def iam_client(endpoint: str, key: str, secret: str, attempts: int = 3):
+def iam_client(endpoint: str, key: str, secret: str, attempts: int = 3) -> Any:  # boto3 client: untyped
     """IAM client (cached: building one loads the service model, ~0.1 s)."""
     return boto3.session.Session().client(
         "iam", endpoint_url=endpoint, region_name=REGION, aws_access_key_id=key, aws_secret_access_key=secret,
@@ -140,7 +144,7 @@ def iam_client(endpoint: str, key: str, secret: str, attempts: int = 3):
                                                                         "mode": "standard"}))
 
 
-def _user_with_fresh_key(iam, user: str, policy_name: str, policy: str) -> tuple[str, str]:
+def _user_with_fresh_key(iam: Any, user: str, policy_name: str, policy: str) -> tuple[str, str]:
     """Create (or reuse) an IAM user, set its only policy, and issue a fresh key (old keys revoked)."""
     try:
         iam.create_user(UserName=user)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import ipaddress
 import socket
 from dataclasses import dataclass
+from typing import Any, cast
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 
@@ -78,7 +79,7 @@ def address_problem(address: str | IPAddress, scheme: str, policy: EndpointPolic
     return None
 
 
-def resolve(host: str, port: int, scheme: str, policy: EndpointPolicy = STRICT) -> list[tuple]:
+def resolve(host: str, port: int, scheme: str, policy: EndpointPolicy = STRICT) -> list[tuple[int, tuple[Any, ...]]]:
     """``getaddrinfo`` results (family, sockaddr) for ``host``, every one checked against the policy.
 
     Raises :class:`EndpointRefused` when the name does not resolve or *any* of its addresses is refused
@@ -88,15 +89,17 @@ def resolve(host: str, port: int, scheme: str, policy: EndpointPolicy = STRICT) 
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP)
     except (OSError, UnicodeError) as e:
         raise EndpointRefused(f"{host}: does not resolve ({e})") from None
-    out, seen = [], set()
+    out: list[tuple[int, tuple[Any, ...]]] = []
+    seen: set[str] = set()
     for family, _, _, _, sockaddr in infos:
         if family not in (socket.AF_INET, socket.AF_INET6):
             continue
-        problem = address_problem(sockaddr[0], scheme, policy)
+        address = cast(str, sockaddr[0])  # AF_INET / AF_INET6: the address as text
+        problem = address_problem(address, scheme, policy)
         if problem:
-            raise EndpointRefused(f"{host} resolves to {sockaddr[0]}: {problem}")
-        if sockaddr[0] not in seen:
-            seen.add(sockaddr[0])
+            raise EndpointRefused(f"{host} resolves to {address}: {problem}")
+        if address not in seen:
+            seen.add(address)
             out.append((family, sockaddr))
     if not out:
         raise EndpointRefused(f"{host}: no IPv4 or IPv6 address")

@@ -25,11 +25,12 @@ import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 from urllib.parse import urlsplit
 
 from dso.clock import PutWindow
-from dso.rejections import Reason, Rejection
+from dso.codecs import Codec
+from dso.rejections import Reason, Rejection, unexpected
 from storage import keys
 from storage.client import StorageError
 from storage.commitment import BucketInfo, parse_commitment
@@ -38,6 +39,9 @@ from storage.jsonobj import rejection_for
 from storage.peer_client import PeerClient
 from storage.schedule import FairSchedule, Job, ordered
 from storage.wire import Expect, Payload, decode_payload, payload_size_cap
+
+if TYPE_CHECKING:
+    from dso.config import StorageConfig
 
 log = logging.getLogger("dso.gather")
 
@@ -65,7 +69,7 @@ class ReaderCache:
         self._lock = threading.Lock()
 
     @classmethod
-    def from_config(cls, storage_cfg) -> "ReaderCache":
+    def from_config(cls, storage_cfg: StorageConfig) -> "ReaderCache":
         """The node's reader cache as :class:`dso.config.StorageConfig` says."""
         return cls(timeout=storage_cfg.timeout_seconds, allow_loopback=storage_cfg.allow_loopback_endpoints)
 
@@ -80,7 +84,7 @@ class ReaderCache:
             if parts.scheme != "https" and not self.policy.allow_loopback:
                 return Rejection(Reason.BAD_COMMITMENT, f"{where}: only https endpoints")
             return None
-        problem = address_problem(parts.hostname, parts.scheme, self.policy)
+        problem = address_problem(parts.hostname or "", parts.scheme, self.policy)  # an address (parsed above)
         return Rejection(Reason.BAD_COMMITMENT, f"{where}: {problem}") if problem else None
 
     def get(self, info: BucketInfo) -> PeerClient:
@@ -114,6 +118,9 @@ JOIN_GRACE_SECONDS = 2.0
 # at once, 1.9 s with one; see docs/benchmarks.md).  Requests still overlap.
 _DECODE_SLOTS = threading.BoundedSemaphore(1)
 
+# one peer's fetch: (client, bucket, key, codec, expect, put window, deadline) -> (outcome, bytes downloaded)
+Fetch = Callable[[PeerClient, str, str, Codec, Expect, PutWindow | None, float], tuple[Payload | Rejection, int]]
+
 
 def check_time(put_window: PutWindow | None, last_modified: float) -> Rejection | None:
     if put_window is None:
@@ -126,7 +133,7 @@ def check_time(put_window: PutWindow | None, last_modified: float) -> Rejection 
     return None
 
 
-def fetch_payload(client: PeerClient, bucket: str, key: str, codec, expect: Expect, put_window: PutWindow | None,
+def fetch_payload(client: PeerClient, bucket: str, key: str, codec: Codec, expect: Expect, put_window: PutWindow | None,
                   deadline: float) -> tuple[Payload | Rejection, int]:
     """One peer's object → (Payload or Rejection, bytes downloaded).  Never raises."""
     cap = payload_size_cap(codec, expect.sync_samples)
@@ -148,7 +155,7 @@ def fetch_payload(client: PeerClient, bucket: str, key: str, codec, expect: Expe
     except StorageError as e:
         return rejection_for(e), got
     except Exception as e:  # noqa: BLE001 — a hostile server must not crash the caller
-        return Rejection(Reason.UNREACHABLE, f"unexpected {type(e).__name__}: {str(e)[:160]}"), got
+        return unexpected(Reason.UNREACHABLE, e), got
     with _DECODE_SLOTS:
         result = decode_payload(data, codec, expect)
     if isinstance(result, Payload):
@@ -156,14 +163,14 @@ def fetch_payload(client: PeerClient, bucket: str, key: str, codec, expect: Expe
     return result, got
 
 
-def _host(info: BucketInfo):
+def _host(info: BucketInfo) -> tuple[str, str, int | None]:
     parts = urlsplit(info.endpoint)
     return parts.scheme, (parts.hostname or "").lower(), parts.port
 
 
-def gather(window: int, peers: dict[int, BucketInfo | str | None], codec, expect: Expect,
+def gather(window: int, peers: dict[int, BucketInfo | str | None], codec: Codec, expect: Expect,
            put_window: PutWindow | None, deadline_seconds: float, max_workers: int | None = None,
-           readers: ReaderCache | None = None, fetch=None, *, priority: Sequence[int] | None = None,
+           readers: ReaderCache | None = None, fetch: Fetch | None = None, *, priority: Sequence[int] | None = None,
            max_per_host: int | None = None, min_peer_seconds: float = MIN_PEER_SECONDS) -> GatherResult:
     """Gather window ``window``'s payloads of ``peers`` (uid → BucketInfo, or the raw commitment string,
     or None when the peer has no commitment).  ``put_window=None`` skips the timing check.  ``fetch``
@@ -179,7 +186,7 @@ def gather(window: int, peers: dict[int, BucketInfo | str | None], codec, expect
     readers = readers or DEFAULT_READERS
     fetch = fetch or fetch_payload
     result = GatherResult()
-    jobs: list[Job] = []
+    jobs: list[Job[BucketInfo]] = []
     for uid in ordered(peers, priority):
         peer = peers[uid]
         info = parse_commitment(peer) if isinstance(peer, str) else peer
@@ -206,7 +213,7 @@ def gather(window: int, peers: dict[int, BucketInfo | str | None], codec, expect
                 outcome = fetch(client, job.payload.bucket, key, codec, expect.for_uid(job.uid), put_window,
                                 peer_deadline)
             except Exception as e:  # noqa: BLE001
-                outcome = (Rejection(Reason.UNREACHABLE, f"unexpected {type(e).__name__}: {str(e)[:160]}"), 0)
+                outcome = (unexpected(Reason.UNREACHABLE, e), 0)
             finally:
                 schedule.done(job)
             with cond:

@@ -7,8 +7,9 @@ object.  Failures are Rejections; S3 failures map to the shared reasons.
 from __future__ import annotations
 
 import json
+from typing import Any
 
-from dso.rejections import Reason, Rejection
+from dso.rejections import Reason, Rejection, unexpected
 from storage.client import S3Client, StorageError
 from storage.tensorfile import strict_json
 
@@ -25,7 +26,7 @@ def rejection_for(e: StorageError) -> Rejection:
     return Rejection(_KIND_TO_REASON.get(e.kind, Reason.UNREACHABLE), str(e)[:200])
 
 
-def _depth(obj, level: int = 0) -> int:
+def _depth(obj: object, level: int = 0) -> int:
     if level > MAX_DEPTH:
         return level
     if isinstance(obj, dict):
@@ -35,7 +36,7 @@ def _depth(obj, level: int = 0) -> int:
     return level
 
 
-def parse_json_object(data: bytes, max_bytes: int = MAX_JSON_BYTES) -> dict | Rejection:
+def parse_json_object(data: bytes, max_bytes: int = MAX_JSON_BYTES) -> dict[str, Any] | Rejection:
     if len(data) > max_bytes:
         return Rejection(Reason.TOO_LARGE, f"{len(data)} bytes, cap {max_bytes}")
     try:
@@ -49,21 +50,21 @@ def parse_json_object(data: bytes, max_bytes: int = MAX_JSON_BYTES) -> dict | Re
     return obj
 
 
-def encode_json(obj: dict) -> bytes:
+def encode_json(obj: dict[str, Any]) -> bytes:
     return json.dumps(obj, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
 
 
-def put_json(client: S3Client, bucket: str, key: str, obj: dict) -> None:
+def put_json(client: S3Client, bucket: str, key: str, obj: dict[str, Any]) -> None:
     client.put(bucket, key, encode_json(obj), content_type="application/json")
 
 
 def get_json(client: S3Client, bucket: str, key: str, max_bytes: int = MAX_JSON_BYTES,
-             deadline: float | None = None) -> dict | Rejection:
+             deadline: float | None = None) -> dict[str, Any] | Rejection:
     """Download and parse a small JSON object; never raises."""
     try:
         data = client.get(bucket, key, max_bytes=max_bytes, deadline=deadline)
     except StorageError as e:
         return rejection_for(e)
     except Exception as e:  # noqa: BLE001
-        return Rejection(Reason.UNREACHABLE, f"unexpected {type(e).__name__}: {str(e)[:160]}")
+        return unexpected(Reason.UNREACHABLE, e)
     return parse_json_object(data, max_bytes)

@@ -28,6 +28,7 @@ import threading
 import time
 import xml.etree.ElementTree as ET
 from datetime import datetime
+from typing import TYPE_CHECKING, Any, Sequence, cast
 from urllib.parse import quote, urlencode, urlsplit
 
 from botocore.auth import S3SigV4Auth
@@ -46,7 +47,13 @@ _CODE = re.compile(rb"<Code>([A-Za-z0-9.]{1,64})</Code>")
 _NS = "{http://s3.amazonaws.com/doc/2006-03-01/}"
 
 
-class _Deadline:
+if TYPE_CHECKING:  # the mix-in only ever sits in front of a socket class
+    _SocketBase = socket.socket
+else:
+    _SocketBase = object
+
+
+class _Deadline(_SocketBase):
     """Mix-in for sockets: every blocking call gets the time left until ``deadline`` (≤ ``op_timeout``)."""
 
     deadline: float = float("inf")
@@ -58,15 +65,15 @@ class _Deadline:
             raise TimeoutError("request deadline passed")
         self.settimeout(min(left, self.op_timeout))
 
-    def recv_into(self, *args, **kw):
+    def recv_into(self, *args: Any, **kw: Any) -> int:
         self._arm()
         return super().recv_into(*args, **kw)
 
-    def recv(self, *args, **kw):
+    def recv(self, *args: Any, **kw: Any) -> bytes:
         self._arm()
         return super().recv(*args, **kw)
 
-    def sendall(self, *args, **kw):
+    def sendall(self, *args: Any, **kw: Any) -> None:
         self._arm()
         return super().sendall(*args, **kw)
 
@@ -136,7 +143,7 @@ class PeerClient:
         return out[:limit]
 
     # ------------------------------------------------------------ transport
-    def _request(self, method: str, bucket: str, key: str, query: dict, deadline: float | None,
+    def _request(self, method: str, bucket: str, key: str, query: dict[str, str], deadline: float | None,
                  max_bytes: int | None, what: str) -> tuple[int, http.client.HTTPMessage, bytes]:
         """One request with retries; raises StorageError (kinds as in storage.client, plus ``refused``)."""
         path = "/" + quote(bucket, safe="") + ("/" + quote(key, safe="/~") if key else "")
@@ -156,7 +163,8 @@ class PeerClient:
                 last = e
         raise last or StorageError("timeout", f"{what}: deadline passed before a retry")
 
-    def _once(self, method: str, target: str, deadline: float | None, max_bytes: int | None, what: str):
+    def _once(self, method: str, target: str, deadline: float | None, max_bytes: int | None,
+              what: str) -> tuple[int, http.client.HTTPMessage, bytes]:
         limit = deadline if deadline is not None else float("inf")
         if time.monotonic() >= limit:
             raise StorageError("timeout", f"{what}: deadline passed before the request")
@@ -196,7 +204,7 @@ class PeerClient:
                 if thing is not None:
                     thing.close()
 
-    def _connect(self, addresses: list[tuple], limit: float) -> socket.socket:
+    def _connect(self, addresses: Sequence[tuple[int, Any]], limit: float) -> socket.socket:
         error: Exception | None = None
         for family, sockaddr in addresses:
             sock = _DeadlineSocket(family, socket.SOCK_STREAM)
@@ -207,7 +215,8 @@ class PeerClient:
                 if self.scheme != "https":
                     return sock
                 sock._arm()  # the handshake runs under the socket's timeout: what is left of the deadline
-                tls = _TLS.wrap_socket(sock, server_hostname=self.host)  # handshake bounded by the timeout set
+                # handshake bounded by the timeout set; the context makes _DeadlineSSLSocket (sslsocket_class)
+                tls = cast(_DeadlineSSLSocket, _TLS.wrap_socket(sock, server_hostname=self.host))
                 tls.deadline, tls.op_timeout = limit, self.timeout
                 return tls
             except Exception as e:  # noqa: BLE001 — try the next address, report the last failure
@@ -252,7 +261,7 @@ def _status_error(resp: http.client.HTTPResponse, what: str) -> StorageError:
     return err
 
 
-def _info(key: str, headers, size: int | None = None) -> ObjectInfo:
+def _info(key: str, headers: http.client.HTTPMessage, size: int | None = None) -> ObjectInfo:
     modified = headers.get("Last-Modified")
     try:
         stamp = email.utils.parsedate_to_datetime(modified).timestamp() if modified else float("nan")
@@ -269,7 +278,7 @@ def _parse_listing(body: bytes, what: str) -> tuple[list[ObjectInfo], str | None
     except ET.ParseError as e:
         raise StorageError("unavailable", f"{what}: unparsable listing ({e})") from None
 
-    def text(node, name: str) -> str:
+    def text(node: ET.Element, name: str) -> str:
         child = node.find(_NS + name)
         if child is None:
             child = node.find(name)

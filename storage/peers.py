@@ -7,6 +7,7 @@ size cap, exact types, unique non-negative uids, bounded count.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any, TypeGuard
 
 from dso.rejections import Reason, Rejection
 from storage import keys
@@ -21,20 +22,20 @@ class PeersList:
     window: int
     version: int
     uids: tuple[int, ...]
-    extra: dict = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         reserved = {"window", "version", "uids"} & set(self.extra)
         if reserved:
             raise ValueError(f"extra must not override {sorted(reserved)}")
         return {**self.extra, "window": self.window, "version": self.version, "uids": list(self.uids)}
 
 
-def _nat(x) -> bool:
+def _nat(x: object) -> TypeGuard[int]:
     return isinstance(x, int) and not isinstance(x, bool) and 0 <= x < 2 ** 63
 
 
-def peers_from_json(obj: dict, expect_window: int | None = None,
+def peers_from_json(obj: dict[str, Any], expect_window: int | None = None,
                     version: int | None = None) -> PeersList | Rejection:
     window, ver, uids = obj.get("window"), obj.get("version"), obj.get("uids")
     if not (_nat(window) and _nat(ver) and isinstance(uids, list)):

@@ -15,6 +15,7 @@ import json
 import secrets
 import sys
 from dataclasses import asdict
+from typing import Callable
 
 from botocore.exceptions import BotoCoreError, ClientError
 
@@ -82,7 +83,7 @@ def check(creds: PeerCredentials) -> list[str]:
     w, r = creds.write_client(max_attempts=1), creds.read_client(max_attempts=1)
     key = f"dso-keycheck/{secrets.token_hex(6)}"
 
-    def expect(what: str, action, denied: bool = False) -> None:
+    def expect(what: str, action: Callable[[], object], denied: bool = False) -> None:
         try:
             action()
         except StorageError as e:
@@ -93,8 +94,11 @@ def check(creds: PeerCredentials) -> list[str]:
             problems.append(f"{what}: allowed, but must be refused (a published read key must not write)")
 
     expect("write key PUT", lambda: w.put(creds.bucket, key, b"dso key check"))
-    expect("read key GET", lambda: r.get(creds.bucket, key) == b"dso key check" or problems.append(
-        "read key GET: returned other bytes"))
+    def read_back() -> None:
+        if r.get(creds.bucket, key) != b"dso key check":
+            problems.append("read key GET: returned other bytes")
+
+    expect("read key GET", read_back)
     expect("read key LIST", lambda: r.list(creds.bucket, prefix="dso-keycheck/"))
     expect("read key PUT", lambda: r.put(creds.bucket, key + "-r", b"x"), denied=True)
     expect("read key DELETE", lambda: r.delete(creds.bucket, [key]), denied=True)

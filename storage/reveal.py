@@ -18,14 +18,18 @@ import threading
 import time
 from dataclasses import dataclass
 from functools import partial
+from typing import Any, cast
 
 from dso.clock import PutWindow, reveal_window_after
+from dso.codecs import Codec
 from dso.commit import NONCE_BYTES, commitment_hash, is_commitment, judge_reveal, new_nonce
-from dso.rejections import Reason, Rejection
+from dso.rejections import Reason, Rejection, unexpected
 from storage import keys
 from storage.client import S3Client, StorageError
+from storage.commitment import BucketInfo
 from storage.gather import GatherResult, ReaderCache, check_time, fetch_payload, gather
 from storage.jsonobj import encode_json, parse_json_object, rejection_for
+from storage.peer_client import PeerClient
 from storage.wire import Expect, Payload, decode_payload, payload_size_cap
 
 COMMIT_FORMAT = "dso-commit/v1"
@@ -51,15 +55,15 @@ def seal(payload: bytes, window: int, uid: int, nonce: bytes | None = None) -> S
 
 
 # --------------------------------------------------------------- objects
-def commit_object(window: int, uid: int, commitment: str) -> dict:
+def commit_object(window: int, uid: int, commitment: str) -> dict[str, Any]:
     return {"format": COMMIT_FORMAT, "window": window, "uid": uid, "commitment": commitment}
 
 
-def reveal_object(window: int, uid: int, nonce: bytes) -> dict:
+def reveal_object(window: int, uid: int, nonce: bytes) -> dict[str, Any]:
     return {"format": REVEAL_FORMAT, "window": window, "uid": uid, "nonce": bytes(nonce).hex()}
 
 
-def _header_problem(obj: dict, fmt: str, field: str, window: int, uid: int) -> str | None:
+def _header_problem(obj: dict[str, Any], fmt: str, field: str, window: int, uid: int) -> str | None:
     if set(obj) != {"format", "window", "uid", field}:
         return f"keys {sorted(obj)[:6]}, expected format, window, uid, {field}"
     if obj["format"] != fmt:
@@ -71,7 +75,7 @@ def _header_problem(obj: dict, fmt: str, field: str, window: int, uid: int) -> s
     return None
 
 
-def parse_commit(obj: dict, window: int, uid: int) -> str | Rejection:
+def parse_commit(obj: dict[str, Any], window: int, uid: int) -> str | Rejection:
     """The commitment string of a strict commit object, else BAD_COMMITMENT."""
     problem = _header_problem(obj, COMMIT_FORMAT, "commitment", window, uid)
     if problem is None and not is_commitment(obj["commitment"]):
@@ -79,14 +83,14 @@ def parse_commit(obj: dict, window: int, uid: int) -> str | Rejection:
     return Rejection(Reason.BAD_COMMITMENT, f"commit object: {problem}") if problem else obj["commitment"]
 
 
-def parse_reveal(obj: dict, window: int, uid: int) -> bytes | Rejection:
+def parse_reveal(obj: dict[str, Any], window: int, uid: int) -> bytes | Rejection:
     """The nonce of a strict reveal object, else MALFORMED."""
     problem = _header_problem(obj, REVEAL_FORMAT, "nonce", window, uid)
     nonce = obj.get("nonce")
     if problem is None and not (isinstance(nonce, str) and len(nonce) == 2 * NONCE_BYTES
                                 and all(c in "0123456789abcdef" for c in nonce)):
         problem = f"nonce is not {2 * NONCE_BYTES} lowercase hex digits"
-    return Rejection(Reason.MALFORMED, f"reveal object: {problem}") if problem else bytes.fromhex(nonce)
+    return Rejection(Reason.MALFORMED, f"reveal object: {problem}") if problem else bytes.fromhex(cast(str, nonce))
 
 
 # ---------------------------------------------------------------- writes
@@ -104,7 +108,8 @@ def put_reveal(client: S3Client, bucket: str, sealed: Sealed, version: int, run:
 
 
 # ----------------------------------------------------------------- reads
-def _small_json(client: S3Client, bucket: str, key: str, deadline: float):
+def _small_json(client: S3Client | PeerClient, bucket: str, key: str,
+                deadline: float) -> tuple[dict[str, Any] | Rejection | None, float, int]:
     """(object | None when absent | Rejection, LastModified, bytes read)."""
     try:
         data, info = client.get_with_info(bucket, key, max_bytes=SMALL_JSON_BYTES, deadline=deadline)
@@ -113,8 +118,8 @@ def _small_json(client: S3Client, bucket: str, key: str, deadline: float):
     return parse_json_object(data, SMALL_JSON_BYTES), info.last_modified, len(data)
 
 
-def fetch_revealed(client: S3Client, bucket: str, key: str, codec, expect: Expect, reveal: PutWindow,
-                   deadline: float, *, put: PutWindow) -> tuple[Payload | Rejection, int]:
+def fetch_revealed(client: S3Client | PeerClient, bucket: str, key: str, codec: Codec, expect: Expect,
+                   reveal: PutWindow | None, deadline: float, *, put: PutWindow) -> tuple[Payload | Rejection, int]:
     """One peer's window under commit-reveal → (Payload or Rejection, bytes read).  Never raises.
 
     Same signature as :func:`storage.gather.fetch_payload` (``reveal`` in the place of the put window),
@@ -126,11 +131,15 @@ def fetch_revealed(client: S3Client, bucket: str, key: str, codec, expect: Expec
     except StorageError as e:
         return rejection_for(e), counted[0]
     except Exception as e:  # noqa: BLE001 — a hostile server must not crash the caller
-        return Rejection(Reason.UNREACHABLE, f"unexpected {type(e).__name__}: {str(e)[:160]}"), counted[0]
+        return unexpected(Reason.UNREACHABLE, e), counted[0]
 
 
-def _fetch_revealed(client, bucket, key, codec, expect, reveal, deadline, put, counted):
+def _fetch_revealed(client: S3Client | PeerClient, bucket: str, key: str, codec: Codec, expect: Expect,
+                    reveal: PutWindow | None, deadline: float, put: PutWindow,
+                    counted: list[int]) -> Payload | Rejection:
     window, uid, version = expect.window, expect.uid, expect.protocol_version
+    if uid is None:  # gather passes expect.for_uid(uid); without it the keys below would name uid 'None'
+        raise ValueError("commit-reveal fetch needs an Expect for one uid (Expect.for_uid)")
     obj, commit_time, n = _small_json(client, bucket, keys.commit(window, uid, version, expect.run), deadline)
     counted[0] += n
     if isinstance(obj, Rejection):
@@ -199,7 +208,8 @@ def _fetch_revealed(client, bucket, key, codec, expect, reveal, deadline, put, c
     return payload
 
 
-def gather_window(window: int, peers: dict, codec, expect: Expect, put: PutWindow, deadline_seconds: float, *,
+def gather_window(window: int, peers: dict[int, BucketInfo | str | None], codec: Codec, expect: Expect, put: PutWindow,
+                  deadline_seconds: float, *,
                   commit_reveal: bool, readers: ReaderCache | None = None,
                   priority: list[int] | None = None, peer_seconds: dict[int, float] | None = None) -> GatherResult:
     """Gather window ``window``'s updates the way the run's settings say: plain (payload in the put window)
@@ -211,13 +221,15 @@ def gather_window(window: int, peers: dict, codec, expect: Expect, put: PutWindo
     timed: dict[int, float] = {}
     lock = threading.Lock()
 
-    def fetch_timed(client, bucket, key, codec, expect, put_window, deadline):
+    def fetch_timed(client: PeerClient, bucket: str, key: str, codec: Codec, expect: Expect,
+                    put_window: PutWindow | None, deadline: float) -> tuple[Payload | Rejection, int]:
         started = time.monotonic()
         try:
             return fetch(client, bucket, key, codec, expect, put_window, deadline)
         finally:
             with lock:
-                timed[expect.uid] = time.monotonic() - started
+                if expect.uid is not None:  # always set by gather (expect.for_uid)
+                    timed[expect.uid] = time.monotonic() - started
 
     result = gather(window, peers, codec, expect, reveal_window_after(put) if commit_reveal else put,
                     deadline_seconds, readers=readers, fetch=fetch_timed if peer_seconds is not None else fetch,

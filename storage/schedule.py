@@ -12,7 +12,9 @@ import threading
 import time
 from collections import Counter
 from dataclasses import dataclass
-from typing import Hashable, Iterable, Sequence
+from typing import Generic, Hashable, Iterable, Sequence, TypeVar
+
+T = TypeVar("T")  # what a job carries (gather: the peer's BucketInfo)
 
 
 def peer_share(left: float, workers: int, outstanding: int, floor: float) -> float:
@@ -36,23 +38,23 @@ def ordered(uids: Iterable[int], priority: Sequence[int] | None) -> list[int]:
 
 
 @dataclass
-class Job:
+class Job(Generic[T]):
     uid: int
     host: Hashable
-    payload: object = None
+    payload: T
 
 
-class FairSchedule:
+class FairSchedule(Generic[T]):
     """Thread-safe queue of jobs with per-host limits and per-job deadlines inside one budget."""
 
-    def __init__(self, jobs: list[Job], workers: int, deadline: float, max_per_host: int, floor: float):
+    def __init__(self, jobs: list[Job[T]], workers: int, deadline: float, max_per_host: int, floor: float):
         self._pending = list(jobs)
-        self._busy: Counter = Counter()
+        self._busy: Counter[Hashable] = Counter()
         self._running = 0
         self.workers, self.deadline, self.max_per_host, self.floor = workers, deadline, max_per_host, floor
         self._cond = threading.Condition()
 
-    def take(self) -> tuple[Job, float] | None:
+    def take(self) -> tuple[Job[T], float] | None:
         """The next job whose host has room and its deadline; None when none is left or the budget is
         spent.  Waits while every remaining job's host is busy."""
         with self._cond:
@@ -70,7 +72,7 @@ class FairSchedule:
                         return job, now + share
                 self._cond.wait(self.deadline - now)
 
-    def done(self, job: Job) -> None:
+    def done(self, job: Job[T]) -> None:
         with self._cond:
             self._busy[job.host] -= 1
             self._running -= 1

@@ -28,6 +28,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 from storage.client import StorageError
 from storage.credentials import (ADMIN_USER, BUCKET_PREFIX, REGION, AdminCredentials, PeerCredentials,
@@ -53,16 +54,16 @@ def new_key_pair() -> tuple[str, str]:
     return "DSO" + secrets.token_hex(10).upper(), secrets.token_urlsafe(30)
 
 
-def peer_identities(name: str, bucket: str, write: tuple[str, str], read: tuple[str, str]) -> list[dict]:
+def peer_identities(name: str, bucket: str, write: tuple[str, str], read: tuple[str, str]) -> list[dict[str, Any]]:
     """The two identities of a peer: full access to its own bucket, and read + list of it."""
-    def identity(suffix: str, keys: tuple[str, str], actions: list[str]) -> dict:
+    def identity(suffix: str, keys: tuple[str, str], actions: list[str]) -> dict[str, Any]:
         return {"name": f"dso-{name}-{suffix}", "credentials": [{"accessKey": keys[0], "secretKey": keys[1]}],
                 "actions": [f"{a}:{bucket}" for a in actions]}
     return [identity("write", write, ["Read", "Write", "List", "Tagging"]),
             identity("read", read, ["Read", "List"])]
 
 
-def merge_identities(config: dict, identities: list[dict]) -> dict:
+def merge_identities(config: dict[str, Any], identities: list[dict[str, Any]]) -> dict[str, Any]:
     """``config`` with ``identities`` added; an identity of the same name is replaced (its old keys revoked)."""
     names = {i["name"] for i in identities}
     kept = [i for i in config.get("identities", []) if i.get("name") not in names]
@@ -75,7 +76,7 @@ class IdentityFile:
     def __init__(self, path: str | Path):
         self.path = Path(path).expanduser()
 
-    def load(self) -> dict:
+    def load(self) -> dict[str, Any]:
         if not self.path.exists():
             return {"identities": []}
         try:
@@ -86,7 +87,7 @@ class IdentityFile:
             raise ValueError(f"{self.path}: expected a JSON object with an 'identities' list")
         return config
 
-    def add(self, identities: list[dict]) -> None:
+    def add(self, identities: list[dict[str, Any]]) -> None:
         _write_private(self.path, merge_identities(self.load(), identities))
 
     def add_admin(self, keys: tuple[str, str]) -> None:
@@ -120,8 +121,8 @@ class SeaweedS3(Engine):
 
     name = "seaweedfs"
 
-    def __init__(self, admin: AdminCredentials, process: subprocess.Popen, data_dir: str, identities: IdentityFile,
-                 ports: tuple[int, ...] = ()):
+    def __init__(self, admin: AdminCredentials, process: subprocess.Popen[bytes], data_dir: str,
+                 identities: IdentityFile, ports: tuple[int, ...] = ()):
         self.admin, self._process, self._data_dir, self.identities = admin, process, data_dir, identities
         self._ports = ports
         self._lock = threading.Lock()

@@ -32,6 +32,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, Iterable
 
 from dso import processes
 from dso.processes import spawn
@@ -39,6 +40,9 @@ from storage.client import S3Client, StorageError
 from storage.credentials import (ADMIN_USER, BUCKET_PREFIX, REGION, AdminCredentials,  # noqa: F401 (re-exported)
                                  PeerCredentials, iam_client, provision_peer)
 from storage.engines import Engine
+
+if TYPE_CHECKING:
+    from _typeshed.wsgi import StartResponse, WSGIApplication, WSGIEnvironment
 
 DEFAULT_ADMIN_FILE = "~/.dso/localnet/s3-admin.json"
 _ALLOWED_SERVICES = {"s3", "iam"}
@@ -50,7 +54,7 @@ class EmbeddedS3(Engine):
 
     name = "moto"
 
-    def __init__(self, admin: AdminCredentials, process: subprocess.Popen | None = None,
+    def __init__(self, admin: AdminCredentials, process: subprocess.Popen[bytes] | None = None,
                  state_dir: str | None = None):
         self.admin = admin
         self._process = process
@@ -110,10 +114,10 @@ class _Guard:
 
     Until ``ready`` only the bootstrap key may call (closes the window before auth is on)."""
 
-    def __init__(self, app, bootstrap_key: str):
+    def __init__(self, app: WSGIApplication, bootstrap_key: str):
         self.app, self.bootstrap_key, self.ready = app, bootstrap_key, False
 
-    def __call__(self, environ, start_response):
+    def __call__(self, environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
         path = environ.get("PATH_INFO", "")
         auth = environ.get("HTTP_AUTHORIZATION", "")
         m = re.match(r"AWS4-HMAC-SHA256 Credential=([^/,\s]+)/[0-9]{8}/[^/]+/([^/]+)/aws4_request", auth)
@@ -136,12 +140,12 @@ class _Guard:
 def serve(host: str, port: int, admin_file: str, verbose: bool = False, parent_pid: int | None = None,
           stop: threading.Event | None = None) -> None:
     from moto import settings
-    from moto.core.responses import ActionAuthenticatorMixin
+    from moto.core.authorization import ActionAuthenticatorMixin
     from moto.moto_server.werkzeug_app import DomainDispatcherApplication, MotoRequestHandler, create_backend_app
     from werkzeug.serving import make_server
 
     class Handler(MotoRequestHandler):
-        def log_request(self, *args, **kw):
+        def log_request(self, *args: Any, **kw: Any) -> None:
             if verbose:
                 super().log_request(*args, **kw)
 

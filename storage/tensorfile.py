@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass
+from typing import Any, NoReturn, TypeGuard
 
 import numpy as np
 import safetensors.numpy
@@ -50,8 +51,8 @@ def _malformed(detail: str) -> Rejection:
     return Rejection(Reason.MALFORMED, detail)
 
 
-def _no_duplicates(pairs: list) -> dict:
-    out = {}
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
     for k, v in pairs:
         if k in out:
             raise ValueError(f"duplicate key {k[:64]!r}")
@@ -59,16 +60,16 @@ def _no_duplicates(pairs: list) -> dict:
     return out
 
 
-def _reject_constant(name: str):
+def _reject_constant(name: str) -> NoReturn:
     raise ValueError(f"{name} is not valid JSON")
 
 
-def strict_json(text: str):
+def strict_json(text: str) -> Any:  # any JSON value
     """json.loads that refuses duplicate keys and NaN/Infinity (raises ValueError/RecursionError)."""
     return json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_reject_constant)
 
 
-def _is_nat(x) -> bool:
+def _is_nat(x: object) -> TypeGuard[int]:
     return isinstance(x, int) and not isinstance(x, bool) and x >= 0
 
 
@@ -91,12 +92,12 @@ def read_header(data: bytes, max_header_bytes: int) -> Header | Rejection:
                                                  for k, v in metadata.items()):
         return _malformed("__metadata__ must map strings to strings")
     entries: dict[str, Entry] = {}
-    for name, e in raw.items():
+    for name, item in raw.items():
         if len(name) > MAX_NAME:
             return _malformed(f"tensor name of {len(name)} characters")
-        if not isinstance(e, dict) or set(e) != {"dtype", "shape", "data_offsets"}:
+        if not isinstance(item, dict) or set(item) != {"dtype", "shape", "data_offsets"}:
             return _malformed(f"{name[:64]}: entry must have exactly dtype, shape, data_offsets")
-        dtype, shape, offsets = e["dtype"], e["shape"], e["data_offsets"]
+        dtype, shape, offsets = item["dtype"], item["shape"], item["data_offsets"]
         if dtype not in ITEMSIZE:
             return _malformed(f"{name[:64]}: unknown dtype {str(dtype)[:16]!r}")
         if not isinstance(shape, list) or len(shape) > MAX_RANK or not all(_is_nat(d) for d in shape):

@@ -16,15 +16,20 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import safetensors.numpy
 import torch
 
+from dso.codecs import Codec, Update
 from dso.model import sync_sample_count
 from dso.packing import PackingError
-from dso.rejections import Reason, Rejection
+from dso.rejections import Reason, Rejection, unexpected
 from storage.tensorfile import header_allowance, parse_uint, read_header, check_spec, load_arrays
+
+if TYPE_CHECKING:
+    from dso.config import HParams
 
 FORMAT = "dso-update"
 SYNC_KEY = "sync.values"
@@ -55,7 +60,7 @@ class Expect:
     run: str = ""                  # the network run the payload is read under (its key prefix)
 
     @classmethod
-    def from_hparams(cls, hp, window: int, *, data_hash: str | None = None, **kw) -> "Expect":
+    def from_hparams(cls, hp: HParams, window: int, *, data_hash: str | None = None, **kw: Any) -> "Expect":
         """What the run's settings require of window ``window``'s payloads.  ``data_hash``: the run's data
         hash (the node's ``Dataset.data_hash``); by default ``hp.data_hash`` when the run pins one, so a
         payload trained on other data is a ``METADATA_MISMATCH`` (docs/protocol.md)."""
@@ -71,13 +76,13 @@ class Expect:
 @dataclass
 class Payload:
     meta: PayloadMeta
-    update: object                 # the codec's CompressedUpdate
+    update: Update                 # the codec's CompressedUpdate
     sync_values: torch.Tensor      # float32 (sync_samples,)
     nbytes: int
     last_modified: float | None = None  # server time, set by gather
 
 
-def full_spec(codec, sync_samples: int) -> dict[str, tuple[str, tuple[int, ...]]]:
+def full_spec(codec: Codec, sync_samples: int) -> dict[str, tuple[str, tuple[int, ...]]]:
     spec = dict(codec.wire_spec())
     if SYNC_KEY in spec:
         raise ValueError(f"codec wire spec must not use the key {SYNC_KEY!r}")
@@ -85,14 +90,14 @@ def full_spec(codec, sync_samples: int) -> dict[str, tuple[str, tuple[int, ...]]
     return spec
 
 
-def payload_size_cap(codec, sync_samples: int) -> int:
+def payload_size_cap(codec: Codec, sync_samples: int) -> int:
     """Largest acceptable payload in bytes: exact tensor bytes + a header allowance."""
     spec = full_spec(codec, sync_samples)
     data = sum(math.prod(shape) * np.dtype(dtype).itemsize for dtype, shape in spec.values())
     return 8 + header_allowance(len(spec)) + data
 
 
-def _metadata(meta: PayloadMeta, codec) -> dict[str, str]:
+def _metadata(meta: PayloadMeta, codec: Codec) -> dict[str, str]:
     md = {"format": FORMAT, "protocol_version": str(meta.protocol_version), "uid": str(meta.uid),
           "window": str(meta.window), "hparams": meta.hparams_digest, "data_hash": meta.data_hash,
           "model_hash": meta.model_hash}
@@ -100,7 +105,7 @@ def _metadata(meta: PayloadMeta, codec) -> dict[str, str]:
     return md
 
 
-def encode_payload(codec, update, sync_values: torch.Tensor, meta: PayloadMeta) -> bytes:
+def encode_payload(codec: Codec, update: Update, sync_values: torch.Tensor, meta: PayloadMeta) -> bytes:
     """Serialise our own update.  Raises ValueError if it would not pass our own validator's shape checks."""
     tensors = {k: np.ascontiguousarray(v) for k, v in codec.to_wire(update).items()}
     sync = sync_values.detach().to("cpu", torch.float32).contiguous().reshape(-1).numpy()
@@ -115,7 +120,7 @@ def encode_payload(codec, update, sync_values: torch.Tensor, meta: PayloadMeta) 
     return safetensors.numpy.save(tensors, metadata=_metadata(meta, codec))
 
 
-def _parse_meta(md: dict[str, str], codec) -> PayloadMeta | Rejection:
+def _parse_meta(md: dict[str, str], codec: Codec) -> PayloadMeta | Rejection:
     want = set(_metadata(PayloadMeta(0, 0, 0, ""), codec))
     if set(md) != want:
         missing, extra = sorted(want - set(md)), sorted(set(md) - want)
@@ -126,14 +131,15 @@ def _parse_meta(md: dict[str, str], codec) -> PayloadMeta | Rejection:
     for k, v in nums.items():
         if v is None:
             return Rejection(Reason.METADATA_MISMATCH, f"{k}: {md[k][:32]!r} is not a canonical integer")
+    ints = {k: v for k, v in nums.items() if v is not None}  # all of them (checked above)
     for k in ("hparams", "data_hash", "model_hash"):
         if len(md[k]) > 128 or not set(md[k]) <= _HASH_CHARS:
             return Rejection(Reason.METADATA_MISMATCH, f"{k}: not a lowercase hex digest")
-    return PayloadMeta(uid=nums["uid"], window=nums["window"], protocol_version=nums["protocol_version"],
+    return PayloadMeta(uid=ints["uid"], window=ints["window"], protocol_version=ints["protocol_version"],
                        hparams_digest=md["hparams"], data_hash=md["data_hash"], model_hash=md["model_hash"])
 
 
-def _compare(meta: PayloadMeta, md: dict[str, str], codec, expect: Expect) -> Rejection | None:
+def _compare(meta: PayloadMeta, md: dict[str, str], codec: Codec, expect: Expect) -> Rejection | None:
     checks = [("protocol_version", meta.protocol_version, expect.protocol_version),
               ("window", meta.window, expect.window),
               ("hparams", meta.hparams_digest, expect.hparams_digest)]
@@ -157,15 +163,15 @@ def _packing_reason(e: PackingError) -> Reason:
         return Reason.BAD_ENCODING
 
 
-def decode_payload(data: bytes, codec, expect: Expect) -> Payload | Rejection:
+def decode_payload(data: bytes, codec: Codec, expect: Expect) -> Payload | Rejection:
     """Validate and decode another peer's payload bytes; never raises."""
     try:
         return _decode(data, codec, expect)
     except Exception as e:  # noqa: BLE001 — last line of defence: a bug must not stop a validator
-        return Rejection(Reason.MALFORMED, f"unexpected {type(e).__name__}: {str(e)[:120]}")
+        return unexpected(Reason.MALFORMED, e)
 
 
-def _decode(data: bytes, codec, expect: Expect) -> Payload | Rejection:
+def _decode(data: bytes, codec: Codec, expect: Expect) -> Payload | Rejection:
     spec = full_spec(codec, expect.sync_samples)
     cap = payload_size_cap(codec, expect.sync_samples)
     if len(data) > cap:

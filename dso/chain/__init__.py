@@ -1,4 +1,6 @@
 """Chain access: the :class:`Chain` interface and its backends."""
+from typing import Any
+
 from dso.chain.base import Chain, ChainError, ChainUnavailable, Neuron
 
 __all__ = ["Chain", "ChainError", "ChainUnavailable", "Neuron", "LocalChain", "BittensorChain", "open_chain"]
@@ -8,7 +10,7 @@ _LAZY = {"LocalChain": "dso.chain.local", "BittensorChain": "dso.chain.bittensor
          "open_chain": "dso.chain.factory"}
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> Any:
     if name in _LAZY:
         import importlib
 

@@ -9,7 +9,10 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from dso.chain.weights import WeightPlan
 
 
 class ChainError(RuntimeError):
@@ -128,7 +131,7 @@ class Chain(ABC):
                            max_idle_blocks)
 
     def post_weights(self, wallet: Any, scores: dict[int, float], *, pad: bool = True,
-                     version_key: int | None = None):
+                     version_key: int | None = None) -> WeightPlan:
         """Post ``scores`` as the chain will accept them (dso.chain.weights.plan_weights: version key,
         rate limit, minimum count with padding, clip); returns the WeightPlan posted, or raises
         WeightsRefused (a ChainError whose ``refusal`` says why and from which block a post is allowed)."""
@@ -155,11 +158,11 @@ class Chain(ABC):
         """Release connections; the default has none."""
 
     # ------------------------------------------ provenance ledger (optional)
-    def append_ledger(self, wallet: Any, record: dict) -> str:
+    def append_ledger(self, wallet: Any, record: dict[str, Any]) -> str:
         """Append a signed, hash-linked provenance record; returns its hash."""
         raise ChainError("unsupported", f"{type(self).__name__} keeps no provenance ledger")
 
-    def ledger(self) -> list[dict]:
+    def ledger(self) -> list[dict[str, Any]]:
         """Valid records in order: {seq, block, hotkey, prev_hash, hash, record}."""
         raise ChainError("unsupported", f"{type(self).__name__} keeps no provenance ledger")
 

@@ -107,8 +107,10 @@ class BittensorChain(Chain):
         with self._sdk(f"reading the timestamp of block {block}"):
             head = int(self.sub.block)
             if block <= head:
-                return self.sub.timestamp(block).timestamp()
-            return self.sub.timestamp(head).timestamp() + (block - head) * self.seconds_per_block()
+                stamp: float = self.sub.timestamp(block).timestamp()
+                return stamp
+            head_stamp: float = self.sub.timestamp(head).timestamp()
+            return head_stamp + (block - head) * self.seconds_per_block()
 
     def randomness(self, block: int) -> bytes:
         block = check_block(block)

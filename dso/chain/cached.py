@@ -13,11 +13,13 @@ from __future__ import annotations
 import threading
 import time
 from collections import OrderedDict
-from typing import Any, Callable, Hashable
+from typing import Any, Callable, Hashable, TypeVar
 
 from dso.chain.base import Chain, Neuron, WeightRules
 
 _KEEP_BLOCKS = 4096  # randomness / timestamps remembered
+
+_T = TypeVar("_T")
 
 
 class CachedChain(Chain):
@@ -30,7 +32,7 @@ class CachedChain(Chain):
         self.hits = self.misses = 0
 
     @property
-    def weights_version(self) -> int:  # type: ignore[override]
+    def weights_version(self) -> int:  # type: ignore[override]  # a read-only view of the inner chain's attribute
         return self.inner.weights_version
 
     def __repr__(self) -> str:
@@ -48,21 +50,23 @@ class CachedChain(Chain):
         with self._lock:
             self._reads.clear()
 
-    def _cached(self, name: str, read: Callable[[], Any]) -> Any:
+    def _cached(self, name: str, read: Callable[[], _T]) -> _T:
         with self._lock:
             hit = self._reads.get(name)
             if hit is not None and hit[0] == self._window and self._clock() - hit[1] <= self.max_age_seconds:
                 self.hits += 1
-                return hit[2]
+                cached: _T = hit[2]
+                return cached
             self.misses += 1
             value = read()
             self._reads[name] = (self._window, self._clock(), value)
             return value
 
-    def _per_block(self, name: str, block: int, read: Callable[[], Any]) -> Any:
+    def _per_block(self, name: str, block: int, read: Callable[[], _T]) -> _T:
         with self._lock:
             if (name, block) in self._blocks:
-                return self._blocks[(name, block)]
+                known: _T = self._blocks[(name, block)]
+                return known
             value = read()
             self._blocks[(name, block)] = value
             if len(self._blocks) > _KEEP_BLOCKS:
@@ -93,7 +97,7 @@ class CachedChain(Chain):
     def weight_rules(self) -> WeightRules:
         return self._cached("weight_rules", self.inner.weight_rules)
 
-    def ledger(self) -> list[dict]:
+    def ledger(self) -> list[dict[str, Any]]:
         return self.inner.ledger()
 
     def verify_ledger(self) -> list[str]:
@@ -119,7 +123,7 @@ class CachedChain(Chain):
         finally:
             self.invalidate()
 
-    def append_ledger(self, wallet: Any, record: dict) -> str:
+    def append_ledger(self, wallet: Any, record: dict[str, Any]) -> str:
         return self.inner.append_ledger(wallet, record)
 
     def close(self) -> None:

@@ -170,7 +170,7 @@ class LocalChain(EpochsMixin, StateMixin, LedgerMixin, Chain):
                               emission=emission.get(hotkey, 0.0), last_update=updated[uid]))
         return out
 
-    def _last_update(self, conn, hotkey: str, registered: int, now: int) -> int:
+    def _last_update(self, conn: sqlite3.Connection, hotkey: str, registered: int, now: int) -> int:
         """Block of the hotkey's latest valid weight post since it registered (0 = none)."""
         latest = self._latest_weights(conn, hotkey, now, since=registered)
         return latest[0] if latest is not None else 0
@@ -185,6 +185,7 @@ class LocalChain(EpochsMixin, StateMixin, LedgerMixin, Chain):
         with self._txn(immediate=True) as conn:
             now = self.block()
             occupants = self._occupants(conn, now)
+            uid: int | None
             for uid, (held_by, _) in occupants.items():
                 if held_by == hotkey:
                     return uid
@@ -207,7 +208,7 @@ class LocalChain(EpochsMixin, StateMixin, LedgerMixin, Chain):
             conn.execute("DELETE FROM emission WHERE hotkey = ?", (hotkey,))  # a new registration starts at 0
             return uid
 
-    def _require_uid(self, conn, hotkey: str, now: int) -> tuple[int, dict[int, tuple[str, int]]]:
+    def _require_uid(self, conn: sqlite3.Connection, hotkey: str, now: int) -> tuple[int, dict[int, tuple[str, int]]]:
         occupants = self._occupants(conn, now)
         uid = next((u for u, (hk, _) in occupants.items() if hk == hotkey), None)
         if uid is None:
@@ -309,4 +310,5 @@ class LocalChain(EpochsMixin, StateMixin, LedgerMixin, Chain):
     def integrity_check(self) -> str:
         """SQLite's own structural check of the file ('ok' when sound)."""
         with self._lock:
-            return self._conn.execute("PRAGMA integrity_check").fetchone()[0]
+            result: str = self._conn.execute("PRAGMA integrity_check").fetchone()[0]
+            return result

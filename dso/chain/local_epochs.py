@@ -10,11 +10,17 @@ hotkeys no longer registered, and registrations replaced by a later valid one.
 from __future__ import annotations
 
 import json
+import sqlite3
+import threading
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ContextManager
 
 import numpy as np
 
 from dso.chain import rules
+
+if TYPE_CHECKING:
+    from dso.chain.local_store import LocalChainParams
 
 
 @dataclass
@@ -28,7 +34,22 @@ class _Epoch:
 class EpochsMixin:
     """Consensus of :class:`dso.chain.local.LocalChain` (uses its state reads and ``params``)."""
 
-    def _epoch(self, conn, upto: int, accrued: dict[str, float]) -> _Epoch:
+    if TYPE_CHECKING:  # provided by LocalChain and StateMixin
+        params: LocalChainParams
+        _lock: threading.RLock
+        _conn: sqlite3.Connection
+
+        def block(self) -> int: ...
+        def _txn(self, immediate: bool) -> ContextManager[sqlite3.Connection]: ...
+        def _occupants(self, conn: sqlite3.Connection, upto: int) -> dict[int, tuple[str, int]]: ...
+        def _stakes(self, conn: sqlite3.Connection, upto: int,
+                    accrued: dict[str, float] | None = None) -> dict[str, float]: ...
+        def _permits(self, occupants: dict[int, tuple[str, int]], stakes: dict[str, float]) -> set[int]: ...
+        def _latest_weights(self, conn: sqlite3.Connection, hotkey: str, upto: int,
+                            since: int) -> tuple[int, dict[int, float]] | None: ...
+        def _registration_valid(self, uid: Any, hotkey: Any, block: Any, signature: Any) -> bool: ...
+
+    def _epoch(self, conn: sqlite3.Connection, upto: int, accrued: dict[str, float]) -> _Epoch:
         """Consensus over the state after block ``upto``."""
         occupants = self._occupants(conn, upto)
         stakes = self._stakes(conn, upto, accrued)
@@ -56,7 +77,8 @@ class EpochsMixin:
         return _Epoch({uid: (occupants[uid][0], float(incentive[column[uid]])) for uid in uids},
                       occupants, permits, voters)
 
-    def _same_epochs_ahead(self, conn, upto: int, accrued: dict[str, float], epoch: _Epoch, limit: int) -> int:
+    def _same_epochs_ahead(self, conn: sqlite3.Connection, upto: int, accrued: dict[str, float], epoch: _Epoch,
+                           limit: int) -> int:
         """How many of the next ``limit`` epochs have the same consensus inputs as ``epoch`` when the only
         change is staked emission: none if a voter earns (its stake weight moves), else until a permit moves."""
         earning = {hk: inc for hk, inc in epoch.incentive.values() if inc > 0}
@@ -73,7 +95,7 @@ class EpochsMixin:
                 return n
         return limit
 
-    def _process_epochs(self, conn) -> None:
+    def _process_epochs(self, conn: sqlite3.Connection) -> None:
         """Run every consensus due by now (called inside a write transaction)."""
         p = self.params
         (done,) = conn.execute("SELECT epoch FROM consensus WHERE id = 1").fetchone()
@@ -97,13 +119,14 @@ class EpochsMixin:
                 if inc > 0:
                     accrued[hk] = accrued.get(hk, 0.0) + inc * per_epoch * (last - k + 1)
             k = last + 1
+        assert epoch is not None  # done < due, so the loop ran at least once
         conn.executemany("INSERT INTO emission VALUES (?1, ?2) ON CONFLICT(hotkey) DO UPDATE SET amount = ?2",
                          [(hk, amount) for hk, amount in accrued.items() if before.get(hk) != amount])
         conn.execute("UPDATE consensus SET epoch = ?, incentive = ? WHERE id = 1",
                      (due, json.dumps({str(u): [hk, inc] for u, (hk, inc) in epoch.incentive.items()})))
         self._prune(conn, due * p.tempo - 1)
 
-    def _prune(self, conn, cutoff: int) -> None:
+    def _prune(self, conn: sqlite3.Connection, cutoff: int) -> None:
         """Delete rows no state after block ``cutoff`` can read (every later read is as of >= cutoff)."""
         conn.execute("DELETE FROM weights WHERE block <= ?1 AND id NOT IN "
                      "(SELECT MAX(id) FROM weights WHERE block <= ?1 GROUP BY hotkey)", (cutoff,))

@@ -10,16 +10,33 @@ end is detectable only against a hash published elsewhere, e.g. in S3.)
 from __future__ import annotations
 
 import json
-from typing import Any
+import sqlite3
+from typing import TYPE_CHECKING, Any, Callable, ContextManager
 
 from dso.chain import rules
 from dso.chain.base import ChainError
+
+if TYPE_CHECKING:
+    from dso.chain.local_store import LocalChainParams
 
 
 class LedgerMixin:
     """Ledger operations of :class:`dso.chain.local.LocalChain` (uses its transaction and signing helpers)."""
 
-    def append_ledger(self, wallet: Any, record: dict) -> str:
+    if TYPE_CHECKING:  # provided by LocalChain and StateMixin
+        params: LocalChainParams
+
+        def _hotkey(self, wallet: Any) -> str: ...
+        def _txn(self, immediate: bool) -> ContextManager[sqlite3.Connection]: ...
+        def block(self) -> int: ...
+        def _require_uid(self, conn: sqlite3.Connection, hotkey: str,
+                         now: int) -> tuple[int, dict[int, tuple[str, int]]]: ...
+        def _signed(self, wallet: Any, op: str, block: int, **fields: Any) -> tuple[str, str]: ...
+        def _row_valid(self, key: tuple[Any, ...], hotkey: Any, signature: Any,
+                       message: Callable[[], bytes]) -> bool: ...
+        def _message(self, op: str, hotkey: str, block: int, **fields: Any) -> bytes: ...
+
+    def append_ledger(self, wallet: Any, record: dict[str, Any]) -> str:
         """Append a provenance record signed by a registered hotkey; returns its hash."""
         if not isinstance(record, dict):
             raise ChainError(rules.BAD_RECORD, f"a ledger record must be a JSON object, got {type(record).__name__}")
@@ -42,12 +59,12 @@ class LedgerMixin:
                          (seq, now, hotkey, prev, digest, blob.decode("ascii"), signature))
             return digest
 
-    def _ledger_rows(self) -> list[tuple]:
+    def _ledger_rows(self) -> list[tuple[Any, ...]]:
         with self._txn(immediate=False) as conn:
             return conn.execute("SELECT seq, block, hotkey, prev_hash, hash, record, signature FROM ledger "
                                 "ORDER BY seq").fetchall()
 
-    def _ledger_problem(self, row: tuple, expected_seq: int, expected_prev: str) -> str | None:
+    def _ledger_problem(self, row: tuple[Any, ...], expected_seq: int, expected_prev: str) -> str | None:
         seq, block, hotkey, prev, digest, text, signature = row
         if seq != expected_seq:
             return f"seq {seq}: expected seq {expected_seq} (records missing)"
@@ -63,7 +80,7 @@ class LedgerMixin:
             return f"seq {seq}: signature is not {hotkey}'s"
         return None
 
-    def ledger(self) -> list[dict]:
+    def ledger(self) -> list[dict[str, Any]]:
         """Records whose hash and signature check out, in order: {seq, block, hotkey, prev_hash, hash, record}."""
         out = []
         for row in self._ledger_rows():

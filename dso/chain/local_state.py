@@ -12,11 +12,14 @@ from __future__ import annotations
 import json
 import sqlite3
 from collections import OrderedDict
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from dso.chain import rules
 from dso.chain.base import ChainError
 from dso.chain.wallets import verify
+
+if TYPE_CHECKING:
+    from dso.chain.local_store import LocalChainParams
 
 _VERIFIED_CAP = 500_000  # rows remembered (pruning keeps the live tables far smaller)
 
@@ -24,10 +27,15 @@ _VERIFIED_CAP = 500_000  # rows remembered (pruning keeps the live tables far sm
 class StateMixin:
     """State reads of :class:`dso.chain.local.LocalChain` (uses its ``params``, ``_message``)."""
 
-    def _init_state(self) -> None:
-        self._verified: OrderedDict[tuple, bool] = OrderedDict()
+    if TYPE_CHECKING:  # provided by LocalChain
+        params: LocalChainParams
 
-    def _row_valid(self, key: tuple, hotkey: Any, signature: Any, message: Callable[[], bytes]) -> bool:
+        def _message(self, op: str, hotkey: str, block: int, **fields: Any) -> bytes: ...
+
+    def _init_state(self) -> None:
+        self._verified: OrderedDict[tuple[Any, ...], bool] = OrderedDict()
+
+    def _row_valid(self, key: tuple[Any, ...], hotkey: Any, signature: Any, message: Callable[[], bytes]) -> bool:
         """Whether a stored row's signature is its hotkey's, verified on first sight only."""
         known = self._verified.get(key)
         if known is None:
@@ -84,7 +92,8 @@ class StateMixin:
         return self._row_valid(("weights", hotkey, block, uids_json, weights_json, signature), hotkey, signature,
                                message)
 
-    def _latest_weights(self, conn, hotkey: str, upto: int, since: int) -> tuple[int, dict[int, float]] | None:
+    def _latest_weights(self, conn: sqlite3.Connection, hotkey: str, upto: int,
+                        since: int) -> tuple[int, dict[int, float]] | None:
         """(block, normalised and clipped row) of the hotkey's latest valid post in [since, upto]."""
         rows = conn.execute("SELECT block, uids, weights, signature FROM weights WHERE hotkey = ? AND block <= ? "
                             "AND block >= ? ORDER BY block DESC, id DESC", (hotkey, upto, since))
@@ -101,7 +110,7 @@ class StateMixin:
             return block, row
         return None
 
-    def _latest_commitment(self, conn, hotkey: str, upto: int) -> tuple[int, str] | None:
+    def _latest_commitment(self, conn: sqlite3.Connection, hotkey: str, upto: int) -> tuple[int, str] | None:
         rows = conn.execute("SELECT block, data, signature FROM commitments WHERE hotkey = ? AND block <= ? "
                             "ORDER BY block DESC, id DESC", (hotkey, upto))
         for block, data, signature in rows:
@@ -112,6 +121,6 @@ class StateMixin:
         return None
 
     @staticmethod
-    def _incentive(conn) -> dict[int, tuple[str, float]]:
+    def _incentive(conn: sqlite3.Connection) -> dict[int, tuple[str, float]]:
         (text,) = conn.execute("SELECT incentive FROM consensus WHERE id = 1").fetchone()
         return {int(uid): (hotkey, float(value)) for uid, (hotkey, value) in json.loads(text).items()}

@@ -10,7 +10,10 @@ chosen among those that carry the tag (:func:`pick_leader`).
 """
 from __future__ import annotations
 
-from typing import Iterable, Sequence
+from typing import TYPE_CHECKING, Iterable
+
+if TYPE_CHECKING:
+    from dso.chain.base import Neuron
 
 SEPARATOR = "|"
 VALIDATOR = "validator"
@@ -43,10 +46,11 @@ def role_of(commitment: object) -> str | None:
     return split_role(commitment)[1] if isinstance(commitment, str) else None
 
 
-def pick_leader(validators: Iterable, now: int | None = None, max_idle_blocks: int | None = None):
+def pick_leader(validators: Iterable[Neuron], now: int | None = None,
+                max_idle_blocks: int | None = None) -> Neuron | None:
     """The leading protocol validator: the largest stake (ties: lower uid) among ``validators``
     (Neurons carrying the validator tag and a permit), skipping any whose last weight post is more than
     ``max_idle_blocks`` old when both ``now`` and ``max_idle_blocks`` are given; None if there is none."""
-    candidates: Sequence = [v for v in validators if now is None or max_idle_blocks is None
+    candidates: list[Neuron] = [v for v in validators if now is None or max_idle_blocks is None
                             or (v.last_update > 0 and now - v.last_update <= max_idle_blocks)]
     return max(candidates, key=lambda n: (n.stake, -n.uid)) if candidates else None

@@ -214,6 +214,6 @@ def canonical_json(obj: Any) -> bytes:
                       allow_nan=False).encode("ascii")
 
 
-def ledger_hash(prev_hash: str, record: dict) -> str:
+def ledger_hash(prev_hash: str, record: dict[str, Any]) -> str:
     """hash = sha256(prev_hash || canonical JSON of the record), hex."""
     return hashlib.sha256(prev_hash.encode("ascii") + canonical_json(record)).hexdigest()

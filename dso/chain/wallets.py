@@ -11,10 +11,13 @@ import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import bittensor as bt
 import bittensor_core
+
+if TYPE_CHECKING:
+    from dso.config import WalletConfig
 
 SR25519 = bittensor_core.CRYPTO_SR25519
 
@@ -27,7 +30,7 @@ def _wallet_dir(path: str, name: str) -> Path:
     return Path(path).expanduser() / name
 
 
-def load_wallet(cfg: Any, create: bool = False) -> bt.Wallet:
+def load_wallet(cfg: WalletConfig, create: bool = False) -> bt.Wallet:
     """The wallet named by a :class:`dso.config.WalletConfig` (name, hotkey, path).
 
     With ``create=True`` a missing wallet/hotkey is created unencrypted (local
@@ -86,7 +89,8 @@ class DevWallet:
 
     @property
     def name(self) -> str:
-        return self.hotkey.ss58_address[:8]
+        name: str = self.hotkey.ss58_address[:8]
+        return name
 
 
 def dev_wallet(uri: str) -> DevWallet:

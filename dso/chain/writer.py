@@ -21,7 +21,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Callable
 
-from dso.chain.base import ChainError
+from dso.chain.base import Chain, ChainError
 
 
 @dataclass(frozen=True)
@@ -49,7 +49,7 @@ class WriteTicket:
 class ChainWriter:
     def __init__(self, *, max_pending: int = 16, log_path: str | Path | None = None,
                  on_result: Callable[[WriteResult], None] | None = None, keep: int = 1000):
-        self._pending: deque = deque()
+        self._pending: deque[tuple[WriteTicket, Callable[[], Any], float]] = deque()
         self._cv = threading.Condition()
         self._ids = itertools.count(1)
         self._max_pending, self._on_result = max_pending, on_result
@@ -79,12 +79,12 @@ class ChainWriter:
             self._cv.notify_all()
         return ticket
 
-    def set_weights(self, chain, wallet: Any, uids: list[int], weights: list[float],
+    def set_weights(self, chain: Chain, wallet: Any, uids: list[int], weights: list[float],
                     version_key: int | None = None) -> WriteTicket:
         return self.submit("set_weights", lambda: chain.set_weights(wallet, uids, weights, version_key),
                            key="set_weights")
 
-    def commit(self, chain, wallet: Any, data: str) -> WriteTicket:
+    def commit(self, chain: Chain, wallet: Any, data: str) -> WriteTicket:
         return self.submit("commit", lambda: chain.commit(wallet, data), key="commit")
 
     def result(self, ticket: WriteTicket) -> WriteResult | None:

@@ -16,7 +16,7 @@ import signal
 import pytest
 from scrape import by_label, one, scrape
 
-from dso.config import from_dict
+from dso.config_sources import from_dict
 from sim.localnet import LocalNet, plan_nodes, wait_for
 
 pytestmark = pytest.mark.slow

@@ -2,7 +2,8 @@ import json
 
 import pytest
 
-from dso.config import Config, ConfigError, HParams, build_parser, from_dict, load_file, parse_args
+from dso.config import Config, ConfigError, HParams
+from dso.config_sources import build_parser, from_dict, load_file, parse_args
 
 
 def test_defaults_validate_and_digest_is_stable():
@@ -114,3 +115,13 @@ def test_help_documents_the_presets_and_the_tokeniser(capsys):
     out = " ".join(capsys.readouterr().out.split())
     assert "--hparams.model.preset" in out and "125m = d_model 768, 18 layers" in out
     assert "--hparams.tokenizer" in out and "--data.tokenizer_file" in out
+
+
+def test_readers_moved_to_config_sources_still_import_from_config():
+    import dso.config
+    import dso.config_sources
+
+    for name in ("build_parser", "from_dict", "load_file", "parse_args", "set_key"):
+        assert getattr(dso.config, name) is getattr(dso.config_sources, name)
+    with pytest.raises(AttributeError):
+        dso.config.no_such_reader

@@ -39,3 +39,14 @@ def test_initial_loss_is_near_uniform():
     model = build_model(cfg, 0)
     batch = torch.randint(0, 256, (4, 17))
     assert abs(model.loss(batch).item() - torch.log(torch.tensor(256.0)).item()) < 0.1
+
+
+def test_a_parameter_the_loss_does_not_reach_has_a_zero_gradient():
+    from dso.train import compute_gradients
+
+    cfg = ModelConfig(d_model=16, n_layers=1, n_heads=2, ffn_hidden=32, seq_len=8, vocab_size=256)
+    model = build_model(cfg, seed=0)
+    model.unused = torch.nn.Parameter(torch.ones(3))  # e.g. a frozen or not yet wired head
+    grads, loss = compute_gradients(model, torch.randint(0, 256, (4, 9)), micro_batch=2)
+    assert torch.equal(grads["unused"], torch.zeros(3)) and loss > 0
+    assert grads["embed.weight"].abs().sum() > 0

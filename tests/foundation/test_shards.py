@@ -72,6 +72,8 @@ def test_text_corpus_and_its_shards_give_the_same_data_hash(folder, tmp_path):
     ("latin1.txt", "ok line\ncaf\xe9\n".encode("latin-1"), "latin1.txt: invalid UTF-8 at byte 11"),
     ("bad.jsonl", b'{"text": "fine"}\n{"text": 3}\n', "bad.jsonl:2: expected a JSON object with a string 'text'"),
     ("broken.jsonl", b'{"text": "fine"}\n{"text": \n', r"broken.jsonl:2: not valid JSON"),
+    # json raises a plain ValueError (no .msg) for an integer past Python's 4300-digit limit
+    ("huge.jsonl", b'{"text": "fine"}\n{"n": ' + b"1" * 5000 + b'}\n', r"huge.jsonl:2: not valid JSON \(Exceeds"),
     ("none.jsonl", b'\n{"text": ""}\n', "none.jsonl: empty file"),
 ])
 def test_bad_input_is_refused_naming_the_file(tmp_path, name, content, message):

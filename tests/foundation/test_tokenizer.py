@@ -6,7 +6,8 @@ import sys
 import numpy as np
 import pytest
 
-from dso.config import ConfigError, from_dict
+from dso.config import ConfigError
+from dso.config_sources import from_dict
 from dso.data import DataError, Dataset
 from dso.tokenizer import Tokenizer, TokenizerSpec, bytes_as_hf, canonical_hash, train_bpe
 

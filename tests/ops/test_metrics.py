@@ -13,7 +13,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from dso.chain import Chain, ChainError
 from dso.chain.base import Neuron
-from dso.config import Config, ConfigError, from_dict
+from dso.config import Config, ConfigError
+from dso.config_sources import from_dict
 from neurons.context import EventLog, _metrics
 from neurons.lifecycle import Fatal
 from neurons.metered_chain import MeteredChain

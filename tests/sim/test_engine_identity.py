@@ -13,7 +13,8 @@ import pytest
 
 from dso.chain.local import LocalChain
 from dso.chain.wallets import create_local_wallet, hotkey_address
-from dso.config import HParams, ModelConfig, from_dict
+from dso.config import HParams, ModelConfig
+from dso.config_sources import from_dict
 from dso.data import Dataset
 from dso.model import model_hash
 from neurons import validator_state
