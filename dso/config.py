@@ -144,8 +144,9 @@ class HParams:
     model: ModelConfig = field(default_factory=ModelConfig)
     # --- training
     batch_size: int = _doc("sequences a baseline miner trains on per window (from its assignment)", default=16)
-    assigned_sequences: int = _doc("sequences assigned to a peer per window; a diligent miner trains on more of "
-                                   "them than the baseline", default=32)
+    assigned_sequences: int = _doc("sequences assigned to a peer per window: enough for inner.steps_max steps of "
+                                   "batch_size (the fastest miner the protocol allows); a faster or more diligent "
+                                   "miner gets further into them", default=128)
     micro_batch: int = _doc("sequences per forward/backward (gradient accumulation)", default=8)
     learning_rate: float = _doc("alpha: size of the signed step", default=2e-3)
     warmup_windows: int = _doc("linear warm-up of alpha over this many windows", default=5)
@@ -208,6 +209,10 @@ class HParams:
         self.dp.validate(f"{prefix}.dp")
         self.inner.validate(f"{prefix}.inner")
         self.outer.validate(f"{prefix}.outer")
+        if self.inner.mode == "steps" and self.assigned_sequences < self.inner.steps_max * self.batch_size:
+            raise ConfigError(f"{prefix}.assigned_sequences: {self.assigned_sequences} is fewer than "
+                              f"inner.steps_max × batch_size = {self.inner.steps_max * self.batch_size}: the "
+                              "fastest miner the protocol allows would run out of assigned data")
         _positive(self, prefix, "batch_size", "micro_batch", "learning_rate", "val_sequences", "chunk",
                   "topk", "blocks_per_window", "put_window_seconds", "sync_samples", "eval_peers",
                   "fast_peers", "eval_sequences", "topg", "weight_power", "windows_per_weights",

@@ -47,8 +47,8 @@ class OuterState:
     steps: int = 0
 
     @classmethod
-    def fresh(cls, shapes: Mapping[str, tuple[int, ...]], hp: HParams) -> "OuterState":
-        if hp.outer.rule != "nesterov":
+    def fresh(cls, shapes: Mapping[str, tuple[int, ...]], hp: HParams | str) -> "OuterState":
+        if (hp if isinstance(hp, str) else hp.outer.rule) != "nesterov":
             return cls()
         return cls({n: torch.zeros(s, dtype=torch.float32) for n, s in shapes.items()})
 
@@ -59,12 +59,14 @@ class OuterState:
 
     @classmethod
     def from_tensors(cls, tensors: Mapping[str, torch.Tensor], shapes: Mapping[str, tuple[int, ...]],
-                     hp: HParams) -> "OuterState | None":
-        """Strict inverse of :meth:`tensors` for this run's rule and model; None on any mismatch."""
+                     hp: HParams | str) -> "OuterState | None":
+        """Strict inverse of :meth:`tensors` for this run's rule (``hp`` or the rule's name) and model;
+        None on any mismatch."""
+        rule = hp if isinstance(hp, str) else hp.outer.rule
         steps = tensors.get(f"{STATE_PREFIX}steps")
         if steps is None or steps.dtype != torch.int64 or tuple(steps.shape) != (1,) or int(steps[0]) < 0:
             return None
-        names = list(shapes) if hp.outer.rule == "nesterov" else []
+        names = list(shapes) if rule == "nesterov" else []
         if set(tensors) != {f"{STATE_PREFIX}steps"} | {f"{STATE_PREFIX}momentum.{n}" for n in names}:
             return None
         momentum = {}
@@ -77,6 +79,10 @@ class OuterState:
 
     def digest(self) -> str:
         return state_hash(sorted(self.tensors().items()))
+
+    def spec(self) -> dict[str, tuple[str, tuple[int, ...]]]:
+        """numpy dtype name and shape of every tensor of :meth:`tensors` (for strict file checks)."""
+        return {k: (str(t.numpy().dtype), tuple(t.shape)) for k, t in self.tensors().items()}
 
 
 # -------------------------------------------------------------- aggregate
