@@ -100,7 +100,7 @@ def test_restarted_validator_gives_the_uninterrupted_weights(network):
     cfg = from_dict(json.loads((net.run_dir / "config.json").read_text()))
     hp, t = cfg.hparams, RESTART_AFTER + 1
     model = build_model(hp.model, hp.seed)
-    scores, book = validator_state.load(snapshot / "validator", model, hp.digest())
+    scores, book = validator_state.load(snapshot / "validator", model, hp.digest(), hp.outer.rule)
     assert book.model_window == t
     validator = next(n for n in net.nodes if n.role == "validator")
     active = {n.uid: n.hotkey for n in net.chain.metagraph() if n.uid != validator.uid and not n.validator_permit}
@@ -112,7 +112,7 @@ def test_restarted_validator_gives_the_uninterrupted_weights(network):
                         readers=ReaderCache.from_config(cfg.storage), priority=scores.standing())
     dataset = Dataset.for_run(hp, cfg.data.corpus, cfg.data.cache_dir, cfg.data.tokenizer_file)
     inputs = WindowInputs(t, got.payloads, got.rejections, active, book.lists[t], clock.window_randomness(t))
-    outcome = run_window(scores, model, codec, dataset, hp, inputs, ledger_prev_hash=book.ledger_hash,
+    outcome = run_window(scores, model, codec, dataset, hp, inputs, outer=book.outer, ledger_prev_hash=book.ledger_hash,
                          validator=next(n.hotkey for n in net.chain.metagraph() if n.uid == validator.uid))
     val_loss = evaluate(model, dataset.validation(hp.val_sequences), hp.micro_batch)
     line = Validator.window_line(t, outcome, val_loss, 0.0, {})
