@@ -1,4 +1,4 @@
-"""DeMo codec: chunked DCT → top-k per chunk → low-precision values, with error feedback.
+"""DeMo codec: chunked DCT (or raw chunks) → top-k per chunk → low-precision values, with error feedback.
 
 A :class:`CompressedUpdate` maps parameter name → :class:`TensorUpdate`
 (indices, value codes, scale).  It is exactly what goes on the wire, so a
@@ -30,43 +30,68 @@ if TYPE_CHECKING:
 class TensorUpdate:
     idx: torch.Tensor    # int64 (n_chunks, k), ascending per row
     codes: torch.Tensor  # uint8 (n_chunks, k) level codes, or float32 values when value_bits == 32
-    scale: torch.Tensor  # float32 (2,) = (smallest, largest) kept magnitude; empty for float32 values
+    scale: torch.Tensor  # float32 (2^(bits-1),) magnitude of each level, ascending; empty for float32 values
 
 
 CompressedUpdate = dict[str, TensorUpdate]
 
 
-class LogGridQuantiser:
-    """Sign bit + (bits-1)-bit level on a log grid between the tensor's min and max kept magnitude."""
+class LevelQuantiser:
+    """Sign bit + (bits-1)-bit level; each level decodes at the mean magnitude of its members.
+
+    Levels are assigned on a log grid between the tensor's smallest and largest kept magnitude, and
+    the sender transmits the per-level mean magnitudes (a table of 2^(bits-1) float32, ascending).
+    Decoding is a table look-up: exact on every machine, and unbiased per level — with 2 bits a
+    grid decoded at its end points ({min, max}) is off by a factor of up to √(max/min) on most
+    values, the level means are not (docs/codec.md has the measurement)."""
 
     def __init__(self, bits: int):
         self.bits = bits
         self.levels = 2 ** (bits - 1)
 
-    def quantise(self, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        mag = v.abs()
+    def assign(self, mag: torch.Tensor) -> torch.Tensor:
+        """Level (int64) of each magnitude on the log grid of the non-zero magnitudes."""
         nz = mag[mag > 0]
         if nz.numel() == 0:
-            return torch.zeros(v.shape, dtype=torch.uint8), torch.zeros(2)
-        lo, hi = nz.min(), nz.max()
-        step = (hi.log() - lo.log()) / (self.levels - 1)
-        if step > 0:
-            level = ((mag.clamp_min(lo).log() - lo.log()) / step).round().clamp(0, self.levels - 1)
-        else:
-            level = torch.zeros_like(mag)
-        codes = level.to(torch.uint8) | ((v < 0).to(torch.uint8) << (self.bits - 1))
-        return codes, torch.stack([lo, hi]).float()
+            return torch.zeros(mag.shape, dtype=torch.int64)
+        lo, hi = nz.min().double().log(), nz.max().double().log()
+        step = (hi - lo) / (self.levels - 1)
+        if step <= 0:
+            return torch.zeros(mag.shape, dtype=torch.int64)
+        level = ((mag.double().clamp_min(float(nz.min())).log() - lo) / step).round()
+        out: torch.Tensor = level.clamp(0, self.levels - 1).to(torch.int64)
+        return out
 
-    def dequantise(self, codes: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-        lo, hi = float(scale[0]), float(scale[1])
-        if hi == 0.0:
-            return torch.zeros(codes.shape)
+    def quantise(self, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        mag = v.abs().reshape(-1)
+        level = self.assign(mag)
+        counts = torch.bincount(level, minlength=self.levels).double()
+        sums = torch.bincount(level, weights=mag.double(), minlength=self.levels)
+        nz = mag[mag > 0]
+        if nz.numel() == 0:
+            table = torch.zeros(self.levels, dtype=torch.float64)
+        else:  # an empty level keeps its grid value, so the table stays ascending
+            lo, hi = float(nz.min()), float(nz.max())
+            grid = torch.exp(torch.linspace(math.log(lo), math.log(hi), self.levels, dtype=torch.float64))
+            table = torch.where(counts > 0, sums / counts.clamp_min(1), grid)
+        table = torch.cummax(table.float(), dim=0).values  # float32 rounding must not unsort it
+        codes = level.to(torch.uint8) | ((v.reshape(-1) < 0).to(torch.uint8) << (self.bits - 1))
+        return codes.reshape(v.shape), table
+
+    def dequantise(self, codes: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
         codes = codes.to(torch.int64)
-        level = (codes & (self.levels - 1)).double()
-        step = (math.log(hi) - math.log(lo)) / (self.levels - 1)
-        mag = torch.exp(math.log(lo) + level * step)
-        sign = 1.0 - 2.0 * ((codes >> (self.bits - 1)) & 1).double()
-        return (sign * mag).float()
+        mag = table.float()[codes & (self.levels - 1)]
+        return torch.where((codes >> (self.bits - 1)) & 1 == 1, -mag, mag)
+
+    def check_table(self, table: np.ndarray) -> str | None:
+        """Why a received table is not one :meth:`quantise` can produce (None when it is valid)."""
+        if not np.isfinite(table).all():
+            return "non_finite"
+        if (table < 0).any() or (np.diff(table) < 0).any():
+            return "bad_encoding"
+        if table[0] == 0 and table[-1] != 0:  # all zero (an empty tensor) or all positive
+            return "bad_encoding"
+        return None
 
 
 @dataclass
@@ -75,15 +100,18 @@ class DeMoCodec:
     chunk: int = 64
     topk: int = 32
     value_bits: int = 4
+    dct: bool = True  # False: top-k of raw parameter-domain chunks (Templar's current codec)
     plans: dict[str, ChunkPlan] = field(init=False)
 
     def __post_init__(self) -> None:
-        self.plans = {n: ChunkPlan.for_shape(s, self.chunk) for n, s in self.shapes.items()}
-        self.quantiser = LogGridQuantiser(self.value_bits) if self.value_bits <= 8 else None
+        if self.value_bits not in (*range(2, 9), 32):
+            raise ValueError(f"value_bits must be 2..8 or 32, got {self.value_bits}")
+        self.plans = {n: ChunkPlan.for_shape(s, self.chunk, self.dct) for n, s in self.shapes.items()}
+        self.quantiser = LevelQuantiser(self.value_bits) if self.value_bits <= 8 else None
 
     @classmethod
     def from_hparams(cls, shapes: dict[str, tuple[int, ...]], hp: HParams) -> "DeMoCodec":
-        return cls(shapes, chunk=hp.chunk, topk=hp.topk, value_bits=hp.value_bits)
+        return cls(shapes, chunk=hp.chunk, topk=hp.topk, value_bits=hp.value_bits, dct=hp.dct)
 
     def k(self, name: str) -> int:
         return min(self.topk, self.plans[name].chunk_size)
@@ -93,7 +121,8 @@ class DeMoCodec:
 
     def settings(self) -> dict[str, str]:
         """What a receiver must agree on to read an update (goes into payload metadata)."""
-        return {"codec": "demo", "chunk": str(self.chunk), "topk": str(self.topk), "value_bits": str(self.value_bits)}
+        return {"codec": "demo", "chunk": str(self.chunk), "topk": str(self.topk), "value_bits": str(self.value_bits),
+                "dct": str(int(self.dct))}
 
     # --------------------------------------------------------- compress
     def compress_tensor(self, name: str, x: torch.Tensor, window: int, uid: int = 0) -> TensorUpdate:
@@ -156,55 +185,74 @@ class DeMoCodec:
         return out
 
     # ------------------------------------------------------------- wire
+    # Three tensors for the whole model (every parameter's part at a fixed offset, in ``shapes``
+    # order) instead of three per parameter: the safetensors header of 3·(number of parameters)
+    # entries was ~10 KB, a quarter of a 2-bit update.
     def wire_spec(self) -> dict[str, tuple[str, tuple[int, ...]]]:
         """Exact tensor set of an encoded update: key → (numpy dtype name, shape)."""
         return dict(self._wire_spec)  # a copy: callers may extend it
 
     @functools.cached_property
-    def _wire_spec(self) -> dict[str, tuple[str, tuple[int, ...]]]:
-        # Fixed by the shapes and settings; gather needs it several times per peer, so build it once.
-        spec: dict[str, tuple[str, tuple[int, ...]]] = {}
+    def _layout(self) -> dict[str, tuple[slice, slice, slice]]:
+        """name → (its bytes in demo.idx, its entries in demo.val, its entries in demo.scale)."""
+        out, i, v, s = {}, 0, 0, 0
         for n, plan in self.plans.items():
             count = plan.n_chunks * self.k(n)
-            spec[f"{n}.idx"] = ("uint8", (self.index_coder(n).nbytes(plan.n_chunks),))
-            if self.quantiser:
-                spec[f"{n}.val"] = ("uint8", (codes_nbytes(count, self.value_bits),))
-                spec[f"{n}.scale"] = ("float32", (2,))
-            else:
-                spec[f"{n}.val"] = ("float32", (count,))
+            di = self.index_coder(n).nbytes(plan.n_chunks)
+            dv = codes_nbytes(count, self.value_bits) if self.quantiser else count
+            ds = self.quantiser.levels if self.quantiser else 0
+            out[n] = (slice(i, i + di), slice(v, v + dv), slice(s, s + ds))
+            i, v, s = i + di, v + dv, s + ds
+        return out
+
+    @functools.cached_property
+    def _wire_spec(self) -> dict[str, tuple[str, tuple[int, ...]]]:
+        # Fixed by the shapes and settings; gather needs it several times per peer, so build it once.
+        last = list(self._layout.values())[-1] if self._layout else (slice(0, 0),) * 3
+        n_idx, n_val, n_scale = (part.stop for part in last)
+        spec: dict[str, tuple[str, tuple[int, ...]]] = {"demo.idx": ("uint8", (n_idx,)),
+                "demo.val": ("uint8", (n_val,)) if self.quantiser else ("float32", (n_val,))}
+        if self.quantiser:
+            spec["demo.scale"] = ("float32", (n_scale,))
         return spec
 
     def to_wire(self, update: CompressedUpdate) -> dict[str, np.ndarray]:
-        out: dict[str, np.ndarray] = {}
-        for n, u in update.items():
-            out[f"{n}.idx"] = self.index_coder(n).pack(u.idx.numpy())
+        idx, val, scale = [], [], []
+        for n in self.plans:
+            u = update[n]
+            idx.append(self.index_coder(n).pack(u.idx.numpy()))
             if self.quantiser:
-                out[f"{n}.val"] = pack_codes(u.codes.numpy().reshape(-1), self.value_bits)
-                out[f"{n}.scale"] = u.scale.numpy().astype(np.float32)
+                val.append(pack_codes(u.codes.numpy().reshape(-1), self.value_bits))
+                scale.append(u.scale.numpy().astype(np.float32).reshape(-1))
             else:
-                out[f"{n}.val"] = u.codes.numpy().reshape(-1).astype(np.float32)
+                val.append(u.codes.numpy().reshape(-1).astype(np.float32))
+        out = {"demo.idx": np.concatenate(idx) if idx else np.zeros(0, np.uint8),
+               "demo.val": np.concatenate(val) if val else np.zeros(0, np.uint8 if self.quantiser else np.float32)}
+        if self.quantiser:
+            out["demo.scale"] = np.concatenate(scale) if scale else np.zeros(0, np.float32)
         return out
 
     def from_wire(self, tensors: dict[str, np.ndarray], window: int) -> CompressedUpdate:
         """Inverse of :meth:`to_wire` for tensors already matching :meth:`wire_spec`.
 
-        Raises :class:`PackingError` (reason = a Reason value) on any content violation."""
+        Raises :class:`PackingError` (reason = a Reason value) on any content violation: index
+        streams (count, range, order, padding), level tables (finite, ascending, all > 0 or all 0),
+        float32 values (finite)."""
         update: CompressedUpdate = {}
+        idx_all, val_all = np.asarray(tensors["demo.idx"]), np.asarray(tensors["demo.val"])
         for n, plan in self.plans.items():
-            k = self.k(n)
-            idx = torch.from_numpy(self.index_coder(n).unpack(tensors[f"{n}.idx"], plan.n_chunks))
+            k, (si, sv, ss) = self.k(n), self._layout[n]
+            idx = torch.from_numpy(self.index_coder(n).unpack(idx_all[si], plan.n_chunks))
             if self.quantiser:
-                scale = np.asarray(tensors[f"{n}.scale"], dtype=np.float32)
-                if not np.isfinite(scale).all():
-                    raise PackingError("non_finite", f"{n}: non-finite scale")
-                lo, hi = float(scale[0]), float(scale[1])
-                if not (0 < lo <= hi or lo == hi == 0):
-                    raise PackingError("bad_encoding", f"{n}: scale must satisfy 0 < lo <= hi (or both 0)")
-                codes = unpack_codes(tensors[f"{n}.val"], plan.n_chunks * k, self.value_bits)
+                scale = np.asarray(tensors["demo.scale"], dtype=np.float32)[ss]
+                bad = self.quantiser.check_table(scale)
+                if bad:
+                    raise PackingError(bad, f"{n}: level table must be finite and ascending, all > 0 or all 0")
+                codes = unpack_codes(val_all[sv], plan.n_chunks * k, self.value_bits)
                 update[n] = TensorUpdate(idx, torch.from_numpy(codes.reshape(plan.n_chunks, k)),
                                          torch.from_numpy(scale.copy()))
             else:
-                vals = np.asarray(tensors[f"{n}.val"], dtype=np.float32)
+                vals = np.asarray(val_all[sv], dtype=np.float32)
                 if not np.isfinite(vals).all():
                     raise PackingError("non_finite", f"{n}: non-finite value")
                 update[n] = TensorUpdate(idx, torch.from_numpy(vals.reshape(plan.n_chunks, k).copy()),

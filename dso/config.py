@@ -92,6 +92,57 @@ class DPConfig:
 
 
 @dataclass
+class InnerConfig:
+    """A miner's inner loop within a window (dso/inner.py, docs/training.md)."""
+
+    mode: Literal["steps", "gradient"] = _doc(
+        "steps: up to steps_max optimiser steps, pseudo-gradient = theta_t - theta_local; gradient: the "
+        "paper's mode, one gradient per window sent as the update", default="steps")
+    steps_max: int = _doc("H_max: protocol maximum of inner steps per window (each on the next batch_size "
+                          "assigned sequences; assigned_sequences should be >= steps_max * batch_size)", default=8)
+    optimizer: Literal["adamw", "sgd"] = _doc("inner optimiser (sgd uses momentum beta1)", default="adamw")
+    lr: float = _doc("peak inner learning rate", default=2e-3)
+    beta1: float = _doc("AdamW beta1 / SGD momentum", default=0.9)
+    beta2: float = _doc("AdamW beta2", default=0.95)
+    eps: float = _doc("AdamW epsilon", default=1e-8)
+    weight_decay: float = _doc("decoupled weight decay of the inner optimiser", default=0.0)
+    warmup_steps: int = _doc("linear warm-up over the miner's first inner steps (counted across windows)",
+                             default=10)
+    schedule: Literal["constant", "cosine"] = _doc("inner lr after warm-up, by window", default="constant")
+    decay_windows: int = _doc("cosine: windows from peak to min_lr_ratio (then held)", default=100)
+    min_lr_ratio: float = _doc("cosine: final lr as a share of the peak", default=0.1)
+    clip_norm: float = _doc("clip each inner gradient to this L2 norm; 0 = off", default=1.0)
+    persist_state: bool = _doc("keep the optimiser state (moments) across windows instead of resetting it",
+                               default=True)
+
+    def validate(self, prefix: str) -> None:
+        _positive(self, prefix, "steps_max", "lr", "eps", "decay_windows")
+        for name in ("beta1", "beta2"):
+            if not 0 <= getattr(self, name) < 1:
+                raise ConfigError(f"{prefix}.{name}: must be in [0, 1), got {getattr(self, name)}")
+        if not 0 <= self.min_lr_ratio <= 1:
+            raise ConfigError(f"{prefix}.min_lr_ratio: must be in [0, 1], got {self.min_lr_ratio}")
+        if self.weight_decay < 0 or self.warmup_steps < 0 or self.clip_norm < 0:
+            raise ConfigError(f"{prefix}: weight_decay, warmup_steps and clip_norm must be >= 0")
+
+
+@dataclass
+class OuterConfig:
+    """The network's outer step on the aggregate (dso/outer.py, docs/training.md)."""
+
+    rule: Literal["signed", "sgd", "nesterov"] = _doc(
+        "signed: Gauntlet theta -= alpha*sign(mean), alpha = learning_rate; sgd / nesterov: theta -= lr * "
+        "(decoded mean, each peer rescaled to the median norm), nesterov with momentum", default="sgd")
+    lr: float = _doc("outer learning rate of the sgd and nesterov rules", default=2.0)
+    momentum: float = _doc("nesterov: momentum of the outer optimiser", default=0.9)
+
+    def validate(self, prefix: str) -> None:
+        _positive(self, prefix, "lr")
+        if not 0 <= self.momentum < 1:
+            raise ConfigError(f"{prefix}.momentum: must be in [0, 1), got {self.momentum}")
+
+
+@dataclass
 class HParams:
     """Protocol hyper-parameters: identical on every node of a run."""
 
@@ -101,8 +152,9 @@ class HParams:
     model: ModelConfig = field(default_factory=ModelConfig)
     # --- training
     batch_size: int = _doc("sequences a baseline miner trains on per window (from its assignment)", default=16)
-    assigned_sequences: int = _doc("sequences assigned to a peer per window; a diligent miner trains on more of "
-                                   "them than the baseline", default=32)
+    assigned_sequences: int = _doc("sequences assigned to a peer per window: enough for inner.steps_max steps of "
+                                   "batch_size (the fastest miner the protocol allows); a faster or more diligent "
+                                   "miner gets further into them", default=128)
     micro_batch: int = _doc("sequences per forward/backward (gradient accumulation)", default=8)
     learning_rate: float = _doc("alpha: size of the signed step", default=2e-3)
     warmup_windows: int = _doc("linear warm-up of alpha over this many windows", default=5)
@@ -114,7 +166,8 @@ class HParams:
     chunk: int = _doc("DCT chunk edge (largest divisor <= this, see docs/codec.md)", default=64)
     topk: int = _doc("coefficients kept per chunk", default=32)
     ef_beta: float = _doc("error-feedback decay beta", default=0.9)
-    value_bits: int = _doc("bits per kept value: 2..8 (log grid) or 32 (float32)", default=4)
+    value_bits: int = _doc("bits per kept value: 2..8 (sign + level, levels decoded at their members' mean; "
+                           "docs/codec.md) or 32 (float32)", default=2)
     sketch_dim: int = _doc("sketch codec: projected dimension per tensor (cap)", default=4096)
     sketch_clip: float = _doc("sketch codec: L2 clip before projection", default=1.0)
     # --- windows
@@ -158,6 +211,10 @@ class HParams:
     sync_samples_per_tensor: int = _doc("SyncScore samples per parameter tensor, so every tensor is checked each "
                                         "window at any model size; sync_samples is the floor of the total",
                                         default=1)
+    # --- issue 13: codec domain, inner loop, outer step (docs/codec.md, docs/training.md)
+    dct: bool = _doc("codec: DCT each chunk before top-k; false = top-k of raw parameter chunks", default=True)
+    inner: InnerConfig = field(default_factory=InnerConfig)
+    outer: OuterConfig = field(default_factory=OuterConfig)
 
     def validate(self, prefix: str) -> None:
         self.model.validate(f"{prefix}.model")
@@ -168,6 +225,12 @@ class HParams:
             raise ConfigError(f"{prefix}.model.vocab_size: a BPE needs more than the 256 byte ids (and at most "
                               f"2^32), got {self.model.vocab_size}")
         self.dp.validate(f"{prefix}.dp")
+        self.inner.validate(f"{prefix}.inner")
+        self.outer.validate(f"{prefix}.outer")
+        if self.inner.mode == "steps" and self.assigned_sequences < self.inner.steps_max * self.batch_size:
+            raise ConfigError(f"{prefix}.assigned_sequences: {self.assigned_sequences} is fewer than "
+                              f"inner.steps_max × batch_size = {self.inner.steps_max * self.batch_size}: the "
+                              "fastest miner the protocol allows would run out of assigned data")
         _positive(self, prefix, "batch_size", "micro_batch", "learning_rate", "val_sequences", "chunk",
                   "topk", "blocks_per_window", "put_window_seconds", "sync_samples", "eval_peers",
                   "fast_peers", "eval_sequences", "topg", "weight_power", "windows_per_weights",

@@ -6,7 +6,8 @@ the dimension that is ``<= target``.  A dimension with no good divisor (the
 best one is under half the target — e.g. a prime vocabulary size) is zero
 padded up to a multiple of ``target`` instead, so it still compresses; the
 padding is cropped on decode and error feedback keeps what falls into it.
-See ``docs/codec.md``.
+With ``transform=False`` the chunks are only cut, not transformed: top-k then
+runs in the raw parameter domain (Templar's current codec).  See ``docs/codec.md``.
 """
 from __future__ import annotations
 
@@ -55,13 +56,14 @@ class ChunkPlan:
     view: tuple[int, ...]    # the 1-D or 2-D view of the parameter
     padded: tuple[int, ...]
     edges: tuple[int, ...]
+    transform: bool = True   # False: chunks of raw values (no DCT)
 
     @classmethod
-    def for_shape(cls, shape: tuple[int, ...], target: int) -> "ChunkPlan":
+    def for_shape(cls, shape: tuple[int, ...], target: int, transform: bool = True) -> "ChunkPlan":
         numel = math.prod(shape)
         view = (numel,) if len(shape) <= 1 else (shape[0], numel // shape[0])
         pairs = [choose_edge(d, target) for d in view]
-        return cls(tuple(shape), view, tuple(p for _, p in pairs), tuple(e for e, _ in pairs))
+        return cls(tuple(shape), view, tuple(p for _, p in pairs), tuple(e for e, _ in pairs), transform)
 
     @property
     def grid(self) -> tuple[int, ...]:
@@ -84,21 +86,22 @@ class ChunkPlan:
                 pad[2 * (len(self.view) - 1 - axis) + 1] = p - v
             x = torch.nn.functional.pad(x, pad)
         if len(self.view) == 1:
-            d = dct_basis(self.edges[0], x.device)
-            return x.reshape(self.grid[0], self.edges[0]) @ d.T
+            rows = x.reshape(self.grid[0], self.edges[0])
+            return rows @ dct_basis(self.edges[0], x.device).T if self.transform else rows.clone()
         (gm, gn), (a, b) = self.grid, self.edges
-        da, db = dct_basis(a, x.device), dct_basis(b, x.device)
         blocks = x.reshape(gm, a, gn, b).permute(0, 2, 1, 3)  # (gm, gn, a, b)
-        return (da @ blocks @ db.T).reshape(gm * gn, a * b)
+        if self.transform:
+            blocks = dct_basis(a, x.device) @ blocks @ dct_basis(b, x.device).T
+        return blocks.reshape(gm * gn, a * b)
 
     def decode(self, coeffs: torch.Tensor) -> torch.Tensor:
         """Inverse of :meth:`encode` (crops any padding)."""
         if len(self.view) == 1:
-            d = dct_basis(self.edges[0], coeffs.device)
-            x = (coeffs @ d).reshape(self.padded)[: self.view[0]]
-            return x.reshape(self.shape)
+            x = coeffs @ dct_basis(self.edges[0], coeffs.device) if self.transform else coeffs
+            return x.reshape(self.padded)[: self.view[0]].reshape(self.shape)
         (gm, gn), (a, b) = self.grid, self.edges
-        da, db = dct_basis(a, coeffs.device), dct_basis(b, coeffs.device)
-        blocks = da.T @ coeffs.reshape(gm, gn, a, b) @ db
+        blocks = coeffs.reshape(gm, gn, a, b)
+        if self.transform:
+            blocks = dct_basis(a, coeffs.device).T @ blocks @ dct_basis(b, coeffs.device)
         x = blocks.permute(0, 2, 1, 3).reshape(self.padded)[: self.view[0], : self.view[1]]
         return x.reshape(self.shape)

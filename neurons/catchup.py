@@ -15,6 +15,7 @@ import torch
 from dso.codecs import Codec
 from dso.config import HParams
 from dso.model import model_hash
+from dso.outer import OuterState
 from dso.rejections import Reason, Rejection
 from neurons.context import NodeContext, Source
 from neurons.engine import aggregate_window
@@ -24,16 +25,21 @@ from storage.checkpoint import load_checkpoint, read_latest
 log = logging.getLogger("dso.catchup")
 
 
-def apply_bundle(model: torch.nn.Module, codec: Codec, hp: HParams, bundle: Bundle,
+def apply_bundle(model: torch.nn.Module, codec: Codec, hp: HParams, bundle: Bundle, outer: OuterState,
                  device: str | torch.device = "cpu") -> Rejection | None:
-    """θ_w → θ_{w+1} with the leader's bundle of window w, exactly as the validator computed it.
+    """θ_w → θ_{w+1} (and the outer state) with the leader's bundle of window w, exactly as the validator
+    computed it.
 
-    The model must be at the bundle's ``model_hash_before``; when the result is not its
-    ``model_hash_after`` the model has changed and must be reloaded from a checkpoint."""
+    The model and outer state must be at the bundle's ``model_hash_before`` / ``outer_digest_before``;
+    when the result is not its ``model_hash_after`` / ``outer_digest_after`` both have changed and must
+    be reloaded from a checkpoint."""
     if model_hash(model) != bundle.model_hash_before:
         return Rejection(Reason.METADATA_MISMATCH, f"window {bundle.window}: model is not at model_hash_before")
-    agg = aggregate_window(model, codec, hp, bundle.window, bundle.payloads, bundle.uids, device)
-    if agg.hash_after != bundle.model_hash_after:
+    if outer.digest() != bundle.outer_digest_before:
+        return Rejection(Reason.METADATA_MISMATCH, f"window {bundle.window}: outer state is not at "
+                         "outer_digest_before")
+    agg = aggregate_window(model, codec, hp, bundle.window, bundle.payloads, bundle.uids, outer, device)
+    if agg.hash_after != bundle.model_hash_after or agg.outer_after != bundle.outer_digest_after:
         return Rejection(Reason.METADATA_MISMATCH, f"window {bundle.window}: replay did not reach model_hash_after")
     return None
 
@@ -45,7 +51,7 @@ def replay(ctx: NodeContext, model_window: int, target: int, source: Source) -> 
         bundle = get_bundle(*source, ctx.codec, ctx.hp, model_window, ctx.run)
         if isinstance(bundle, Rejection):
             return model_window, bundle
-        bad = apply_bundle(ctx.model, ctx.codec, ctx.hp, bundle, ctx.device)
+        bad = apply_bundle(ctx.model, ctx.codec, ctx.hp, bundle, ctx.outer, ctx.device)
         if bad:
             return model_window, bad
         model_window += 1
@@ -77,6 +83,7 @@ def sync_to(ctx: NodeContext, model_window: int, target: int) -> int:
         log.warning("catch-up: checkpoint of window %d unusable: %s", pointer.window, ckpt)
         return reached
     ckpt.load_into(ctx.model)
+    ctx.outer = ckpt.outer
     log.info("catch-up: loaded checkpoint of window %d (%s…)", ckpt.window, model_hash(ctx.model)[:10])
     reached, stop = replay(ctx, ckpt.window, target, source)
     if stop is not None and reached < target:

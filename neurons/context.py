@@ -11,7 +11,7 @@ import json
 import logging
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Callable
 
@@ -27,6 +27,7 @@ from dso.codecs import Codec, Shapes, make_codec
 from dso.config import Config, HParams, expand
 from dso.data import DataError, Dataset
 from dso.model import Decoder, build_model, parameter_shapes
+from dso.outer import OuterState
 from dso.rejections import Rejection
 from neurons.lifecycle import Fatal, StopFlag
 from neurons.manifest import manifest, manifest_problem, run_of
@@ -136,6 +137,7 @@ class NodeContext:
     events: EventLog
     run: str = ""
     metrics: NodeMetrics | None = None  # served on --neuron.metrics_port (None: off)
+    outer: OuterState = field(default_factory=OuterState)  # the outer step's state next to θ (dso/outer.py)
 
     @property
     def hp(self) -> HParams:
@@ -220,7 +222,8 @@ def build_context(cfg: Config, role: str, handle_signals: bool = True) -> NodeCo
                       uid=uid, own=own, peers=PeerDirectory(chain, readers, uid, own, leader_idle_blocks(cfg)),
                       readers=readers,
                       dataset=dataset, model=model, codec=make_codec(parameter_shapes(model), hp),
-                      state_dir=state_dir, events=EventLog(cfg.neuron.log_json, role, uid), metrics=metrics)
+                      state_dir=state_dir, events=EventLog(cfg.neuron.log_json, role, uid), metrics=metrics,
+                      outer=OuterState.fresh(parameter_shapes(model), hp))
     if metrics is not None:
         _attach_metrics(ctx, metrics)
     log.info("%s uid %d hotkey %s… bucket %s, data %s…, hparams %s", role, uid, hotkey[:8], own.bucket,

@@ -11,14 +11,17 @@ the two cannot drift apart.
 Order within a window:
 
 1. the aggregate: the list in effect for the window ∩ the payloads, under the
-   run's rule, applied as a signed step (θ_t → θ_{t+1}); ``on_aggregate`` lets
+   run's rule, applied with the run's outer rule (dso/outer.py: the Gauntlet's
+   signed step, or an optimiser step whose state — ``OuterState`` — every node
+   carries next to θ) (θ_t → θ_{t+1}); ``on_aggregate`` lets
    the caller publish it (the window's bundle, storage/aggregate.py) before the
    slower rest, since every other node waits for it.  A validator that does not
    lead aggregates the leader's bundle instead of its own view
    (``WindowInputs.bundle``), so every node holds the same θ_{t+1};
 2. copy detection at θ_t (identical update contents; the earliest upload or,
    tied, proof of computation keeps it);
-3. scoring at θ_t (fast checks, primary evaluation, ratings, weights, next list);
+3. scoring at θ_t (fast checks, primary evaluation with the outer rule's
+   evaluation step, ratings, weights, next list);
 4. contributions (ZIP-400) of every update read, and the provenance record.
 """
 from __future__ import annotations
@@ -28,15 +31,15 @@ from typing import Callable, Mapping, Sequence
 
 import torch
 
-from dso.aggregation import signed_step
 from dso.codecs import Codec
 from dso.config import HParams
 from dso.contribution import Contribution, round_contributions
 from dso.data import Dataset
 from dso.model import model_hash
+from dso.outer import OuterState, aggregate, apply_outer, outer_lr
 from dso.provenance import make_record
 from dso.rejections import Rejection
-from dso.robust import AggregationInfo, decoded_rows, robust_delta
+from dso.robust import AggregationInfo, decoded_rows
 from dso.train import learning_rate
 from scoring.copies import assigned_gains, find_copies
 from scoring.evaluation import ParameterSnapshot
@@ -66,12 +69,15 @@ class Aggregation:
     window: int
     used: list[int]                        # uids whose updates were aggregated, in aggregation order
     payloads: dict[int, Payload]           # their payloads (what the window's bundle carries)
-    delta: dict[str, torch.Tensor]         # Δ before the sign
-    signs: dict[str, torch.Tensor]
-    learning_rate: float
+    delta: dict[str, torch.Tensor]         # the Δ the outer rule applied (sign(Δ) for the signed rule)
+    learning_rate: float                   # the outer step's rate (α_t for the signed rule)
     hash_before: str                       # θ_t
     hash_after: str                        # θ_{t+1}
     info: AggregationInfo
+    reference_norms: dict[str, float] = field(default_factory=dict)  # median peer norm per tensor
+    moved: float = 0.0                     # mean |θ_{t+1} − θ_t| per parameter (SyncScore's unit)
+    outer_before: str = ""                 # OuterState digests around the step
+    outer_after: str = ""
 
 
 @dataclass
@@ -96,24 +102,24 @@ def announce_list(lists: Mapping[int, list[int]], window: int, top_g: list[int])
 
 
 def aggregate_window(model: torch.nn.Module, codec: Codec, hp: HParams, window: int,
-                     payloads: Mapping[int, Payload], aggregation_list: Sequence[int],
+                     payloads: Mapping[int, Payload], aggregation_list: Sequence[int], outer: OuterState,
                      device: str | torch.device = "cpu") -> Aggregation:
-    """θ_t → θ_{t+1} in place: the signed step of the aggregate of the listed peers' payloads."""
+    """θ_t → θ_{t+1} and the outer state, in place: the run's outer step with the aggregate of the listed
+    peers' payloads (bit-identical on every node for the default aggregation, dso/outer.py)."""
     used = [u for u in aggregation_list if u in payloads]
-    delta, info = robust_delta(codec, [payloads[u].update for u in used], hp, used, device)
-    signs = {n: torch.sign(d) for n, d in delta.items()}
-    lr = learning_rate(hp, window)
-    before = model_hash(model)
-    signed_step(model, signs, lr, hp.weight_decay)
-    return Aggregation(window, used, {u: payloads[u] for u in used}, delta, signs, lr, before, model_hash(model),
-                       info)
+    agg = aggregate(codec, [payloads[u].update for u in used], hp, used)
+    before, outer_before = model_hash(model), outer.digest()
+    moved = apply_outer(dict(model.named_parameters()), agg.delta, outer, hp, window)
+    return Aggregation(window, used, {u: payloads[u] for u in used}, agg.delta, outer_lr(hp, window), before,
+                       model_hash(model), agg.info, agg.reference_norms, moved, outer_before, outer.digest())
 
 
 def run_window(state: ValidatorState, model: torch.nn.Module, codec: Codec, dataset: Dataset, hp: HParams,
-               inputs: WindowInputs, *, ledger_prev_hash: str, validator: str,
+               inputs: WindowInputs, *, outer: OuterState, ledger_prev_hash: str, validator: str,
                device: str | torch.device = "cpu",
                on_aggregate: Callable[[Aggregation], None] | None = None) -> WindowOutcome:
-    """One window.  ``model`` holds θ_t on entry and θ_{t+1} on return; ``state`` is updated all-or-nothing."""
+    """One window.  ``model`` and ``outer`` hold θ_t and the outer state on entry, θ_{t+1} and the next state on
+    return; ``state`` is updated all-or-nothing."""
     t, payloads = inputs.window, inputs.payloads
     updates = {u: p.update for u, p in payloads.items()}
     step = hp.eval_scale * learning_rate(hp, t)
@@ -122,7 +128,7 @@ def run_window(state: ValidatorState, model: torch.nn.Module, codec: Codec, data
     theta_t = ParameterSnapshot(model)
     to_aggregate = payloads if inputs.bundle is None else inputs.bundle
     order = inputs.aggregation_list if inputs.bundle is None else list(inputs.bundle)
-    aggregation = aggregate_window(model, codec, hp, t, to_aggregate, order, device)
+    aggregation = aggregate_window(model, codec, hp, t, to_aggregate, order, outer, device)
     theta_next = ParameterSnapshot(model)
     if on_aggregate is not None:
         on_aggregate(aggregation)
@@ -136,7 +142,9 @@ def run_window(state: ValidatorState, model: torch.nn.Module, codec: Codec, data
         # 3. score window t at θ_t
         scored = {u: (p.update, p.sync_values) for u, p in payloads.items() if u not in rejections}
         report = score_window(state, model, codec, dataset, hp, t, scored, rejections, inputs.active,
-                              inputs.randomness, inputs.eval_seed)
+                              inputs.randomness, inputs.eval_seed,
+                              aggregation.reference_norms if aggregation.used else None,
+                              aggregation.moved if hp.outer.rule != "signed" else None)
     finally:
         theta_next.restore()
     del theta_t, theta_next

@@ -50,7 +50,7 @@ class Follower:
         got = self.bundle(t, until)
         if isinstance(got, Rejection):
             return False, f"no bundle of window {t} yet ({got.reason.value})"
-        bad = apply_bundle(self.ctx.model, self.ctx.codec, self.ctx.hp, got, self.ctx.device)
+        bad = apply_bundle(self.ctx.model, self.ctx.codec, self.ctx.hp, got, self.ctx.outer, self.ctx.device)
         if bad is not None:
             log.warning("window %d: %s; catching up from a checkpoint", t, bad.detail)
             self.diverged = True

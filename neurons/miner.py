@@ -3,13 +3,16 @@
 
     python neurons/miner.py [--wallet.name W --wallet.hotkey H] [flags]
 
-Each window t (docs/design.md §5): train on SelectData(seed, uid, t) at θ_t →
-DeMo error feedback → wait for the put window → upload update + sync samples →
+Each window t (docs/design.md §5, docs/training.md): from θ_t, inner optimiser steps
+(dso/inner.py) on SelectData(seed, uid, t) until a deadline that leaves time to
+encode and upload inside the put window, at most ``hparams.inner.steps_max`` →
+pseudo-gradient θ_t − θ_local → DeMo error feedback → back to θ_t → wait for the
+put window → upload update + sync samples →
 after the put window, gather the updates named by the leading validator's
 top-G list and apply the same aggregation → θ_{t+1}.  When behind (new,
 restarted, or diverged) it catches up from the leader's checkpoint and
-aggregates.  The error-feedback buffer is saved every window and survives
-restarts.  With ``hparams.commit_reveal`` the put window carries only a
+aggregates.  The error-feedback buffer and the inner optimiser's state are saved
+every window and survive restarts.  With ``hparams.commit_reveal`` the put window carries only a
 commitment and the update follows in the reveal window (neurons/reveal.py);
 with ``hparams.dp`` the gradient is clipped and noised first, and the miner
 stops uploading for good once another round would exceed its ε budget (the
@@ -33,9 +36,10 @@ from dso.clock import GATHER_SETTLE_SECONDS, PutWindow
 from dso.codec import CompressedUpdate, ErrorFeedback
 from dso.config import Config
 from dso.config_sources import parse_args
+from dso.inner import InnerLoop, InnerReport
 from dso.model import model_hash, sync_sample_count
 from dso.privacy import PrivacyStateError, RdpAccountant, clip_and_noise, dp_settings
-from dso.train import bits_per_byte, compute_gradients
+from dso.train import bits_per_byte
 from neurons import reveal
 from neurons.catchup import sync_to
 from neurons.context import NodeContext, build_context
@@ -51,6 +55,7 @@ from storage.wire import PayloadMeta, encode_payload
 log = logging.getLogger("dso.miner")
 UPLOAD_MARGIN = 0.5     # an upload started later than this before the put window closes would land late
 BUNDLE_MARGIN = 3.0     # how long past the validator's gather deadline a miner waits for the window's bundle
+ENCODE_SECONDS = 1.0    # first guess of error feedback + payload + upload time, until one is measured
 
 
 class Miner:
@@ -70,10 +75,21 @@ class Miner:
             self.accountant = self._load_accountant()
         # DP noise must be unpredictable to every reader, and never repeat after a restart: seed it from the OS
         self.dp_noise = torch.Generator().manual_seed(secrets.randbits(63))
-        self.sequences = ctx.cfg.neuron.train_sequences or hp.batch_size
+        # how much of its assignment this miner may train on: all of it up to inner.steps_max steps by default
+        # (the clock decides), fewer with --neuron.train_sequences; in paper mode one gradient of that many
+        self.sequences = ctx.cfg.neuron.train_sequences or (
+            hp.batch_size if hp.inner.mode == "gradient" else hp.inner.steps_max * hp.batch_size)
         if self.sequences > hp.assigned_sequences:
             raise Fatal(f"--neuron.train_sequences {self.sequences} exceeds the {hp.assigned_sequences} sequences "
                         "the protocol assigns per window (hparams.assigned_sequences)")
+        self.inner = InnerLoop(ctx.model, hp)
+        self.inner_file = ctx.state_dir / "inner_state.safetensors"
+        saved = load_tensors(self.inner_file)
+        if saved is not None and self.inner.load_state(saved):
+            log.info("restored the inner optimiser's state from %s (%d steps so far)", self.inner_file,
+                     self.inner.step_count)
+        self.encode_seconds = ENCODE_SECONDS
+        self.report = InnerReport()
         self.follower = Follower(ctx)
         self.model_window = -1   # the model is θ_{model_window}; -1 = not synchronised yet
         self.budget_spent = False
@@ -121,7 +137,7 @@ class Miner:
                 if self.model_window < 0:
                     log.info("window %d: waiting for the leading validator's first checkpoint", t)
                 ctx.stop.sleep(1.0)
-        save_tensors(self.ef_file, self.feedback.state())
+        self.save_state()
         log.info("stopped")
         return 0
 
@@ -130,29 +146,37 @@ class Miner:
         put = ctx.clock.put_window(t)
         started = time.time()
         up0, down0 = ctx.own.client.bytes_up, ctx.own.client.bytes_down
+        self.report = InnerReport()
         own, loss = self.train(t)
         trained = time.time()
         if not ctx.clock.sleep_until(put.open, ctx.stop):
             return
+        up_started = time.time()
         uploaded = self.upload(t, own, put)
+        if uploaded:  # the next deadline leaves this much (plus the compression, inside t_train) for the upload
+            self.encode_seconds = min(ENCODE_SECONDS + time.time() - up_started, ctx.hp.put_window_seconds)
         applied = self.follow(t)
         if own is not None:
-            save_tensors(self.ef_file, self.feedback.state())
+            self.save_state()
         if t % 10 == 0:
             self.clean_bucket(t)
         record = {"window": t, "loss": loss, "uploaded": uploaded, "bytes_up": ctx.own.client.bytes_up - up0,
                   "bytes_down": ctx.own.client.bytes_down - down0 + self.follower.take_bytes(),
                   "t_train": round(trained - started, 3), "t_total": round(time.time() - started, 3),
+                  "inner_steps": self.report.steps, "inner_stopped": self.report.stopped,
+                  "utilisation": round(self.report.seconds / max(ctx.clock.window_seconds(), 1e-9), 4),
                   "model_window": self.model_window, "model_hash": model_hash(ctx.model), "aggregated": applied,
                   "tokens": 0 if own is None else self.trained[0],
-                  "train_bits_per_byte": float("nan") if own is None else bits_per_byte(loss, *self.trained),
+                  "train_bits_per_byte": float("nan") if own is None or not self.trained[0]
+                  else bits_per_byte(loss, *self.trained),
                   **self.describe()}
         if self.accountant is not None:
             record["privacy"] = {"epsilon": self.accountant.epsilon()[0], "rounds": self.accountant.rounds,
                                  "budget": self.epsilon_budget, "stopped": self.budget_spent}
         ctx.events.emit(record)
-        log.info("window %d  loss %.4f  up %.1f KB  down %.1f KB  train %.2fs  %s", t, loss,
-                 record["bytes_up"] / 1e3, record["bytes_down"] / 1e3, record["t_train"], applied)
+        log.info("window %d  loss %.4f  up %.1f KB  down %.1f KB  train %.2fs (%d inner steps, %s)  %s", t, loss,
+                 record["bytes_up"] / 1e3, record["bytes_down"] / 1e3, record["t_train"], self.report.steps,
+                 self.report.stopped or "-", applied)
 
     # ------------------------------------------------------ the three steps
     def train(self, t: int) -> tuple[CompressedUpdate | None, float]:
@@ -166,13 +190,29 @@ class Miner:
                 self.budget_spent = True
                 return None, float("nan")
         data = ctx.dataset.training_batch(ctx.uid, t, hp.assigned_sequences, self.sequences)
-        self.trained = (data.shape[0] * (data.shape[1] - 1), ctx.dataset.target_bytes(data))  # tokens, bytes
-        grads, loss = compute_gradients(ctx.model, data, hp.micro_batch, ctx.device)
+        gradient_mode = hp.inner.mode == "gradient"
+        self.inner.start(None)  # the model holds θ_t: the anchor the pseudo-gradient is measured from
+        self.report = self.inner.train(t, data, batch_size=self.sequences if gradient_mode else hp.batch_size,
+                                       deadline=self.deadline(t), clock=time.time)
+        grads, loss = self.inner.pseudo_gradient(), self.report.mean_loss
+        self.inner.restore_anchor()  # back to θ_t: sync samples, the payload's model hash and the bundle start there
+        done = data[:self.report.sequences]
+        self.trained = (done.shape[0] * (done.shape[1] - 1), max(1, ctx.dataset.target_bytes(done)))  # tokens, bytes
         if self.accountant is not None:
             grads = clip_and_noise(grads, hp.dp.clip_norm, self.noise_multiplier, self.dp_noise)
             self.accountant.step()  # counted (and saved) before anything derived from it can leave the machine
             self.accountant.save(self.privacy_file)
         return self.feedback.step(grads, t, ctx.uid), loss
+
+    def deadline(self, t: int) -> float:
+        """When inner training of window t must stop (unix time): late enough to use the window, early enough
+        to compress, encode and upload inside the put window (what the last upload took, with a margin)."""
+        return self.ctx.clock.put_window(t).close - UPLOAD_MARGIN - self.encode_seconds
+
+    def save_state(self) -> None:
+        """The miner's own state, kept across restarts: error feedback and the inner optimiser."""
+        save_tensors(self.ef_file, self.feedback.state())
+        save_tensors(self.inner_file, self.inner.state())
 
     def upload(self, t: int, own: CompressedUpdate | None, put: PutWindow) -> bool:
         """Put window t's payload in our bucket (with commit-reveal: commit now, reveal after the put window)."""

@@ -19,6 +19,7 @@ Nothing a peer sends can stop it: every bad input is a logged rejection.
 """
 from __future__ import annotations
 
+import copy
 import logging
 import secrets
 import time
@@ -71,13 +72,13 @@ class Validator:
         self.val_tokens = self.val_batch.shape[0] * (self.val_batch.shape[1] - 1)
         self.val_bytes = ctx.dataset.target_bytes(self.val_batch)
         try:
-            loaded = validator_state.load(ctx.state_dir, ctx.model, hp.digest())
+            loaded = validator_state.load(ctx.state_dir, ctx.model, hp.digest(), hp.outer.rule)
         except scoring_state.StateError as e:
             raise Fatal(f"saved state does not fit this run: {e} (move {ctx.state_dir} away to start fresh)")
         self.fresh = loaded is None
         if loaded:
             self.scores, self.book = loaded
-            ctx.run = self.book.run
+            ctx.run, ctx.outer = self.book.run, self.book.outer
             log.info("resumed run %s at window %d (model %s…)", ctx.run, self.book.model_window,
                      model_hash(ctx.model)[:10])
         else:
@@ -132,7 +133,7 @@ class Validator:
             elif not self.senior_expected() or time.time() > give_up:
                 t = ctx.clock.current_window()
                 ctx.run = secrets.token_hex(8)
-                save_checkpoint(ctx.own.client, ctx.own.bucket, ctx.model, t, ctx.hp, ctx.run)
+                save_checkpoint(ctx.own.client, ctx.own.bucket, ctx.model, t, ctx.hp, ctx.run, ctx.outer)
                 self.heartbeat()  # live on chain at once: joining nodes look for the live leader
                 break
             log.info("waiting for the leading validator's run and first checkpoint")
@@ -182,9 +183,10 @@ class Validator:
             return None
         if got.model_hash_before != model_hash(self.ctx.model):
             log.warning("window %d: the leader's bundle starts from another model; re-synchronising", t)
-            ours = ParameterSnapshot(self.ctx.model)
+            ours, our_outer = ParameterSnapshot(self.ctx.model), copy.deepcopy(self.ctx.outer)
             if sync_to(self.ctx, -1, t) != t or model_hash(self.ctx.model) != got.model_hash_before:
                 ours.restore()
+                self.ctx.outer = our_outer
                 log.warning("window %d: could not reach the leader's model; aggregating our own list", t)
                 return None
         return {u: got.payloads[u] for u in got.uids}
@@ -201,7 +203,7 @@ class Validator:
         eval_seed = ctx.clock.eval_randomness(t, ctx.hp.commit_reveal, ctx.stop)  # who is evaluated (issue 17)
         inputs = WindowInputs(t, got.payloads, got.rejections, active, self.book.lists.get(t, []),
                               ctx.clock.window_randomness(t), eval_seed, bundle=self.leader_bundle(t))
-        outcome = run_window(self.scores, ctx.model, ctx.codec, ctx.dataset, ctx.hp, inputs,
+        outcome = run_window(self.scores, ctx.model, ctx.codec, ctx.dataset, ctx.hp, inputs, outer=ctx.outer,
                              ledger_prev_hash=self.book.ledger_hash, validator=ctx.hotkey, device=ctx.device,
                              on_aggregate=self.publish_aggregate)
         timings["engine"] = round(time.perf_counter() - mark - timings["gather"], 3)
@@ -244,7 +246,7 @@ class Validator:
         that follow publish theirs (the leader's, re-encoded: the same bytes) so they can take over."""
         ctx, hp = self.ctx, self.ctx.hp
         data = encode_bundle(ctx.codec, agg.window, agg.used, agg.payloads, agg.hash_before, agg.hash_after,
-                             hp.protocol_version, hp.digest())
+                             hp.protocol_version, hp.digest(), agg.outer_before, agg.outer_after)
         put_bundle(ctx.own.client, ctx.own.bucket, data, agg.window, hp.protocol_version, ctx.run)
 
     def publish_window(self, t: int, outcome: WindowOutcome, announce: int) -> None:
@@ -253,7 +255,7 @@ class Validator:
         if t % hp.windows_per_weights == 0 and self.caught_up(t):
             self.post_weights(t, outcome.report.weights)
         if (t + 1) % hp.checkpoint_every == 0:
-            save_checkpoint(client, bucket, ctx.model, t + 1, hp, ctx.run)
+            save_checkpoint(client, bucket, ctx.model, t + 1, hp, ctx.run, ctx.outer)
         if t % 10 == 0:
             cleanup(client, bucket, t, ctx.cfg.storage.retention_windows, ctx.run)
         if not self.leading():  # the list and the provenance record are the leader's
@@ -294,6 +296,7 @@ class Validator:
             log.warning("chain write %s refused: %s %s", result.kind, result.reason, result.message)
 
     def save(self) -> None:
+        self.book.outer = self.ctx.outer
         validator_state.save(self.ctx.state_dir, self.scores, self.ctx.model, self.book)
 
 

@@ -1,7 +1,8 @@
 """The validator's state on disk: scoring state + θ + bookkeeping, saved together after every window.
 
-Each save writes a new folder ``w{model_window}/`` (scoring.json, model.safetensors,
-meta.json), then atomically repoints ``current`` at it, then prunes old folders.
+Each save writes a new folder ``w{model_window}/`` (scoring.json, model.safetensors
+— θ and the outer optimiser's state, ``outer.*`` — meta.json), then atomically
+repoints ``current`` at it, then prunes old folders.
 A validator killed at any moment restarts from the last complete window — the
 same state it had in memory — so it posts the weights it would have posted
 without the restart.  A folder that is damaged or of an earlier state version is
@@ -18,6 +19,7 @@ from pathlib import Path
 import torch
 
 from dso.model import model_hash
+from dso.outer import STATE_PREFIX, OuterState
 from dso.atomic import atomic_write
 from neurons.persist import load_json, load_tensors, save_json, save_tensors
 from scoring import state as scoring_state
@@ -33,6 +35,7 @@ class Bookkeeping:
     lists: dict[int, list[int]] = field(default_factory=dict)  # top-G list in effect per window
     ledger_hash: str = ""                               # hash of the last provenance record
     run: str = ""                                       # the network run this state belongs to
+    outer: OuterState = field(default_factory=OuterState)  # the outer step's state at model_window (not JSON)
 
     def to_json(self, model_digest: str) -> dict:
         return {"model_window": self.model_window, "model_hash": model_digest, "ledger_hash": self.ledger_hash,
@@ -45,8 +48,9 @@ def save(root: Path, scores: scoring_state.ValidatorState, model: torch.nn.Modul
         shutil.rmtree(folder)
     folder.mkdir(parents=True)
     scores.save(folder / "scoring.json")
-    save_tensors(folder / "model.safetensors", {n: p.detach().cpu() for n, p in model.named_parameters()})
-    save_json(folder / "meta.json", book.to_json(model_hash(model)))
+    save_tensors(folder / "model.safetensors", {n: p.detach().cpu() for n, p in model.named_parameters()}
+                 | book.outer.tensors())
+    save_json(folder / "meta.json", book.to_json(model_hash(model)) | {"outer_digest": book.outer.digest()})
     atomic_write(root / "current", folder.name.encode())
     for old in sorted(root.glob("w*"), key=lambda p: int(p.name[1:]) if p.name[1:].isdigit() else -1)[:-KEEP]:
         if old != folder:
@@ -65,8 +69,8 @@ def _folders(root: Path) -> list[Path]:
     return first + [p for p in numbered if p not in first]
 
 
-def load_folder(folder: Path, model: torch.nn.Module,
-                run_digest: str) -> tuple[scoring_state.ValidatorState, Bookkeeping]:
+def load_folder(folder: Path, model: torch.nn.Module, run_digest: str,
+                outer_rule: str = "sgd") -> tuple[scoring_state.ValidatorState, Bookkeeping]:
     """One saved folder, loaded into ``model``; raises StateError naming the file and the problem (the
     model is left as it was when it does)."""
     scores = scoring_state.load(folder / "scoring.json", run_digest)
@@ -77,6 +81,13 @@ def load_folder(folder: Path, model: torch.nn.Module,
     names = {n: p for n, p in model.named_parameters()}
     if tensors is None:
         raise scoring_state.StateError(f"{folder}/model.safetensors missing or unreadable")
+    shapes = {n: tuple(p.shape) for n, p in names.items()}
+    outer = OuterState.from_tensors({k: t for k, t in tensors.items() if k.startswith(STATE_PREFIX)}, shapes,
+                                    outer_rule)
+    if outer is None or outer.digest() != meta.get("outer_digest"):
+        raise scoring_state.StateError(f"{folder}/model.safetensors: no valid outer state for the "
+                                       f"{outer_rule} rule matching meta.json")
+    tensors = {k: t for k, t in tensors.items() if not k.startswith(STATE_PREFIX)}
     bad = [n for n, p in names.items() if n not in tensors or tensors[n].shape != p.shape]
     if bad or set(tensors) != set(names):
         raise scoring_state.StateError(f"{folder}/model.safetensors does not hold this model's parameters "
@@ -84,7 +95,7 @@ def load_folder(folder: Path, model: torch.nn.Module,
     try:
         book = Bookkeeping(_int(meta["model_window"]), {_int(t): [_int(u) for u in uids]
                                                         for t, uids in meta["lists"].items()},
-                           str(meta.get("ledger_hash", "")), str(meta["run"]))
+                           str(meta.get("ledger_hash", "")), str(meta["run"]), outer)
         if not keys.is_run_id(book.run):
             raise ValueError(f"run {book.run[:32]!r} is not a run id")
     except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as e:
@@ -106,7 +117,7 @@ def _int(value) -> int:
     return int(value)
 
 
-def load(root: Path, model: torch.nn.Module, run_digest: str
+def load(root: Path, model: torch.nn.Module, run_digest: str, outer_rule: str = "sgd"
          ) -> tuple[scoring_state.ValidatorState, Bookkeeping] | None:
     """The newest save that loads cleanly, loaded into ``model``; None when there is none (start clean).
 
@@ -118,7 +129,7 @@ def load(root: Path, model: torch.nn.Module, run_digest: str
     skipped = 0
     for folder in _folders(root):
         try:
-            loaded = load_folder(folder, model, run_digest)
+            loaded = load_folder(folder, model, run_digest, outer_rule)
         except scoring_state.ForeignRunError:
             raise
         except scoring_state.StateError as e:

@@ -28,7 +28,8 @@ from dso.commit import content_digest
 from dso.model import Decoder
 from dso.rejections import Reason, Rejection
 from dso.train import evaluate
-from scoring.evaluation import ParameterSnapshot, update_signs
+from dso.outer import peer_norms, reference_norms
+from scoring.evaluation import ParameterSnapshot, update_signs, update_step
 
 if TYPE_CHECKING:
     from dso.config import HParams
@@ -85,22 +86,50 @@ def _step_losses(model: Decoder, signs: dict[str, torch.Tensor] | None, step: fl
         snapshot.restore()
 
 
+def _median_norms(codec: Codec, updates: Mapping[int, Update]) -> dict[str, float]:
+    norms = []
+    for u in updates.values():
+        try:
+            norms.append(peer_norms(codec, u))
+        except Exception:  # noqa: BLE001 — unreadable updates are rejected elsewhere
+            continue
+    return reference_norms(norms, list(codec.shapes))
+
+
+def _control(mean: Mapping[str, torch.Tensor], like: Mapping[str, torch.Tensor] | None) -> dict[str, torch.Tensor]:
+    """sign(mean) (signed rule), or the mean rescaled per tensor to the norm of ``like``."""
+    if like is None:
+        return {n: torch.sign(d) for n, d in mean.items()}
+    out: dict[str, torch.Tensor] = {}
+    for n, d in mean.items():
+        norm = float(torch.linalg.vector_norm(d))
+        out[n] = d * (float(torch.linalg.vector_norm(like[n])) / norm) if norm > 0 else torch.zeros_like(d)
+    return out
+
+
 def assigned_gains(model: Decoder, codec: Codec, dataset: Dataset, hp: HParams, window: int, step: float,
                    updates: Mapping[int, Update]) -> AuthorGain:
     """``author_gain`` for :func:`find_copies`: for each tied uid, how much more a step with the copied
     update lowers the loss on the first ``batch_size`` sequences of its assignment (what a baseline miner
     trains on) than a step with the consensus of the window's other updates does."""
 
+    shapes = {n: tuple(p.shape) for n, p in model.named_parameters()}
+    signed = hp.outer.rule == "signed"
+    reference = None if signed else _median_norms(codec, updates)
+
     def gain(tied: list[int], update: Update, group: list[int]) -> dict[int, float]:
-        shapes = {n: tuple(p.shape) for n, p in model.named_parameters()}
-        signs = update_signs(codec.decompress, update, shapes)
-        if isinstance(signs, Rejection):
+        # the update's step as the network's outer rule would take it (scoring.evaluation.update_step), and
+        # the consensus of the others rescaled to the same size per tensor: only the direction differs
+        mine = update_signs(codec.decompress, update, shapes) if reference is None else \
+            update_step(codec, update, hp, window, reference, shapes)
+        if isinstance(mine, Rejection):
             return {}
         others = [updates[u] for u in sorted(updates) if u not in group]
-        control = {n: torch.sign(d) for n, d in codec.mean_delta(others).items()} if others else None
+        control = _control(codec.mean_delta(others), None if signed else mine) if others else None
+        size = step if signed else 1.0
         batches = {u: dataset.training_batch(u, window, hp.assigned_sequences, hp.batch_size) for u in tied}
-        with_control = _step_losses(model, control, step, batches, hp.micro_batch)
-        with_update = _step_losses(model, signs, step, batches, hp.micro_batch)
+        with_control = _step_losses(model, control, size, batches, hp.micro_batch)
+        with_update = _step_losses(model, mine, size, batches, hp.micro_batch)
         return {u: with_control[u] - with_update[u] for u in tied}
 
     return gain

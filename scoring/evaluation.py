@@ -1,6 +1,7 @@
 """Primary evaluation of one peer's update, in place on the validator's model.
 
-``θ'_p = θ_t − β_eval·sign(Δ_p)`` is applied to the live parameters, the losses
+``θ'_p = θ_t − step_p`` (:func:`update_step`: the outer rule's step with the peer's update, scaled by
+``eval_scale``; ``β_eval·sign(Δ_p)`` for the Gauntlet's signed rule) is applied to the live parameters, the losses
 are measured, and θ_t is put back **bit-exactly** from one snapshot taken per
 window (``p.copy_(snapshot)``; undoing with ``+ β·sign`` would not round-trip in
 floating point, and the validator's model hash must keep matching the miners').
@@ -13,11 +14,13 @@ per window and shared by all evaluated peers.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Mapping
+from typing import Any, Callable, Mapping
 
 import torch
 
+from dso.config import HParams
 from dso.model import Decoder
+from dso.outer import evaluation_step, peer_norms
 from dso.rejections import Reason, Rejection
 from dso.train import evaluate
 from scoring.formulas import loss_delta
@@ -36,9 +39,9 @@ class ParameterSnapshot:
             p.copy_(saved)
 
 
-def update_signs(decode: Callable[[object], Mapping[str, torch.Tensor]], update: object,
-                 shapes: Mapping[str, tuple[int, ...]]) -> dict[str, torch.Tensor] | Rejection:
-    """``sign`` of a decoded update, one tensor per parameter — or why it cannot be used.
+def decoded_update(decode: Callable[[object], Mapping[str, torch.Tensor]], update: object,
+                   shapes: Mapping[str, tuple[int, ...]]) -> dict[str, torch.Tensor] | Rejection:
+    """A decoded update, one finite tensor per parameter — or why it cannot be used.
 
     ``decode`` is the codec's ``decompress``; any exception it raises on a
     hostile update becomes a format rejection instead of escaping."""
@@ -48,15 +51,36 @@ def update_signs(decode: Callable[[object], Mapping[str, torch.Tensor]], update:
         return Rejection(Reason.MALFORMED, f"update does not decode: {type(exc).__name__}: {exc}")
     if not isinstance(dense, Mapping) or set(dense) != set(shapes):
         return Rejection(Reason.BAD_KEYS, "decoded update does not cover exactly the model's parameters")
-    signs: dict[str, torch.Tensor] = {}
+    out: dict[str, torch.Tensor] = {}
     for name, shape in shapes.items():
         tensor = dense[name]
         if not isinstance(tensor, torch.Tensor) or tuple(tensor.shape) != tuple(shape):
             return Rejection(Reason.BAD_SHAPE, f"decoded {name} has the wrong shape")
         if not bool(torch.isfinite(tensor).all()):
             return Rejection(Reason.NON_FINITE, f"decoded {name} holds NaN or inf")
-        signs[name] = torch.sign(tensor)
-    return signs
+        out[name] = tensor
+    return out
+
+
+def update_signs(decode: Callable[[object], Mapping[str, torch.Tensor]], update: object,
+                 shapes: Mapping[str, tuple[int, ...]]) -> dict[str, torch.Tensor] | Rejection:
+    """``sign`` of a decoded update, one tensor per parameter — or why it cannot be used."""
+    dense = decoded_update(decode, update, shapes)
+    return dense if isinstance(dense, Rejection) else {n: torch.sign(t) for n, t in dense.items()}
+
+
+def update_step(codec: Any, update: object, hp: HParams, window: int, reference: Mapping[str, float],
+                shapes: Mapping[str, tuple[int, ...]]) -> dict[str, torch.Tensor] | Rejection:
+    """What the validator subtracts from θ_t to score one update: :func:`dso.outer.evaluation_step`, the
+    step the network's outer rule would take with it (``c·α·sign(Δ_p)`` for the signed rule)."""
+    dense = decoded_update(codec.decompress, update, shapes)
+    if isinstance(dense, Rejection):
+        return dense
+    try:
+        norms = peer_norms(codec, update)
+    except Exception as exc:  # noqa: BLE001 — as above: a hostile update is a rejection
+        return Rejection(Reason.MALFORMED, f"update values unreadable: {type(exc).__name__}: {exc}")
+    return evaluation_step(hp, window, dense, norms, reference)
 
 
 @dataclass(frozen=True)
@@ -81,7 +105,8 @@ class PeerLosses:
 def evaluate_peer(model: Decoder, snapshot: ParameterSnapshot, signs: Mapping[str, torch.Tensor],
                   step: float, assigned: torch.Tensor, rand: torch.Tensor, base_rand: float,
                   micro_batch: int) -> PeerLosses:
-    """Losses of θ_t and θ_t − step·sign on the peer's assigned data and on D_rand.
+    """Losses of θ_t and θ_t − step·signs on the peer's assigned data and on D_rand (``signs`` may be any
+    displacement, e.g. :func:`update_step` with ``step`` 1).
 
     ``model`` must hold θ_t on entry; it holds θ_t again (bit for bit) on return,
     also when a forward pass raises."""

@@ -43,7 +43,8 @@ from dso.model import Decoder, parameter_shapes, sync_sample_count
 from dso.rejections import Reason, Rejection
 from dso.train import evaluate, learning_rate
 from scoring import formulas, selection
-from scoring.evaluation import ParameterSnapshot, PeerLosses, evaluate_peer, update_signs
+from dso.outer import peer_norms, reference_norms
+from scoring.evaluation import ParameterSnapshot, PeerLosses, evaluate_peer, update_step
 from scoring.rating import rate_match
 from scoring.state import PeerState, ValidatorState
 from scoring.sync import check_sync_vector, sample_parameters, sync_positions
@@ -119,11 +120,17 @@ def plan_fast_set(state: ValidatorState, hp: HParams, window: int, active: Itera
 def score_window(state: ValidatorState, model: Decoder, codec: Codec, dataset: Dataset, hp: HParams,
                  window: int, payloads: Mapping[int, tuple[Any, torch.Tensor]],
                  rejections: Mapping[int, Rejection], active: Mapping[int, str] | Iterable[int],
-                 randomness: bytes, eval_seed: bytes) -> WindowReport:
+                 randomness: bytes, eval_seed: bytes, reference_norms: Mapping[str, float] | None = None,
+                 sync_unit: float | None = None) -> WindowReport:
     """Score window ``window``; ``active`` is the registered uids (or uid → hotkey, which also resets a
     uid whose hotkey changed); ``randomness`` is the chain randomness of the window (sync positions);
     ``eval_seed`` the chain randomness of a block produced after the window's uploads closed, which draws
-    F_t and S_t (``dso.clock.Clock.eval_randomness``)."""
+    F_t and S_t (``dso.clock.Clock.eval_randomness``).
+
+    ``reference_norms`` (per tensor) sizes the evaluation step of the optimiser outer rules
+    (dso.outer.evaluation_step: the aggregate's median peer norm; None = the median over the updates
+    scored here); ``sync_unit`` is SyncScore's unit, the mean |θ_{t+1} − θ_t| of the
+    window's outer step (default: α_t, one signed step)."""
     if window <= state.window:
         raise WindowAlreadyScored(f"window {window} is not after the last scored window {state.window}")
     committed, state = state, copy.deepcopy(state)  # all-or-nothing: an exception leaves the state untouched
@@ -134,6 +141,7 @@ def score_window(state: ValidatorState, model: Decoder, codec: Codec, dataset: D
     fast = plan_fast_set(state, hp, window, active_uids, eval_seed)
     shapes = parameter_shapes(model)
     lr = learning_rate(hp, window)
+    unit = sync_unit if sync_unit is not None and sync_unit > 0 else lr
     positions = sync_positions(randomness, shapes, sync_sample_count(hp))
     reference = sample_parameters(dict(model.named_parameters()), positions).tolist()
     failures: dict[int, Rejection] = {}
@@ -141,7 +149,7 @@ def score_window(state: ValidatorState, model: Decoder, codec: Codec, dataset: D
     passed: list[int] = []
     for uid in fast:
         state.peers[uid].last_fast_window = window
-        failure = _fast_check(uid, payloads, rejections, reference, lr, hp, sync_scores)
+        failure = _fast_check(uid, payloads, rejections, reference, unit, hp, sync_scores)
         if failure is None:
             passed.append(uid)
         else:
@@ -154,8 +162,9 @@ def score_window(state: ValidatorState, model: Decoder, codec: Codec, dataset: D
     chosen = selection.eval_set([uid for uid in passed if uid not in banned],
                                 lambda uid: state.peers[uid].last_eval_window, hp.eval_peers,
                                 picker(state, hp, window, eval_seed, PURPOSE_EVAL))
-    losses, base_rand = _evaluate(state, model, codec, dataset, hp, window, chosen, payloads, shapes, lr,
-                                  failures, notes, data_rng(state, hp, window, eval_seed))
+    losses, base_rand = _evaluate(state, model, codec, dataset, hp, window, chosen, payloads, shapes,
+                                  _reference(codec, hp, payloads, reference_norms), failures, notes,
+                                  data_rng(state, hp, window, eval_seed))
     for uid, peer_losses in losses.items():
         peer = state.peers[uid]
         peer.loss_score, peer.delta_assigned = peer_losses.delta_rand, peer_losses.delta_assigned
@@ -188,6 +197,19 @@ def score_window(state: ValidatorState, model: Decoder, codec: Codec, dataset: D
 
 
 # ------------------------------------------------------------------ steps
+def _reference(codec: Any, hp: HParams, payloads: Mapping[int, Any],
+               given: Mapping[str, float] | None) -> dict[str, float]:
+    """Reference norms of the evaluation step: the caller's, or the median over the window's updates."""
+    if given is not None or hp.outer.rule == "signed":
+        return dict(given or {})
+    norms = []
+    for payload in payloads.values():
+        try:
+            norms.append(peer_norms(codec, payload[0]))
+        except Exception:  # noqa: BLE001 — a hostile update is rejected when it is evaluated, not here
+            continue
+    return reference_norms(norms, list(codec.shapes))
+
 def _peer_or_new(state: ValidatorState, uid: int) -> PeerState:
     return state.peers.get(uid) or PeerState()
 
@@ -249,8 +271,8 @@ def _penalise(peer: PeerState, failure: Rejection, hp: HParams) -> None:
 
 
 def _evaluate(state: ValidatorState, model: Decoder, codec: Codec, dataset: Dataset, hp: HParams, window: int,
-              chosen: list[int], payloads: Mapping[int, Any], shapes: Mapping[str, tuple[int, ...]], lr: float,
-              failures: dict[int, Rejection], notes: list[str],
+              chosen: list[int], payloads: Mapping[int, Any], shapes: Mapping[str, tuple[int, ...]],
+              reference: dict[str, float], failures: dict[int, Rejection], notes: list[str],
               rng: np.random.Generator) -> tuple[dict[int, PeerLosses], float | None]:
     """Losses of every peer in ``chosen`` whose update decodes (the others are penalised here); ``rng`` draws
     the evaluated sequences (:func:`data_rng`)."""
@@ -268,16 +290,15 @@ def _evaluate(state: ValidatorState, model: Decoder, codec: Codec, dataset: Data
         notes.append(f"validator loss on D_rand is {base_rand}: evaluation skipped this window")
         return {}, base_rand
     snapshot = ParameterSnapshot(model)
-    step = hp.eval_scale * lr
     losses = {}
     for uid in chosen:
         state.peers[uid].last_eval_window = window
-        signs = update_signs(codec.decompress, payloads[uid][0], shapes)
-        if isinstance(signs, Rejection):
+        step = update_step(codec, payloads[uid][0], hp, window, reference, shapes)
+        if isinstance(step, Rejection):
             if uid not in failures:  # at most one penalty per peer per window
-                failures[uid] = signs
-                _penalise(state.peers[uid], signs, hp)
+                failures[uid] = step
+                _penalise(state.peers[uid], step, hp)
             continue
-        losses[uid] = evaluate_peer(model, snapshot, signs, step, assigned[uid], rand, base_rand, hp.micro_batch)
-        del signs
+        losses[uid] = evaluate_peer(model, snapshot, step, 1.0, assigned[uid], rand, base_rand, hp.micro_batch)
+        del step
     return losses, base_rand

@@ -143,8 +143,10 @@ class LocalNet:
         cmd = [sys.executable, *node.program, "--config", str(self.run_dir / "config.json"),
                "--wallet.name", node.name, "--wallet.path", str(self.run_dir / "wallets"),
                "--neuron.log_json", str(self.logs / f"{node.name}.jsonl")]
-        if node.behaviour == "diligent":  # an honest miner with twice the compute: more of its assignment
-            cmd += ["--neuron.train_sequences", str(min(2 * self.hp.batch_size, self.hp.assigned_sequences))]
+        if node.behaviour == "diligent":  # an honest miner that trains on all of its assignment the clock allows
+            # (with inner steps every honest miner does; in paper mode the baseline takes one batch, this one two)
+            n = self.hp.assigned_sequences if self.hp.inner.mode == "steps" else 2 * self.hp.batch_size
+            cmd += ["--neuron.train_sequences", str(min(n, self.hp.assigned_sequences))]
         if node.metrics_port:
             cmd += ["--neuron.metrics_port", str(node.metrics_port)]
         return cmd + node.extra_args

@@ -52,7 +52,8 @@ class AdversarialMiner(Miner):
         plan = self.plan(t)
         if not plan.train:
             return None, float("nan")
-        self.sequences = self.ctx.hp.batch_size * plan.data_batches
+        if self.ctx.hp.inner.mode == "gradient":  # paper mode: one gradient of plan.data_batches batches
+            self.sequences = self.ctx.hp.batch_size * plan.data_batches
         return super().train(t)
 
     def upload(self, t: int, own: CompressedUpdate | None, put: PutWindow) -> bool:

@@ -24,15 +24,16 @@ from typing import Callable
 
 import torch
 
-from dso.aggregation import signed_step
 from dso.codec import ErrorFeedback
 from dso.codecs import Update, make_codec
 from dso.config import HParams
 from dso.data import Dataset
+from dso.inner import InnerLoop
 from dso.model import build_model, parameter_shapes, sync_sample_count
+from dso.outer import OuterState, apply_outer
 from dso.privacy import RdpAccountant, clip_and_noise, dp_settings
 from dso.rejections import Reason, Rejection
-from dso.train import compute_gradients, evaluate
+from dso.train import evaluate
 from neurons.engine import WindowInputs, WindowOutcome, announce_list, genesis_lists, run_window
 from scoring.state import ValidatorState
 from scoring.sync import sample_parameters, sync_positions
@@ -49,7 +50,9 @@ class SimPeer:
     behaviour: str
     feedback: ErrorFeedback
     model: torch.nn.Module | None = None   # own stale copy while desynchronised
+    outer: OuterState | None = None         # and the outer state that goes with it
     accountant: RdpAccountant | None = None  # hp.dp.enabled: privacy spent so far
+    inner_state: dict[str, torch.Tensor] | None = None  # its inner optimiser's state (dso.inner), between windows
 
 
 @dataclass
@@ -80,6 +83,7 @@ class SimNet:
     device: str = "cpu"
     desync_windows: set[int] | None = None   # override the desync schedule (Figure 2: one 3-window stretch)
     desync_stays_behind: bool = False        # after the stretch, keep applying aggregates to the stale copy
+    inner_steps: int = 2                     # an honest peer's inner steps per window (a diligent one: × its batches)
     peers: list[SimPeer] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -87,6 +91,9 @@ class SimNet:
         self.model = build_model(hp.model, hp.seed, self.device)
         self.shapes = parameter_shapes(self.model)
         self.codec = make_codec(self.shapes, hp)
+        self.outer = OuterState.fresh(self.shapes, hp)
+        # the miner's inner loop on one scratch model; each peer's own optimiser state is swapped in and out
+        self.inner = InnerLoop(copy.deepcopy(self.model), hp)
         self.peers = [SimPeer(i + 1, b, ErrorFeedback(self.codec, hp.ef_beta, self.device),
                               accountant=RdpAccountant.from_config(hp.dp) if hp.dp.enabled else None)
                       for i, b in enumerate(self.roles)]
@@ -110,10 +117,10 @@ class SimNet:
     def _peer_model(self, peer: SimPeer, t: int) -> torch.nn.Module:
         if self._desynced(peer, t):
             if peer.model is None:  # stops following: keeps the model it has
-                peer.model = copy.deepcopy(self.model)
+                peer.model, peer.outer = copy.deepcopy(self.model), copy.deepcopy(self.outer)
             return peer.model
         if not self.desync_stays_behind:
-            peer.model = None  # catches up with the network
+            peer.model, peer.outer = None, None  # catches up with the network
         return peer.model if peer.model is not None else self.model
 
     def _train(self, peer: SimPeer, t: int, batches: int) -> Update | None:
@@ -121,9 +128,17 @@ class SimNet:
         dp = self.hp.dp
         if peer.accountant is not None and peer.accountant.would_exceed(self.dp_budget):
             return None
-        model = self._peer_model(peer, t)
-        data = self.dataset.training_batch(peer.uid, t, self.hp.assigned_sequences, self.hp.batch_size * batches)
-        grads, _ = compute_gradients(model, data, self.hp.micro_batch, self.device)
+        model, hp, loop = self._peer_model(peer, t), self.hp, self.inner
+        # the miner's inner loop (neurons/miner.py runs the same): ``batches`` × inner_steps steps on the
+        # assignment, or in paper mode one gradient of ``batches`` batches
+        if peer.inner_state is None or not loop.load_state(peer.inner_state):
+            loop.fresh()
+        loop.start(dict(model.named_parameters()))
+        loop.train(t, self.dataset.assigned(peer.uid, t, hp.assigned_sequences),
+                   batch_size=hp.batch_size * batches if hp.inner.mode == "gradient" else hp.batch_size,
+                   max_steps=self.inner_steps * batches)
+        peer.inner_state = loop.state()
+        grads = loop.pseudo_gradient()
         if peer.accountant is not None:
             grads = clip_and_noise(grads, dp.clip_norm, self.dp_noise_multiplier, self.noise)
             peer.accountant.step()
@@ -204,13 +219,13 @@ class SimNet:
         started, hp = time.perf_counter() if started is None else started, self.hp
         inputs = WindowInputs(t, payloads, rejections, self.active, self.lists.get(t, []), self.randomness(t),
                               self.eval_seed(t))
-        outcome = run_window(self.state, self.model, self.codec, self.dataset, hp, inputs,
+        outcome = run_window(self.state, self.model, self.codec, self.dataset, hp, inputs, outer=self.outer,
                              ledger_prev_hash=self.ledger_hash, validator="simulator", device=self.device)
         self.ledger_hash = outcome.record["record_hash"]
         agg = outcome.aggregation
         for peer in self.peers:  # a peer that stays behind follows the network from its stale state
-            if peer.model is not None and not self._desynced(peer, t):
-                signed_step(peer.model, agg.signs, agg.learning_rate, hp.weight_decay)
+            if peer.model is not None and peer.outer is not None and not self._desynced(peer, t):
+                apply_outer(dict(peer.model.named_parameters()), agg.delta, peer.outer, hp, t)
         self.lists = announce_list(self.lists, t, outcome.report.top_g)
         self.last_outcome = outcome
         report = outcome.report

@@ -5,15 +5,18 @@ Object ``{run}/aggregate/{window}-v{v}.safetensors``.  Tensors: ``payload.{uid}`
 aggregated uid.  Metadata: ``format``, ``protocol_version``, ``window``,
 ``hparams``, ``uids`` (comma-separated, aggregation order), ``sha256``
 (comma-separated content hashes, same order), ``model_hash_before`` and
-``model_hash_after``.
+``model_hash_after``, ``outer_digest_before`` and ``outer_digest_after`` (the outer
+optimiser's state around the step, dso/outer.py ``OuterState.digest``).  With θ_t
+and the outer state at t (a checkpoint holds both) the payloads are all a node needs
+to replay the window's outer step.
 
 Every node applies the leader's bundle for window t — miners following the
 network, other validators, a node catching up — so every honest node
 aggregates exactly the same set of payloads, identified by content hash, and
 a peer that deletes or rewrites its object after the put window cannot split
 the network's view of the window.  Replaying a bundle is the same computation
-as the validator's (neurons/engine.py ``aggregate_window``) and both model
-hashes are checked.
+as the validator's (neurons/engine.py ``aggregate_window``) and the model hashes
+and outer-state digests are checked.
 
 Decoding is strict and never raises: size cap, header, metadata, exact tensor
 set, content hashes, and every payload through :func:`storage.wire.decode_payload`.
@@ -40,8 +43,8 @@ if TYPE_CHECKING:
 
 FORMAT = "dso-bundle"
 _HEX = set("0123456789abcdef")
-_FIELDS = {"format", "protocol_version", "window", "hparams", "uids", "sha256", "model_hash_before",
-           "model_hash_after"}
+_DIGESTS = ("model_hash_before", "model_hash_after", "outer_digest_before", "outer_digest_after")
+_FIELDS = {"format", "protocol_version", "window", "hparams", "uids", "sha256", *_DIGESTS}
 
 
 @dataclass
@@ -51,6 +54,8 @@ class Bundle:
     payloads: dict[int, Payload]
     model_hash_before: str
     model_hash_after: str
+    outer_digest_before: str = ""
+    outer_digest_after: str = ""
     nbytes: int = 0                    # size of the object read
 
 
@@ -59,14 +64,16 @@ def bundle_size_cap(codec: Codec, sync_samples: int, max_peers: int) -> int:
 
 
 def encode_bundle(codec: Codec, window: int, uids: Sequence[int], payloads: Mapping[int, Payload],
-                  model_hash_before: str, model_hash_after: str, protocol_version: int, hparams_digest: str) -> bytes:
+                  model_hash_before: str, model_hash_after: str, protocol_version: int, hparams_digest: str,
+                  outer_digest_before: str, outer_digest_after: str) -> bytes:
     """The bundle of ``uids`` (in aggregation order), each payload re-encoded canonically."""
     blobs = {u: encode_payload(codec, payloads[u].update, payloads[u].sync_values, payloads[u].meta) for u in uids}
     tensors = {f"payload.{u}": np.frombuffer(blobs[u], dtype=np.uint8) for u in uids}
     metadata = {"format": FORMAT, "protocol_version": str(protocol_version), "window": str(window),
                 "hparams": hparams_digest, "uids": ",".join(str(u) for u in uids),
                 "sha256": ",".join(hashlib.sha256(blobs[u]).hexdigest() for u in uids),
-                "model_hash_before": model_hash_before, "model_hash_after": model_hash_after}
+                "model_hash_before": model_hash_before, "model_hash_after": model_hash_after,
+                "outer_digest_before": outer_digest_before, "outer_digest_after": outer_digest_after}
     return safetensors.numpy.save(tensors, metadata=metadata)
 
 
@@ -93,7 +100,7 @@ def _decode(data: bytes, codec: Codec, expect: Expect, max_peers: int) -> Bundle
         return Rejection(Reason.METADATA_MISMATCH, f"bundle uids must be at most {max_peers} distinct integers")
     if len(hashes) != len(uids) or not all(len(h) == 64 and set(h) <= _HEX for h in hashes):
         return Rejection(Reason.METADATA_MISMATCH, "bundle sha256 must hold one hex digest per uid")
-    for name in ("model_hash_before", "model_hash_after"):
+    for name in _DIGESTS:
         if len(md[name]) != 64 or not set(md[name]) <= _HEX:
             return Rejection(Reason.METADATA_MISMATCH, f"bundle {name} is not a sha256 hex digest")
     cap = payload_size_cap(codec, expect.sync_samples)
@@ -117,7 +124,7 @@ def _decode(data: bytes, codec: Codec, expect: Expect, max_peers: int) -> Bundle
             return Rejection(payload.reason, f"bundle payload of uid {uid}: {payload.detail}")
         payloads[uid] = payload
     return Bundle(expect.window, [u for u in uids if u is not None], payloads, md["model_hash_before"],
-                  md["model_hash_after"], len(data))
+                  md["model_hash_after"], md["outer_digest_before"], md["outer_digest_after"], len(data))
 
 
 def put_bundle(client: S3Client, bucket: str, data: bytes, window: int, protocol_version: int, run: str = "") -> str:

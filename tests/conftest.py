@@ -25,6 +25,7 @@ def tiny_hparams():
     hp = HParams(tokenizer="bytes",
                  model=ModelConfig(vocab_size=256, d_model=32, n_layers=1, n_heads=2, ffn_hidden=64, seq_len=16))
     hp.batch_size, hp.assigned_sequences, hp.micro_batch, hp.chunk, hp.topk = 4, 8, 4, 16, 8
+    hp.inner.steps_max = 2  # the assignment holds steps_max × batch_size sequences
     return hp
 
 
@@ -44,6 +45,7 @@ def network_hparams():
         hp.eval_sequences, hp.eval_peers, hp.val_sequences = 8, 3, 16
         hp.learning_rate, hp.warmup_windows, hp.checkpoint_every = 5e-3, 0, 2
         hp.chunk, hp.topk = 32, 16
+        hp.inner.steps_max = 1  # one inner AdamW step on the whole assignment (steps_max × batch_size)
         return hp
 
     return make

@@ -33,11 +33,11 @@ def test_codec_measure_matches_hand_computed_sizes():
     codec = DeMoCodec({"w": (64, 64)}, chunk=64, topk=32, value_bits=4)
     out = codec_section.measure(codec, {}, repeats=0)
     # one 64x64 chunk: Elias-Fano 32*7 low bits + (32 + 4095 // 128) high bits = 287 bits -> 36 bytes,
-    # 32 four-bit codes = 16 bytes, (lo, hi) scale = 8 bytes
-    assert out["payload_bytes"] == 36 + 16 + 8
+    # 32 four-bit codes = 16 bytes, a table of 2^3 float32 level magnitudes = 32 bytes
+    assert out["payload_bytes"] == 36 + 16 + 32
     assert out["kept"] == 32
-    assert out["bytes_per_kept"] == pytest.approx(60 / 32)
-    assert out["ratio_vs_fp32"] == pytest.approx(4 * 4096 / 60)
+    assert out["bytes_per_kept"] == pytest.approx(84 / 32)
+    assert out["ratio_vs_fp32"] == pytest.approx(4 * 4096 / 84)
     log2_comb = (gammaln(4097) - gammaln(33) - gammaln(4097 - 32)) / math.log(2)  # log2 C(4096, 32)
     assert out["bound_bytes_per_kept"] == pytest.approx((log2_comb / 32 + 4) / 8, rel=1e-6)
     assert out["within_bound_pct"] == pytest.approx(100 * (out["bytes_per_kept"] / out["bound_bytes_per_kept"] - 1))

@@ -35,8 +35,10 @@ def test_bench_sketch_vs_demo_quick():
         assert 0 < r["cosine"] < 1 and 0 < r["cosine_of_sign"] < 1, name
         ef_key = next(k for k in r if k.startswith("cosine_ef_"))
         assert r[ef_key] > r["cosine"], name  # error feedback delivers more over several windows
-    # a smaller sketch keeps less of the update: the codec's cosine follows sqrt(d / P)
-    assert res["sketch_demo_bytes"]["cosine"] < res["sketch"]["cosine"]
+    # a smaller sketch keeps less of the update: the codec's cosine follows sqrt(d / P) (which of the two is
+    # smaller depends on DeMo's payload: 2-bit values with level tables made it larger than the default sketch)
+    small, large = sorted((res["sketch"], res["sketch_demo_bytes"]), key=lambda r: r["payload_bytes"])
+    assert small["payload_bytes"] < large["payload_bytes"] and small["cosine"] < large["cosine"]
     assert "| cosine |" in bench.markdown(res)
 
 

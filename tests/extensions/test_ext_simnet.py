@@ -24,8 +24,11 @@ def tiny(**changes) -> HParams:
     hp = HParams(model=ModelConfig(d_model=32, n_layers=1, n_heads=2, ffn_hidden=64, seq_len=32))
     hp.batch_size, hp.assigned_sequences, hp.micro_batch, hp.chunk, hp.topk = 8, 16, 8, 16, 8
     hp.eval_sequences, hp.eval_peers, hp.learning_rate, hp.warmup_windows = 8, 8, 5e-3, 0
+    hp.inner.steps_max = 2  # the assignment holds steps_max × batch_size
     for key, value in changes.items():
         setattr(hp, key, value)
+    if hp.codec == "sketch":  # the sketch codec is measured in paper mode only (docs/training.md, open)
+        hp.inner.mode, hp.outer.rule = "gradient", "signed"
     return hp
 
 

@@ -125,3 +125,25 @@ def test_readers_moved_to_config_sources_still_import_from_config():
         assert getattr(dso.config, name) is getattr(dso.config_sources, name)
     with pytest.raises(AttributeError):
         dso.config.no_such_reader
+@pytest.mark.parametrize("data, key", [
+    ({"hparams": {"inner": {"steps_max": 0}}}, "hparams.inner.steps_max: must be > 0"),
+    ({"hparams": {"inner": {"beta2": 1.0}}}, "hparams.inner.beta2: must be in"),
+    ({"hparams": {"inner": {"mode": "dream"}}}, "hparams.inner.mode: must be one of"),
+    ({"hparams": {"inner": {"min_lr_ratio": 1.5}}}, "hparams.inner.min_lr_ratio"),
+    ({"hparams": {"inner": {"clip_norm": -1.0}}}, "hparams.inner"),
+    ({"hparams": {"outer": {"rule": "adam"}}}, "hparams.outer.rule: must be one of"),
+    ({"hparams": {"outer": {"momentum": 1.0}}}, "hparams.outer.momentum: must be in"),
+    ({"hparams": {"outer": {"lr": 0.0}}}, "hparams.outer.lr: must be > 0"),
+    ({"hparams": {"dct": "maybe"}}, "hparams.dct: expected true/false"),
+])
+def test_bad_inner_outer_and_codec_values_name_the_key(data, key):
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        from_dict(data)
+
+
+def test_inner_outer_flags_and_paper_mode():
+    cfg, _ = parse_args(["--hparams.inner.lr", "1e-3", "--hparams.outer.rule", "nesterov", "--hparams.dct", "false",
+                         "--hparams.inner.mode", "gradient"])
+    hp = cfg.hparams
+    assert (hp.inner.lr, hp.outer.rule, hp.dct, hp.inner.mode) == (1e-3, "nesterov", False, "gradient")
+    assert hp.digest() != HParams().digest()

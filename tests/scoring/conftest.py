@@ -19,6 +19,8 @@ def hp(tiny_hparams):
     hp.eval_peers = 4
     hp.fast_peers = 8
     hp.topg = 3
+    # the scripted miners send one gradient per window: the paper's mode, scored with the signed rule
+    hp.inner.mode, hp.outer.rule = "gradient", "signed"
     return hp
 
 

@@ -35,6 +35,10 @@ def tiny() -> HParams:
     hp.batch_size, hp.assigned_sequences, hp.micro_batch, hp.chunk, hp.topk = 8, 16, 8, 16, 8
     hp.eval_sequences, hp.eval_peers, hp.learning_rate, hp.warmup_windows = 8, 4, 5e-3, 0
     hp.topg, hp.checkpoint_every = 4, 3
+    hp.inner.steps_max = 2  # the assignment holds steps_max × batch_size
+    # identity holds in any mode; paper mode keeps every window's list non-trivial in 6 windows (with inner steps
+    # and the sgd rule an early list can hold only a freerider, and the model does not move: see the steps test)
+    hp.inner.mode, hp.outer.rule = "gradient", "signed"
     return hp
 
 

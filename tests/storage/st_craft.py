@@ -78,15 +78,18 @@ def hostile(codec, update, hp, uid: int, window: int) -> dict[str, bytes]:
     # one extra upper bit set in chunk 0 of the first tensor's index stream: k+1 indices there
     name = next(iter(codec.plans))
     coder = codec.index_coder(name)
-    bits = np.unpackbits(np.frombuffer(entries[f"{name}.idx"][2], dtype=np.uint8), bitorder="little")
-    upper = np.arange(coder.k * coder.low_bits, coder.bits_per_chunk)
+    bits = np.unpackbits(np.frombuffer(entries["demo.idx"][2], dtype=np.uint8), bitorder="little")
+    upper = np.arange(coder.k * coder.low_bits, coder.bits_per_chunk)  # the first tensor comes first
     bits[upper[bits[upper] == 0][0]] = 1
     counted = dict(entries)
-    counted[f"{name}.idx"] = ("U8", entries[f"{name}.idx"][1], np.packbits(bits, bitorder="little").tobytes())
+    counted["demo.idx"] = ("U8", entries["demo.idx"][1], np.packbits(bits, bitorder="little").tobytes())
     out["wrong_count"] = build(counted, md)
 
+    levels = codec.quantiser.levels  # the first tensor's level table, descending: no encoder writes it
+    table = np.frombuffer(entries["demo.scale"][2], dtype=np.float32).copy()
+    table[:levels] = np.linspace(2.0, 1.0, levels, dtype=np.float32)
     swapped = dict(entries)
-    swapped[f"{name}.scale"] = ("F32", [2], np.array([2.0, 1.0], dtype=np.float32).tobytes())
+    swapped["demo.scale"] = ("F32", entries["demo.scale"][1], table.tobytes())
     out["bad_encoding"] = build(swapped, md)
 
     out["non_finite"] = honest(codec, update, hp, uid, window, sync=torch.full((n,), float("nan")))

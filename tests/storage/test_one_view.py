@@ -16,6 +16,7 @@ import torch
 from dso.clock import PutWindow
 from dso.model import build_model, model_hash
 from neurons.catchup import apply_bundle
+from dso.outer import OuterState
 from neurons.engine import aggregate_window
 from st_craft import honest
 from storage import keys
@@ -48,10 +49,11 @@ def test_rewriting_after_the_put_window_splits_gatherers_but_not_bundle_follower
     validator_model = build_model(hp.model, hp.seed)
     seen = gather(WINDOW, commitments, codec, expect, put, 10.0, readers=LOOPBACK)
     assert sorted(seen.payloads) == [1, 2, 3]
-    agg = aggregate_window(validator_model, codec, hp, WINDOW, seen.payloads, order)
+    agg = aggregate_window(validator_model, codec, hp, WINDOW, seen.payloads, order, OuterState.fresh(codec.shapes, hp))
     leader = s3.provision("view-leader")
     put_bundle(leader.write_client(), leader.bucket, encode_bundle(codec, WINDOW, agg.used, agg.payloads,
-                                                                   agg.hash_before, agg.hash_after, v, hp.digest()),
+                                                                   agg.hash_before, agg.hash_after, v, hp.digest(),
+                                                                   agg.outer_before, agg.outer_after),
                WINDOW, v, RUN)
 
     # then peer 3 deletes its object and peer 2 replaces its own with another valid update
@@ -62,15 +64,17 @@ def test_rewriting_after_the_put_window_splits_gatherers_but_not_bundle_follower
     gatherer = build_model(hp.model, hp.seed)
     later = gather(WINDOW, commitments, codec, expect, put, 10.0, readers=LOOPBACK)
     assert sorted(later.payloads) == [1, 2]
-    aggregate_window(gatherer, codec, hp, WINDOW, later.payloads, order)
+    aggregate_window(gatherer, codec, hp, WINDOW, later.payloads, order, OuterState.fresh(codec.shapes, hp))
     assert model_hash(gatherer) != model_hash(validator_model)  # the split
 
     # a node that applies the leader's bundle ends exactly on the validator's model
     follower = build_model(hp.model, hp.seed)
     bundle = get_bundle(leader.read_client(), leader.bucket, codec, hp, WINDOW, RUN)
     assert bundle.uids == [3, 1, 2]
-    assert apply_bundle(follower, codec, hp, bundle) is None
+    outer = OuterState.fresh(codec.shapes, hp)
+    assert apply_bundle(follower, codec, hp, bundle, outer) is None
     assert model_hash(follower) == model_hash(validator_model) == bundle.model_hash_after
+    assert outer.digest() == bundle.outer_digest_after == agg.outer_after
     # and a node that is not at the bundle's starting model is told so, not silently moved
-    assert apply_bundle(follower, codec, hp, bundle).reason.value == "metadata_mismatch"
+    assert apply_bundle(follower, codec, hp, bundle, outer).reason.value == "metadata_mismatch"
     assert torch.equal(next(follower.parameters()), next(validator_model.parameters()))

@@ -292,7 +292,8 @@ def _payloads(codec, make_update, hp, window, uids):
 
 def test_bundle_round_trip_keeps_the_aggregation_order(codec, make_update, hp):
     payloads = _payloads(codec, make_update, hp, 3, (7, 2, 5))
-    data = encode_bundle(codec, 3, [7, 2, 5], payloads, "a" * 64, "b" * 64, hp.protocol_version, hp.digest())
+    data = encode_bundle(codec, 3, [7, 2, 5], payloads, "a" * 64, "b" * 64, hp.protocol_version, hp.digest(),
+                         "c" * 64, "d" * 64)
     bundle = decode_bundle(data, codec, Expect.from_hparams(hp, 3), max_peers=4)
     assert not isinstance(bundle, Rejection), bundle
     assert bundle.uids == [7, 2, 5] and list(bundle.payloads) == [7, 2, 5] and bundle.nbytes == len(data)
@@ -302,13 +303,15 @@ def test_bundle_round_trip_keeps_the_aggregation_order(codec, make_update, hp):
         assert codec.to_wire(bundle.payloads[uid].update).keys() == codec.to_wire(payloads[uid].update).keys()
         for key, value in codec.to_wire(bundle.payloads[uid].update).items():
             assert np.array_equal(value, codec.to_wire(payloads[uid].update)[key]), key
-    empty = encode_bundle(codec, 3, [], {}, "a" * 64, "a" * 64, hp.protocol_version, hp.digest())
+    empty = encode_bundle(codec, 3, [], {}, "a" * 64, "a" * 64, hp.protocol_version, hp.digest(),
+                         "c" * 64, "d" * 64)
     assert decode_bundle(empty, codec, Expect.from_hparams(hp, 3), max_peers=4).uids == []
 
 
 def test_bundle_strictness(codec, make_update, hp):
     payloads = _payloads(codec, make_update, hp, 3, (1, 2))
-    good = encode_bundle(codec, 3, [1, 2], payloads, "a" * 64, "b" * 64, hp.protocol_version, hp.digest())
+    good = encode_bundle(codec, 3, [1, 2], payloads, "a" * 64, "b" * 64, hp.protocol_version, hp.digest(),
+                         "c" * 64, "d" * 64)
     expect = Expect.from_hparams(hp, 3)
     entries, md = split(good)
     dtype, shape, raw = entries["payload.2"]
@@ -329,7 +332,8 @@ def test_bundle_strictness(codec, make_update, hp):
     bad_meta = PayloadMeta(2, 3, hp.protocol_version, "f" * 16)
     payloads[2] = decode_payload(encode_payload(codec, make_update(2), torch.zeros(hp.sync_samples), bad_meta), codec,
                                  Expect(3, hp.protocol_version, "f" * 16, hp.sync_samples))
-    forged = encode_bundle(codec, 3, [1, 2], payloads, "a" * 64, "b" * 64, hp.protocol_version, hp.digest())
+    forged = encode_bundle(codec, 3, [1, 2], payloads, "a" * 64, "b" * 64, hp.protocol_version, hp.digest(),
+                         "c" * 64, "d" * 64)
     assert decode_bundle(forged, codec, expect, max_peers=2).reason is Reason.METADATA_MISMATCH
 
 

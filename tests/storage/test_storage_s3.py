@@ -214,7 +214,8 @@ def test_checkpoint_latest_pointer_and_tampering(alice, hp, shapes):
 def test_bundle_and_peers_objects(alice, hp, codec):
     w, r = alice.write_client(), alice.read_client()
     run = "00112233445566ff"
-    data = encode_bundle(codec, 6, [], {}, "a" * 64, "b" * 64, hp.protocol_version, hp.digest())
+    data = encode_bundle(codec, 6, [], {}, "a" * 64, "b" * 64, hp.protocol_version, hp.digest(),
+                         "c" * 64, "d" * 64)
     put_bundle(w, alice.bucket, data, 6, hp.protocol_version, run)
     bundle = get_bundle(r, alice.bucket, codec, hp, 6, run)
     assert not isinstance(bundle, Rejection) and bundle.model_hash_after == "b" * 64
