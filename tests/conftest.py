@@ -46,6 +46,7 @@ def network_hparams():
         hp.learning_rate, hp.warmup_windows, hp.checkpoint_every = 5e-3, 0, 2
         hp.chunk, hp.topk = 32, 16
         hp.inner.steps_max = 1  # one inner AdamW step on the whole assignment (steps_max × batch_size)
+        hp.inner.warmup_steps = 0  # one step a window: a 10-step warm-up would take most of a short test run
         return hp
 
     return make
