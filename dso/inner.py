@@ -28,7 +28,7 @@ import torch
 
 from dso.config import HParams, InnerConfig
 from dso.model import Decoder
-from dso.train import compute_gradients
+from dso.train import compute_gradients, mixed_precision
 
 STATE_PREFIX = "inner."
 _STATE_KEYS = {"adamw": {"exp_avg": "param", "exp_avg_sq": "param", "step": "scalar"},
@@ -169,7 +169,8 @@ class InnerLoop:
         total, n = 0.0, batch.shape[0]
         for s in range(0, n, self.hp.micro_batch):
             part = batch[s:s + self.hp.micro_batch].to(device)
-            loss = self.model.loss(part) * (part.shape[0] / n)
+            with mixed_precision(part.device):  # bf16 forward on CUDA; weights, grads and AdamW state stay fp32
+                loss = self.model.loss(part) * (part.shape[0] / n)
             loss.backward()  # type: ignore[no-untyped-call]  # torch leaves Tensor.backward unannotated
             total += loss.item()
         params = list(self.params.values())

@@ -1,7 +1,9 @@
 """A miner's local work for one window, and loss evaluation."""
 from __future__ import annotations
 
+import contextlib
 import math
+from typing import ContextManager
 
 import torch
 
@@ -16,6 +18,24 @@ def learning_rate(hp: HParams, window: int) -> float:
     return hp.learning_rate * min(1.0, (window + 1) / hp.warmup_windows)
 
 
+def autocast_dtype(device: torch.device, bf16_supported: bool | None = None) -> torch.dtype | None:
+    """The autocast dtype for forward passes on ``device``: bfloat16 on a CUDA device that supports it, else
+    None (fp32).  What stays fp32 everywhere: the master weights and their gradients, the optimiser state,
+    the loss reduction (autocast keeps cross-entropy in fp32), the aggregate and the outer step (docs/gpu.md)."""
+    if device.type != "cuda":
+        return None
+    supported = torch.cuda.is_bf16_supported() if bf16_supported is None else bf16_supported
+    return torch.bfloat16 if supported else None
+
+
+def mixed_precision(device: torch.device) -> ContextManager[object]:
+    """Autocast for the forward pass of training and evaluation on ``device`` (a no-op on CPU)."""
+    dtype = autocast_dtype(device)
+    if dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=dtype)
+
+
 def compute_gradients(model: Decoder, batch: torch.Tensor, micro_batch: int,
                       device: str | torch.device = "cpu") -> tuple[dict[str, torch.Tensor], float]:
     """Mean-loss gradient over ``batch`` by gradient accumulation; returns (grads, mean loss)."""
@@ -23,7 +43,8 @@ def compute_gradients(model: Decoder, batch: torch.Tensor, micro_batch: int,
     total, n = 0.0, batch.shape[0]
     for start in range(0, n, micro_batch):
         part = batch[start:start + micro_batch].to(device)
-        loss = model.loss(part) * (part.shape[0] / n)
+        with mixed_precision(part.device):
+            loss = model.loss(part) * (part.shape[0] / n)
         loss.backward()  # type: ignore[no-untyped-call]  # torch leaves Tensor.backward unannotated
         total += loss.item()
     # a parameter the loss does not reach keeps grad None (zero_grad set_to_none): its gradient is zero
@@ -38,7 +59,8 @@ def evaluate(model: Decoder, batch: torch.Tensor, micro_batch: int, device: str 
     total, n = 0.0, batch.shape[0]
     for start in range(0, n, micro_batch):
         part = batch[start:start + micro_batch].to(device)
-        total += float(model.loss(part)) * part.shape[0]
+        with mixed_precision(part.device):
+            total += float(model.loss(part)) * part.shape[0]
     return total / n
 
 

@@ -1,7 +1,7 @@
 """Benchmark sections: name → module with ``run(quick) -> dict`` (and optionally ``markdown(result)``)."""
 from __future__ import annotations
 
-from benchmarks import codec, convergence, data, gather, incentives, privacy, robust, sketch, targets, validator
+from benchmarks import codec, convergence, data, device, gather, incentives, privacy, robust, sketch, targets, validator
 
 MODULES = {
     "codec": codec,
@@ -10,6 +10,7 @@ MODULES = {
     "sketch": sketch,
     "robust": robust,
     "data": data,
+    "device": device,
     "privacy": privacy,
     "incentives": incentives,
     "convergence": convergence,  # last: the longest
