@@ -90,11 +90,14 @@ def sample_text(model: Decoder, tokenizer, prompt: str, new_tokens: int, tempera
 PROMPTS = ("ROMEO:\n", "First Citizen:\n")
 
 
-def samples_from(model: Decoder, tokenizer, window: int, prompts=PROMPTS, new_tokens: int = 200,
+def samples_from(model: Decoder, tokenizer, window: int, prompts=PROMPTS, new_tokens: int = 160,
                  temperature: float = 0.8, seed: int = 0) -> list[dict]:
-    """The report's ``samples``: one temperature sample per prompt, seeded."""
-    return [{"window": window, "prompt": p, "temperature": temperature, "seed": seed,
-             "text": sample_text(model, tokenizer, p, new_tokens, temperature, seed)} for p in prompts]
+    """The report's ``samples``: one temperature sample per prompt, the i-th with seed ``seed + i`` (one
+    seed for all would draw the same random numbers: a model that barely reads its context would write the
+    same text after every prompt)."""
+    return [{"window": window, "prompt": p, "temperature": temperature, "seed": seed + i,
+             "text": sample_text(model, tokenizer, p, new_tokens, temperature, seed + i)}
+            for i, p in enumerate(prompts)]
 
 
 def checkpoint_window(path: str | Path) -> int | None:

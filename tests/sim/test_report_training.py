@@ -133,5 +133,6 @@ def test_greedy_and_seeded_sampling(tmp_path, tiny_hparams):
     assert hot == sample.generate(model, prompt, 20, temperature=5.0, seed=3)
     assert hot != sample.generate(model, prompt, 20, temperature=5.0, seed=4)
     from dso.tokenizer import Tokenizer
-    rows = sample.samples_from(model, Tokenizer.bytes(), 7, prompts=("A",), new_tokens=5, seed=1)
-    assert rows[0]["window"] == 7 and rows[0]["prompt"] == "A" and len(rows[0]["text"].encode("utf-8", "replace")) >= 1
+    rows = sample.samples_from(model, Tokenizer.bytes(), 7, prompts=("A", "B"), new_tokens=5, seed=1)
+    assert [(r["window"], r["prompt"], r["seed"]) for r in rows] == [(7, "A", 1), (7, "B", 2)]
+    assert all(r["text"] for r in rows)
