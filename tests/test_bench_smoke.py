@@ -310,6 +310,9 @@ def test_parse_variant():
     assert (spec["peers"], spec["windows"], spec["steps"]) == (4, 8, 3)
     name, spec = training.parse_variant("ddp:0.002", 4, 8, 3)
     assert name == "ddp_lr0.002" and spec["kind"] == "ddp" and spec["lr"] == 0.002
+    name, spec = training.parse_variant("ddp:0.004,tokenizer=bytes,model.vocab_size=256,windows=6", 4, 8, 3)
+    assert name == "ddp_lr0.004" and spec["lr"] == 0.004 and spec["windows"] == 6
+    assert spec["set"] == {"tokenizer": "bytes", "model.vocab_size": "256"}
     name, spec = training.parse_variant("paper", 4, 8, 3)
     assert (spec["windows"], spec["steps"]) == (24, 1) and spec["set"]["inner.mode"] == "gradient"
 

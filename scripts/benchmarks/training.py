@@ -325,15 +325,20 @@ def plot(runs: dict[str, dict], path: Path) -> None:
 
 # ---------------------------------------------------------------- sweeps
 def parse_variant(text: str, peers: int, windows: int, steps: int) -> tuple[str, dict]:
-    """``name[:key=value,...]`` → a network spec; ``ddp:LR`` → a DDP run; ``paper`` → paper mode.
-    Keys are HParams keys (``outer.lr``) plus ``peers``, ``windows``, ``steps`` and ``overlap``."""
+    """``name[:key=value,...]`` → a network spec; ``ddp:LR[,key=value,...]`` → a DDP run; ``paper`` → paper
+    mode.  Keys are HParams keys (``outer.lr``, ``tokenizer``) plus ``peers``, ``windows``, ``steps`` and
+    ``overlap``."""
     name, _, rest = text.partition(":")
+    items = [item for item in rest.split(",") if item]
     if name == "ddp":
-        return f"ddp_lr{rest}", {"kind": "ddp", "peers": peers, "windows": windows, "steps": steps, "lr": float(rest)}
-    spec = network_spec(peers, windows, steps, **(paper_set() if name == "paper" else {}))
-    if name == "paper":
-        spec["windows"], spec["steps"] = windows * steps, 1
-    for item in filter(None, rest.split(",")):
+        lr = items.pop(0)
+        name = f"ddp_lr{lr}"
+        spec = {"kind": "ddp", "peers": peers, "windows": windows, "steps": steps, "lr": float(lr), "set": {}}
+    else:
+        spec = network_spec(peers, windows, steps, **(paper_set() if name == "paper" else {}))
+        if name == "paper":
+            spec["windows"], spec["steps"] = windows * steps, 1
+    for item in items:
         key, _, value = item.partition("=")
         if key in ("peers", "windows", "steps", "overlap"):
             spec[key] = int(value)
