@@ -141,6 +141,29 @@ def nodes_up(net: LocalNet) -> int:
     return up
 
 
+def training_data(hp: HParams, args: argparse.Namespace):
+    """The run's data set (as every node loads it: cached), for the report's corpus figures; None if it
+    cannot be loaded."""
+    from dso.data import Dataset
+    try:
+        return Dataset.for_run(hp, args.corpus, args.cache_dir, args.tokenizer_file)
+    except (DataError, OSError, ValueError):
+        return None
+
+
+def final_samples(state: Path, hp: HParams, tokenizer: Any, say: Any) -> list[dict]:
+    """Two samples (seeded, temperature 0.8) from the leading validator's last saved model, [] without one."""
+    from sim.sample import CheckpointError, checkpoint_window, load_model, samples_from
+    folder = next(iter(sorted(state.glob("validator0-*/validator"))), None)
+    if folder is None:
+        return []
+    try:
+        return samples_from(load_model(folder, hp), tokenizer, checkpoint_window(folder) or -1)
+    except (CheckpointError, OSError, ValueError) as e:
+        say(f"no sampled text: {e}")
+        return []
+
+
 def run(argv: list[str] | None = None) -> int:
     args, hp = parse(argv)
     mix = [] if args.no_adversaries else (args.adversary if args.adversary is not None else DEFAULT_MIX)
@@ -196,17 +219,28 @@ def run(argv: list[str] | None = None) -> int:
         return 1
     lines = net.validator_lines()
     validators = {n.name: net.validator_lines(n.name) for n in nodes if n.role == "validator"}
+    by_name = net.miner_lines()
+    miners = {n.uid: by_name.get(n.name, []) for n in nodes if n.role == "miner"}
+    dataset = training_data(hp, args)
+    unigram = run_report.corpus_unigram_bits_per_byte(dataset) if dataset is not None else None
     report = run_report.build(lines, {n.uid: (n.name, n.behaviour) for n in nodes if n.role == "miner"}, posted,
-                              validators)
+                              validators, miners, unigram)
+    if dataset is not None:
+        report["samples"] = final_samples(net.run_dir / "state", hp, dataset.tokenizer, view.say)
     view.say(f"writing the report ({len(lines)} windows) to {out}")
     run_report.write(report, out, command)
     s = report["summary"]
     loss = [f"{v:.4f}" if v is not None else "—" for v in (s["val_loss_first"], s["val_loss_last"])]
     view.say(f"{report['windows']} windows in {time.time() - started:.0f}s; validation loss "
-             f"{loss[0]} → {loss[1]} nats/token; honest+diligent weight {100 * s['good_share']:.1f}%, "
+             f"{loss[0]} → {loss[1]} nats/token ({_bits(report.get('final_val_bits_per_byte'))} bits/byte, unigram "
+             f"{_bits(report.get('unigram_bits_per_byte'))}); honest+diligent weight {100 * s['good_share']:.1f}%, "
              f"largest adversary {100 * s['max_adversary_share']:.2f}%; report in {out}/report.md and "
              f"{out}/report.html")
     return 0
+
+
+def _bits(x: float | None) -> str:
+    return "—" if x is None else f"{x:.3f}"
 
 
 def cli() -> None:

@@ -8,6 +8,11 @@ the last weight vector the leading validator posted on chain, normalised to sum
 ``rejections`` counts reasons.  ``summary`` adds the shares the acceptance
 criteria speak about.  An optional ``samples`` list ([{window, prompt, text}])
 holds text sampled from the model; report.html shows it (sim/report_html.py).
+Training figures (issue 13): ``final_val_bits_per_byte``, ``unigram_bits_per_byte`` (the corpus's
+token-unigram entropy per byte: what a model that knows only token frequencies scores; a line on the
+validation-loss plot), ``tokens`` (training tokens the miners processed, from their JSON lines) and
+``miner_utilisation`` (uid → mean inner-training seconds ÷ window seconds of each honest or diligent
+miner; ``summary.miner_utilisation_mean`` is their mean).
 
     python -m sim.report REPORT_JSON [--command CMD]   # render md, PNGs and html again from a report.json
 """
@@ -20,6 +25,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from sim import agreement
 from sim.behaviours import GOOD
 
@@ -29,11 +36,51 @@ COLOURS = {"honest": "#2b8cbe", "diligent": "#1a9850", "freerider": "#fdae61", "
            "gamer": "#35978f"}
 
 
+def unigram_bits_per_byte(counts, token_bytes) -> float:
+    """Entropy of the token unigram distribution in bits per byte of text: ``H = −Σ p·log2 p`` bits per
+    token (p = count / total) times tokens ÷ bytes, where a token of id i stands for ``token_bytes[i]``
+    bytes.  With one byte per token it is the byte unigram entropy."""
+    counts = np.asarray(counts, dtype=np.float64)
+    sizes = np.asarray(token_bytes, dtype=np.float64)[:counts.size]
+    tokens, nbytes = counts.sum(), float((counts * sizes).sum())
+    if tokens <= 0 or nbytes <= 0:
+        raise ValueError("unigram entropy needs at least one token of at least one byte")
+    p = counts[counts > 0] / tokens
+    return float(-(p * np.log2(p)).sum() * tokens / nbytes)
+
+
+def corpus_unigram_bits_per_byte(dataset, max_sequences: int = 20_000, block: int = 1024) -> float:
+    """:func:`unigram_bits_per_byte` of a data set's token counts: every sequence (or ``max_sequences``
+    evenly spaced ones of a larger corpus), read in blocks."""
+    n = dataset.n_sequences
+    rows = np.arange(n) if n <= max_sequences else np.unique(np.linspace(0, n - 1, max_sequences).astype(np.int64))
+    sizes = np.asarray(dataset.tokenizer.token_bytes)
+    counts = np.zeros(sizes.size, dtype=np.int64)
+    for start in range(0, rows.size, block):
+        ids = dataset.rows(rows[start:start + block]).reshape(-1)
+        counts += np.bincount(ids, minlength=sizes.size)[:sizes.size]
+    return unigram_bits_per_byte(counts, sizes)
+
+
+def miner_figures(miners: dict[int, list[dict]], peers: dict[int, tuple[str, str]]) -> dict[int, dict]:
+    """uid → {utilisation (mean over its window records), tokens (sum), windows} from miners' JSON lines."""
+    out = {}
+    for uid, lines in miners.items():
+        records = [x for x in lines if isinstance(x.get("utilisation"), (int, float))]
+        if uid not in peers or not records:
+            continue
+        out[uid] = {"utilisation": sum(float(x["utilisation"]) for x in records) / len(records),
+                    "tokens": sum(int(x.get("tokens") or 0) for x in records), "windows": len(records)}
+    return out
+
+
 def build(lines: list[dict], peers: dict[int, tuple[str, str]], posted: dict[int, float] | None,
-          validators: dict[str, list[dict]] | None = None) -> dict:
+          validators: dict[str, list[dict]] | None = None, miners: dict[int, list[dict]] | None = None,
+          unigram_bpb: float | None = None) -> dict:
     """``lines``: the leading validator's JSON lines; ``peers``: uid → (name, behaviour);
     ``posted``: its last weights on chain (uid → weight), None when it never posted; ``validators``: every
-    validator's lines, when there are several (their agreement and the leader hand-overs)."""
+    validator's lines, when there are several (their agreement and the leader hand-overs); ``miners``:
+    uid → that miner's JSON lines; ``unigram_bpb``: the corpus's unigram entropy in bits per byte."""
     per_window = [{int(u): w for u, w in line.get("weights", {}).items()} for line in lines]
     last = posted if posted else (per_window[-1] if per_window else {})
     total = sum(last.get(u, 0.0) for u in peers) or 1.0
@@ -42,15 +89,23 @@ def build(lines: list[dict], peers: dict[int, tuple[str, str]], posted: dict[int
         for uid, reason in line.get("rejections", {}).items():
             if int(uid) in rejections:
                 rejections[int(uid)][reason] += 1
+    work = miner_figures(miners or {}, peers)
     rows = []
     for uid, (name, behaviour) in sorted(peers.items()):
         history = [w.get(uid, 0.0) for w in per_window]
         rows.append({"uid": uid, "name": name, "behaviour": behaviour, "weight": last.get(uid, 0.0) / total,
                      "weight_mean": sum(history) / len(history) if history else 0.0,
-                     "rejections": dict(rejections[uid])})
+                     "rejections": dict(rejections[uid]), **work.get(uid, {})})
     val = [{"window": line["window"], "loss": line["val_loss"],
             "bits_per_byte": line.get("val_bits_per_byte", math.nan)} for line in lines]
-    report = {"windows": len(lines), "val_loss": val, "peers": rows, "summary": summarise(rows, val),
+    utilisation = {str(u): round(f["utilisation"], 4) for u, f in sorted(work.items()) if peers[u][1] in GOOD}
+    final_bpb = val[-1]["bits_per_byte"] if val else None
+    report = {"windows": len(lines), "val_loss": val, "peers": rows,
+              "summary": summarise(rows, val, work, utilisation),
+              "final_val_bits_per_byte": final_bpb if final_bpb is not None and math.isfinite(final_bpb) else None,
+              "unigram_bits_per_byte": unigram_bpb,
+              "tokens": sum(f["tokens"] for f in work.values()) if work else None,
+              "miner_utilisation": utilisation,
             "history": {"weights": [{str(u): w for u, w in pw.items()} for pw in per_window],
                         "ratings": [line.get("loss_ratings", {}) for line in lines],
                         "windows": [line["window"] for line in lines]}}
@@ -59,7 +114,8 @@ def build(lines: list[dict], peers: dict[int, tuple[str, str]], posted: dict[int
     return report
 
 
-def summarise(rows: list[dict], val: list[dict]) -> dict:
+def summarise(rows: list[dict], val: list[dict], work: dict[int, dict] | None = None,
+              utilisation: dict[str, float] | None = None) -> dict:
     good = sum(r["weight"] for r in rows if r["behaviour"] in GOOD)
     adversaries = [r for r in rows if r["behaviour"] not in GOOD]
     honest = [r["weight"] for r in rows if r["behaviour"] == "honest"]
@@ -73,6 +129,9 @@ def summarise(rows: list[dict], val: list[dict]) -> dict:
         "val_loss_last": val[-1]["loss"] if val else None,
         "val_bits_per_byte_first": val[0]["bits_per_byte"] if val else None,
         "val_bits_per_byte_last": val[-1]["bits_per_byte"] if val else None,
+        "tokens": sum(f["tokens"] for f in work.values()) if work else None,
+        "miner_utilisation_mean": sum(utilisation.values()) / len(utilisation) if utilisation else None,
+        "miner_utilisation_min": min(utilisation.values()) if utilisation else None,
     }
 
 
@@ -89,14 +148,25 @@ def markdown(report: dict, command: str = "") -> str:
             f"- honest + diligent weight: {100 * s['good_share']:.1f}%",
             f"- largest adversary weight: {100 * s['max_adversary_share']:.2f}%",
             f"- honest mean weight: {100 * s['honest_mean']:.1f}%"
-            + (f", diligent mean: {100 * s['diligent_mean']:.1f}%" if s["diligent_mean"] is not None else ""),
-            "", "| uid | name | behaviour | weight | mean weight | rejections |", "|---:|---|---|---:|---:|---|"]
+            + (f", diligent mean: {100 * s['diligent_mean']:.1f}%" if s["diligent_mean"] is not None else "")]
+    if report.get("unigram_bits_per_byte") is not None:
+        out.append(f"- the corpus's unigram entropy: {report['unigram_bits_per_byte']:.3f} bits/byte "
+                   "(a model that knows only token frequencies)")
+    if s.get("tokens") is not None:
+        out.append(f"- training tokens the miners processed: {s['tokens']:,}")
+    if s.get("miner_utilisation_mean") is not None:
+        out.append(f"- miner utilisation (inner training ÷ window, honest and diligent miners): mean "
+                   f"{100 * s['miner_utilisation_mean']:.1f}%, lowest {100 * s['miner_utilisation_min']:.1f}%")
+    out += ["", "| uid | name | behaviour | weight | mean weight | rejections |", "|---:|---|---|---:|---:|---|"]
     for r in report["peers"]:
         rej = ", ".join(f"{k} {v}" for k, v in sorted(r["rejections"].items())) or "—"
         out.append(f"| {r['uid']} | {r['name']} | {r['behaviour']} | {100 * r['weight']:.2f}% | "
                    f"{100 * r['weight_mean']:.2f}% | {rej} |")
     if report.get("validators"):
         out += [""] + agreement.markdown(report["validators"])
+    for sample in report.get("samples") or []:
+        out += ["", f"Sampled text (window {sample.get('window', '?')}, prompt {sample.get('prompt', '')!r}):", "",
+                "```", f"{sample.get('prompt', '')}{sample.get('text', '')}", "```"]
     out += ["", "![validation loss](val_loss.png)", "", "![weights](weights.png)", "", "![ratings](ratings.png)", "",
             "The same report with every plot and table in one page: [report.html](report.html).", ""]
     return "\n".join(out)
@@ -125,9 +195,15 @@ def figures(report: dict) -> dict[str, Any]:
     out: dict[str, Any] = {}
     windows = report["history"]["windows"]
     fig, ax = plt.subplots(figsize=(7, 4))
-    ax.plot([v["window"] for v in report["val_loss"]], [v["loss"] for v in report["val_loss"]], marker=".")
+    ax.plot([v["window"] for v in report["val_loss"]], [v["loss"] for v in report["val_loss"]], marker=".",
+            label="shared model")
     ax.set(xlabel="window", ylabel="validation loss (nats/token)", title=PLOTS["val_loss"])
     ratio = bits_per_nat(report)
+    unigram = report.get("unigram_bits_per_byte")
+    if isinstance(unigram, (int, float)) and math.isfinite(unigram) and ratio > 0:
+        ax.axhline(unigram / ratio, color="grey", linestyle="--", linewidth=1,
+                   label=f"corpus unigram entropy ({unigram:.2f} bits/byte)")
+        ax.legend(fontsize=8)
     bpb = ax.secondary_yaxis("right", functions=(lambda nats: nats * ratio, lambda bits: bits / ratio))
     bpb.set_ylabel("bits/byte")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))

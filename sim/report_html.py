@@ -65,6 +65,13 @@ def _cards(report: dict) -> str:
              ("honest mean weight", f"{100 * s['honest_mean']:.1f}%")]
     if s.get("diligent_mean") is not None:
         cards.append(("diligent mean weight", f"{100 * s['diligent_mean']:.1f}%"))
+    if report.get("unigram_bits_per_byte") is not None:
+        cards.append(("corpus unigram entropy", f"{report['unigram_bits_per_byte']:.3f} bits/byte"))
+    if s.get("tokens") is not None:
+        cards.append(("training tokens processed", f"{s['tokens']:,}"))
+    if s.get("miner_utilisation_mean") is not None:
+        cards.append(("miner utilisation, mean (lowest)",
+                      f"{100 * s['miner_utilisation_mean']:.1f}% ({100 * s['miner_utilisation_min']:.1f}%)"))
     return '<div class="cards">' + "".join(f'<div class="card"><span>{_e(k)}</span><b>{_e(v)}</b></div>'
                                            for k, v in cards) + "</div>"
 

@@ -18,13 +18,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 
 from benchmarks import MODULES, SECTIONS, generic_markdown, markdown  # noqa: E402
 from benchmarks import codec as codec_section  # noqa: E402
-from benchmarks import convergence, gather, incentives, privacy, targets, validator  # noqa: E402
+from benchmarks import convergence, energy, gather, incentives, privacy, targets, training, validator  # noqa: E402
 from benchmarks.common import finite_or_none, proc_peak_rss_mb  # noqa: E402
 from dso.codec import DeMoCodec  # noqa: E402
 
 
 def test_every_issue_section_is_registered():
-    assert {"codec", "validator", "gather", "convergence", "sketch", "robust", "privacy", "incentives"} <= set(SECTIONS)
+    assert {"codec", "validator", "gather", "convergence", "sketch", "robust", "privacy", "incentives",
+            "training"} <= set(SECTIONS)
     assert list(SECTIONS)[-1] == "convergence"  # the longest runs last
 
 
@@ -152,6 +153,7 @@ def _result(**over):
         "convergence": {"ratio": 1.05, "ratio_4bit_vs_fp32_values": 1.001},
         "data": {"rss_growth_mb": 32.0},
         "incentives": {"honest_max_min_ratio": {"median": 2.0}, "diligent_wins_of_10": 8},
+        "training": {"loss_ratio_vs_ddp": 1.05, "bytes_ratio_vs_ddp": 999.0, "miner_utilisation": 0.85},
     }
     res.update(over)
     return res
@@ -174,6 +176,9 @@ def test_targets_verdicts_on_boundaries():
     assert rows["bytes per kept ≥ 1.5× smaller than 2.5 B"]["threshold"] == ">= 1.5"
     assert met["identical honest peers within 2x of each other (median seed)"] is True        # exactly 2
     assert met["diligent peer >= 1.5x the honest mean, seeds of 10"] is False
+    assert met["training: network loss / DDP AdamW at equal tokens"] is True                   # exactly 1.05
+    assert met["training: bf16 all-reduce bytes / bytes one peer sends per window"] is False   # 999 < 1000
+    assert met["training: miner utilisation in the local network (least-utilised miner)"] is True  # exactly 0.85
 
 
 def test_targets_of_sections_not_run_or_failed():
@@ -257,3 +262,97 @@ def test_device_section_measures_the_cpu_and_names_a_missing_gpu():
     if not torch.cuda.is_available():
         assert got["cuda_tokens_per_second"] is None and "not measured" in got["cuda_device"]
     assert "device" in SECTIONS
+
+
+# --------------------------------------------------------------- training
+def test_bits_per_byte():
+    from dso.train import bits_per_byte
+    assert bits_per_byte(math.log(2), 10, 10) == pytest.approx(1.0)
+    assert bits_per_byte(2.5, 1, 1) == pytest.approx(3.6067, abs=1e-4)  # the issue's 2.5 nats/byte ≈ 3.6 bpb
+    assert bits_per_byte(1.0, 250, 1000) == pytest.approx(0.25 / math.log(2))  # 4 bytes per token
+    assert training.bits_of(2.0, 0.5) == 1.0 and training.bits_of(math.nan) is None
+
+
+def test_bytes_ratio_reads_as_times_fewer():
+    assert training.allreduce_bytes(1_000_000, 3) == 6_000_000
+    assert training.bytes_ratio(1_000_000, 3, 6_000) == pytest.approx(1000.0)
+    assert training.bytes_ratio(1_000_000, 3, 0) is None
+
+
+def test_miner_utilisation_from_a_report(tmp_path):
+    import json
+    assert training.miner_utilisation(None) is None
+    assert training.miner_utilisation(str(tmp_path / "missing.json")) is None
+    path = tmp_path / "report.json"
+    path.write_text(json.dumps({"miner_utilisation": 0.91}))
+    assert training.miner_utilisation(str(path)) == 0.91
+    path.write_text(json.dumps({"miner_utilisation": {"3": 0.95, "4": 0.8, "5": "x"}}))
+    assert training.miner_utilisation(path) == 0.8  # the least-utilised miner
+    path.write_text("not json")
+    assert training.miner_utilisation(str(path)) is None
+
+
+def _run(curve, tokens=None, lr=None, nbytes=0, per_nat=1 / math.log(2)):
+    return {"val_loss": curve, "tokens": tokens or list(range(len(curve))), "update_bytes": nbytes,
+            "cpu_seconds": 1.0, "spec": {"lr": lr}, "bits_per_nat": per_nat}
+
+
+def test_training_summary_picks_the_best_ddp_and_reports_bits():
+    runs = {"network": _run([5.5, 3.0, 2.1], [0, 10, 20], nbytes=40_000, per_nat=0.4),
+            "paper": _run([5.5, 4.0, 3.0]),
+            "ddp_lr0.001": _run([5.5, 3.5, 2.2], lr=1e-3), "ddp_lr0.002": _run([5.5, 3.0, 2.0], lr=2e-3),
+            "ddp_lr0.004": _run([5.5, None, None], lr=4e-3)}
+    s = training.summarise(runs, {"peers": 4, "windows": 2, "steps": 3}, parameters=1_000_000, payload_bytes=5_000,
+                           utilisation=0.9, utilisation_source="r.json")
+    assert s["ddp_lr"] == 2e-3 and s["ddp_nats"] == 2.0
+    assert s["loss_ratio_vs_ddp"] == pytest.approx(2.1 / 2.0)
+    assert s["loss_ratio_vs_ddp_tail"] == pytest.approx((5.5 + 3.0 + 2.1) / (5.5 + 3.0 + 2.0))
+    assert s["network_bits_per_byte"] == pytest.approx(2.1 * 0.4)   # the validation batch's bytes per token
+    assert s["bytes_ratio_vs_ddp"] == pytest.approx(6_000_000 / 5_000)
+    assert s["ddp_sweep"]["0.004"] is None and s["tokens"] == 20 and s["miner_utilisation"] == 0.9
+    text = training.markdown({**s, "codec_energy": {"columns": ["4 bit"], "rows": {"pseudo dct top-32": [0.05]}}})
+    assert "loss_ratio_vs_ddp = 1.0500" in text and "| pseudo dct top-32 | 0.0500 |" in text
+
+
+def test_parse_variant():
+    name, spec = training.parse_variant("sgd2:outer.rule=sgd,outer.lr=2,overlap=1", 4, 8, 3)
+    assert name == "sgd2" and spec["set"] == {"outer.rule": "sgd", "outer.lr": "2"} and spec["overlap"] == 1
+    assert (spec["peers"], spec["windows"], spec["steps"]) == (4, 8, 3)
+    name, spec = training.parse_variant("ddp:0.002", 4, 8, 3)
+    assert name == "ddp_lr0.002" and spec["kind"] == "ddp" and spec["lr"] == 0.002
+    name, spec = training.parse_variant("ddp:0.004,tokenizer=bytes,model.vocab_size=256,windows=6", 4, 8, 3)
+    assert name == "ddp_lr0.004" and spec["lr"] == 0.004 and spec["windows"] == 6
+    assert spec["set"] == {"tokenizer": "bytes", "model.vocab_size": "256"}
+    name, spec = training.parse_variant("paper", 4, 8, 3)
+    assert (spec["windows"], spec["steps"]) == (24, 1) and spec["set"]["inner.mode"] == "gradient"
+
+
+def test_training_quick_mode_runs_the_real_loop(monkeypatch, tmp_path):
+    """The section's quick mode end to end (tiny model, in this process): real losses and byte counts."""
+    report = tmp_path / "report.json"
+    report.write_text('{"miner_utilisation": {"1": 0.9, "2": 0.87}}')
+    monkeypatch.setenv(training.UTILISATION_ENV, str(report))
+    out = training.run(quick=True)
+    assert out["tiny_model"] and (out["peers"], out["windows"], out["inner_steps"]) == (2, 2, 2)
+    assert out["tokens"] == 2 * 2 * 2 * 8 * 32                     # peers × windows × steps × batch × seq_len
+    assert out["initial_nats"] == pytest.approx(math.log(256), abs=0.05)   # a fresh byte-level model
+    assert out["bits_per_nat"] == pytest.approx(1 / math.log(2))            # one token per byte
+    for key in ("network_nats", "ddp_nats", "paper_nats"):
+        assert out[key] < out["initial_nats"]                                # every run learned something
+    assert out["loss_ratio_vs_ddp"] == pytest.approx(out["network_nats"] / out["ddp_nats"])
+    assert out["allreduce_bytes_per_window"] == 2 * 2 * out["parameters"]
+    assert out["bytes_ratio_vs_ddp"] == pytest.approx(out["allreduce_bytes_per_window"] / out["payload_bytes"])
+    assert out["miner_utilisation"] == 0.87 and out["miner_utilisation_source"] == str(report)
+    assert len(out["curves"]["network"]) == 3 and len(out["curves"]["paper"]) == 5
+    assert set(out["codec_energy"]["rows"]) >= {"pseudo dct top-8", "gradient raw top-4"}
+
+
+def test_energy_share_is_the_energy_of_the_kept_coefficients():
+    """First round, float32 values: the share is the top-k's share of the chunk's (DCT) energy."""
+    codec = DeMoCodec({"w": (8, 8)}, chunk=8, topk=4, value_bits=32)
+    g = torch.randn(8, 8, generator=torch.Generator().manual_seed(0))
+    coeffs = codec.plans["w"].encode(g).reshape(-1)
+    want = float(coeffs.square().topk(4).values.sum() / coeffs.square().sum())
+    assert energy.sent_shares([{"w": g}], codec, beta=0.9)[0] == pytest.approx(want, rel=1e-5)
+    everything = DeMoCodec({"w": (8, 8)}, chunk=8, topk=64, value_bits=32)
+    assert energy.sent_shares([{"w": g}] * 3, everything, beta=0.9) == pytest.approx([1.0] * 3, abs=1e-6)

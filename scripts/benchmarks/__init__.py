@@ -1,7 +1,8 @@
 """Benchmark sections: name → module with ``run(quick) -> dict`` (and optionally ``markdown(result)``)."""
 from __future__ import annotations
 
-from benchmarks import codec, convergence, data, device, gather, incentives, privacy, robust, sketch, targets, validator
+from benchmarks import (codec, convergence, data, device, gather, incentives, privacy, robust, sketch, targets,
+                        training, validator)
 
 MODULES = {
     "codec": codec,
@@ -13,6 +14,7 @@ MODULES = {
     "device": device,
     "privacy": privacy,
     "incentives": incentives,
+    "training": training,
     "convergence": convergence,  # last: the longest
 }
 SECTIONS = {name: module.run for name, module in MODULES.items()}

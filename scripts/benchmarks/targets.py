@@ -22,6 +22,12 @@ TARGETS = [
     ("identical honest peers within 2x of each other (median seed)", "incentives",
      ("honest_max_min_ratio", "median"), "<=", 2.0),
     ("diligent peer >= 1.5x the honest mean, seeds of 10", "incentives", ("diligent_wins_of_10",), ">=", 9.0),
+    # issue 13: the network trains like a real one
+    ("training: network loss / DDP AdamW at equal tokens", "training", ("loss_ratio_vs_ddp",), "<=", 1.05),
+    ("training: bf16 all-reduce bytes / bytes one peer sends per window", "training", ("bytes_ratio_vs_ddp",),
+     ">=", 1000.0),
+    ("training: miner utilisation in the local network (least-utilised miner)", "training", ("miner_utilisation",),
+     ">=", 0.85),
 ]
 
 

@@ -5,6 +5,7 @@ behind; SIGKILL of the local network's own process leaves no orphan either (pare
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 import signal
 import subprocess
@@ -139,6 +140,15 @@ def test_make_run_into_a_file_then_sigterm(tmp_path, stdlib_corpus, network_hpar
     state = tmp_path / "report" / "run" / "state"
     assert (state / "validator0-default" / "validator" / "current").exists()
     assert (state / "miner0-default" / "miner" / "error_feedback.safetensors").exists()
+    # issue 13: the report's training figures, and text from the validator's final model
+    report = json.loads((tmp_path / "report" / "report.json").read_text())
+    assert 0 < report["unigram_bits_per_byte"] < 8 and report["final_val_bits_per_byte"] > 0
+    assert report["tokens"] > 0 and len(report["miner_utilisation"]) == 2      # the two honest miners
+    assert all(0 < u <= 1.5 for u in report["miner_utilisation"].values())
+    assert len(report["samples"]) == 2 and all(s["text"] for s in report["samples"])
+    sampled = subprocess.run([sys.executable, str(ROOT / "scripts" / "sample.py"), str(state), "--prompt", "The ",
+                              "--tokens", "12", "--seed", "1"], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert sampled.returncode == 0 and "--- prompt 'The '" in sampled.stdout, sampled.stderr[-2000:]
 
 
 @pytest.mark.skipif(not has_parent_death_signal(), reason="the parent-death signal (prctl) is Linux only")
