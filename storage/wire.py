@@ -74,7 +74,8 @@ class Payload:
     update: object                 # the codec's CompressedUpdate
     sync_values: torch.Tensor      # float32 (sync_samples,)
     nbytes: int
-    last_modified: float | None = None  # server time, set by gather
+    last_modified: float | None = None  # the peer's server's time (untrusted), set by gather
+    seen: float | None = None           # when the validator itself first saw the object (storage/gather.py observe)
 
 
 def full_spec(codec, sync_samples: int) -> dict[str, tuple[str, tuple[int, ...]]]:
