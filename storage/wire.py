@@ -76,6 +76,7 @@ class Payload:
     nbytes: int
     last_modified: float | None = None  # the peer's server's time (untrusted), set by gather
     seen: float | None = None           # when the validator itself first saw the object (storage/gather.py observe)
+    etag: str = ""                      # as the peer's server reported it on the read, set by gather
 
 
 def full_spec(codec, sync_samples: int) -> dict[str, tuple[str, tuple[int, ...]]]:
