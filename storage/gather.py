@@ -221,10 +221,10 @@ def observe(window: int, peers: dict[int, BucketInfo | str | None], expect: Expe
 def judge_seen(outcome: Payload | Rejection, seen: Seen | None) -> Payload | Rejection:
     """A payload read after the close against what was seen at the close: not seen → late; another size or
     ETag → changed after the close (rejected); otherwise the payload, stamped with the validator's time."""
+    if not isinstance(outcome, Payload):  # absent (missing) or unreadable: that reason stands
+        return outcome
     if seen is None:
         return Rejection(Reason.TOO_LATE, "not seen when the put window closed")
-    if not isinstance(outcome, Payload):
-        return outcome
     if outcome.nbytes != seen.size or (seen.etag and outcome.etag != seen.etag):
         return Rejection(Reason.CHANGED, f"object changed after the put window closed (size {seen.size} → "
                                          f"{outcome.nbytes})")
@@ -280,15 +280,13 @@ def gather(window: int, peers: dict[int, BucketInfo | str | None], codec: Codec,
         while (taken := schedule.take()) is not None:
             job, peer_deadline = taken
             try:
-                if observed is not None and job.uid not in observed:
-                    outcome = (judge_seen(Rejection(Reason.MISSING), None), 0)
-                else:
-                    client = readers.get(job.payload)
-                    key = keys.gradient(window, job.uid, expect.protocol_version, expect.run)
-                    outcome = fetch(client, job.payload.bucket, key, codec, expect.for_uid(job.uid), put_window,
-                                    peer_deadline)
-                    if observed is not None:
-                        outcome = (judge_seen(outcome[0], observed[job.uid]), outcome[1])
+                # an object not seen at the close is still read: absent it is missing, present it is late
+                client = readers.get(job.payload)
+                key = keys.gradient(window, job.uid, expect.protocol_version, expect.run)
+                outcome = fetch(client, job.payload.bucket, key, codec, expect.for_uid(job.uid), put_window,
+                                peer_deadline)
+                if observed is not None:
+                    outcome = (judge_seen(outcome[0], observed.get(job.uid)), outcome[1])
             except Exception as e:  # noqa: BLE001
                 outcome = (unexpected(Reason.UNREACHABLE, e), 0)
             finally:
