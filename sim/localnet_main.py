@@ -217,8 +217,8 @@ def run(argv: list[str] | None = None) -> int:
     if failed:
         view.say(failed)
         return 1
-    lines = net.validator_lines()
     validators = {n.name: net.validator_lines(n.name) for n in nodes if n.role == "validator"}
+    lines = validators.get("validator0") or net.validator_lines()  # the leading validator's (read once)
     by_name = net.miner_lines()
     miners = {n.uid: by_name.get(n.name, []) for n in nodes if n.role == "miner"}
     dataset = training_data(hp, args)

@@ -9,7 +9,7 @@ import statistics
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -93,3 +93,18 @@ def setup_worker() -> None:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     import torch
     torch.set_num_threads(1)
+
+
+def save_plot(fig: Any, ax: Any, path: Path, xlabel: str, ylabel: str, title: str) -> None:
+    """Label, grid and legend a one-axes benchmark figure, then write it to ``path`` and close it."""
+    import matplotlib.pyplot as plt
+
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

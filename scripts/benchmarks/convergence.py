@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from benchmarks.common import ROOT, finite_or_none, worker_pool
+from benchmarks.common import ROOT, finite_or_none, save_plot, worker_pool
 
 FULL = {"windows": 45, "peers": 4, "adamw_lrs": (2e-3, 4e-3, 8e-3)}
 QUICK = {"windows": 3, "peers": 2, "adamw_lrs": (2e-3,)}
@@ -105,15 +105,8 @@ def plot(curves: dict[str, list], chosen: str, path: Path) -> None:
     if finite:  # loss spikes above the starting loss are clipped; the JSON has every value
         start = curves["demo"][0] if curves.get("demo") and curves["demo"][0] is not None else max(finite)
         ax.set_ylim(min(finite) - 0.1, start + 0.2)
-    ax.set_xlabel("windows completed")
-    ax.set_ylabel("validation loss (nats/byte, clipped at the start value)")
-    ax.set_title("Convergence: DeMo network vs. ablations and AdamW")
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_plot(fig, ax, path, "windows completed", "validation loss (nats/byte, clipped at the start value)",
+              "Convergence: DeMo network vs. ablations and AdamW")
 
 
 def run(quick: bool) -> dict:

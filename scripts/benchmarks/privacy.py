@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from benchmarks.common import ROOT, finite_or_none, worker_pool
+from benchmarks.common import ROOT, finite_or_none, save_plot, worker_pool
 
 FULL = {"rounds": 12, "windows": 20, "peers": 4, "tiny": False}
 QUICK = {"rounds": 2, "windows": 3, "peers": 2, "tiny": True}
@@ -169,15 +169,8 @@ def plot(training: dict, path: Path) -> None:
         label = "no DP" if eps is None else \
             f"DP, z = {training['z'][key]:.3g} (ε = {eps:.3g} at δ = {training['delta']:g})"
         ax.plot([i for i, y in enumerate(curve) if y is not None], [y for y in curve if y is not None], label=label)
-    ax.set_xlabel("windows completed")
-    ax.set_ylabel("validation loss (nats/byte)")
-    ax.set_title(f"Training under per-miner DP: {training['peers']} honest peers")
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_plot(fig, ax, path, "windows completed", "validation loss (nats/byte)",
+              f"Training under per-miner DP: {training['peers']} honest peers")
 
 
 def markdown(result: dict) -> str:

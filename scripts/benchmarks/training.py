@@ -38,7 +38,7 @@ from pathlib import Path
 if __name__ == "__main__":  # run as a script: make `benchmarks` and `dso` importable
     sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parents[2])]
 
-from benchmarks.common import ROOT, finite_or_none, worker_pool  # noqa: E402
+from benchmarks.common import ROOT, finite_or_none, save_plot, worker_pool  # noqa: E402
 
 FULL = {"peers": 4, "windows": 12, "steps": 6, "ddp_lrs": (1e-3, 2e-3, 4e-3), "localnet": True, "tiny": False,
         "workers": 2}
@@ -312,15 +312,8 @@ def plot(runs: dict[str, dict], path: Path) -> None:
         xs = [t / 1e6 for t, y in zip(r["tokens"], r["val_loss"]) if y is not None]
         ys = [y * r["bits_per_nat"] for y in r["val_loss"] if y is not None]
         ax.plot(xs, ys, label=name.replace("_", " "), linewidth=1.4 if not name.startswith("ddp") else 1.0)
-    ax.set_xlabel("training tokens (millions)")
-    ax.set_ylabel("validation loss (bits per byte)")
-    ax.set_title("Network with inner steps vs DDP AdamW and paper mode (equal tokens)")
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_plot(fig, ax, path, "training tokens (millions)", "validation loss (bits per byte)",
+              "Network with inner steps vs DDP AdamW and paper mode (equal tokens)")
 
 
 # ---------------------------------------------------------------- sweeps
