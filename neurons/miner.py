@@ -194,6 +194,10 @@ class Miner:
         self.inner.start(None)  # the model holds θ_t: the anchor the pseudo-gradient is measured from
         self.report = self.inner.train(t, data, batch_size=self.sequences if gradient_mode else hp.batch_size,
                                        deadline=self.deadline(t), clock=time.time)
+        if self.report.steps == 0 and self.report.stopped == "deadline":
+            # the deadline passed before the first step (a miner that just caught up): one step still beats a
+            # zero update, which every such miner would send alike; upload() refuses it if the window closed
+            self.report = self.inner.train(t, data, batch_size=hp.batch_size, max_steps=1)
         grads, loss = self.inner.pseudo_gradient(), self.report.mean_loss
         self.inner.restore_anchor()  # back to θ_t: sync samples, the payload's model hash and the bundle start there
         done = data[:self.report.sequences]
