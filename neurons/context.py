@@ -18,6 +18,7 @@ from typing import IO, Any, Callable
 import torch
 
 from dso.chain import Chain, ChainError, ChainUnavailable
+from dso.chain.base import STATE_HISTORY_BLOCKS
 from dso.chain.cached import CachedChain
 from dso.chain.factory import open_chain
 from dso.chain.roles import VALIDATOR, with_role
@@ -55,11 +56,16 @@ class PeerDirectory:
     Validators are the permit holders that mark themselves as running this protocol (a role tag in their
     commitment, dso/chain/roles.py); every other registered uid is scored as a miner, also one that earned
     a permit (on the real chain a miner's incentive becomes stake).  The leader is the largest-stake
-    protocol validator that posted weights within ``leader_idle_blocks``, so a stopped leader hands over."""
+    protocol validator that posted weights within ``leader_idle_blocks``, so a stopped leader hands over.
 
-    def __init__(self, chain: Chain, readers: ReaderCache, uid: int, own: OwnBucket, leader_idle_blocks: int):
+    Who leads window t is decided by the chain as it stood at window t's last block (:meth:`decision_block`):
+    every node that asks about window t gets the same answer whenever it asks, so during a hand-over no two
+    validators both believe they lead, and no miner applies a bundle the next leader does not build on."""
+
+    def __init__(self, chain: Chain, readers: ReaderCache, uid: int, own: OwnBucket, leader_idle_blocks: int,
+                 clock: Clock):
         self.chain, self.readers, self.uid, self.own = chain, readers, uid, own
-        self.leader_idle_blocks = leader_idle_blocks
+        self.leader_idle_blocks, self.clock = leader_idle_blocks, clock
 
     def commitments(self) -> dict[int, str | None]:
         """uid → raw commitment of every registered uid (parsed and validated by whoever reads it)."""
@@ -80,13 +86,24 @@ class PeerDirectory:
             return info
         return self.readers.get(info), info.bucket
 
-    def leader_uid(self) -> int | None:
-        lead = self.chain.leading_protocol_validator(self.leader_idle_blocks)
+    def decision_block(self, window: int | None = None) -> int:
+        """The block whose state decides who leads ``window``: its last block, once a later one exists (a
+        settled state).  Without a window, or while that block is not settled yet: the latest settled block.
+        A window older than the chain's state history falls back to the oldest block still kept."""
+        latest = self.chain.block() - 1
+        if window is None:
+            return latest
+        last = self.clock.first_block(window + 1) - 1
+        return max(min(last, latest), latest - STATE_HISTORY_BLOCKS + 1)
+
+    def leader_uid(self, window: int | None = None) -> int | None:
+        """The leading validator of ``window`` (default: of the latest settled block), None if there is none."""
+        lead = self.chain.leading_protocol_validator(self.leader_idle_blocks, block=self.decision_block(window))
         return lead.uid if lead else None
 
-    def leader(self) -> Source | Rejection | None:
-        """Where the leading validator's objects are (None: no validator yet)."""
-        uid = self.leader_uid()
+    def leader(self, window: int | None = None) -> Source | Rejection | None:
+        """Where the objects of ``window``'s leading validator are (None: no validator yet)."""
+        uid = self.leader_uid(window)
         if uid is None:
             return None
         return (self.own.client, self.own.bucket) if uid == self.uid else self.reader(uid)
@@ -217,10 +234,10 @@ def build_context(cfg: Config, role: str, handle_signals: bool = True) -> NodeCo
     model = build_model(hp.model, hp.seed, device)
     state_dir = expand(cfg.neuron.state_dir) / f"{cfg.wallet.name}-{cfg.wallet.hotkey}" / role
     state_dir.mkdir(parents=True, exist_ok=True)
-    ctx = NodeContext(cfg=cfg, role=role, device=device, stop=stop, chain=chain,
-                      clock=Clock(chain, hp.blocks_per_window, hp.put_window_seconds), wallet=wallet, hotkey=hotkey,
-                      uid=uid, own=own, peers=PeerDirectory(chain, readers, uid, own, leader_idle_blocks(cfg)),
-                      readers=readers,
+    clock = Clock(chain, hp.blocks_per_window, hp.put_window_seconds)
+    ctx = NodeContext(cfg=cfg, role=role, device=device, stop=stop, chain=chain, clock=clock, wallet=wallet,
+                      hotkey=hotkey, uid=uid, own=own, readers=readers,
+                      peers=PeerDirectory(chain, readers, uid, own, leader_idle_blocks(cfg), clock),
                       dataset=dataset, model=model, codec=make_codec(parameter_shapes(model), hp),
                       state_dir=state_dir, events=EventLog(cfg.neuron.log_json, role, uid), metrics=metrics,
                       outer=OuterState.fresh(parameter_shapes(model), hp))

@@ -33,7 +33,7 @@ class Follower:
     def bundle(self, t: int, until: float) -> Bundle | Rejection:
         """The leader's bundle of window t, waiting for it until ``until`` (unix time)."""
         while True:
-            source = self.ctx.peers.leader()
+            source = self.ctx.peers.leader(t)
             got: Bundle | Rejection = Rejection(Reason.MISSING, "no leading validator")
             if source is not None and not isinstance(source, Rejection) and self.ctx.run:
                 got = get_bundle(*source, self.ctx.codec, self.ctx.hp, t, self.ctx.run)

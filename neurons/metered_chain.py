@@ -54,11 +54,11 @@ class MeteredChain(Chain):
     def randomness(self, block: int) -> bytes:
         return self.inner.randomness(block)
 
-    def metagraph(self) -> list[Neuron]:
-        return self.inner.metagraph()
+    def metagraph(self, block: int | None = None) -> list[Neuron]:
+        return self.inner.metagraph(block)
 
-    def commitments(self) -> dict[int, str]:
-        return self.inner.commitments()
+    def commitments(self, block: int | None = None) -> dict[int, str]:
+        return self.inner.commitments(block)
 
     def weights(self) -> dict[int, dict[int, float]]:
         return self.inner.weights()

@@ -93,8 +93,9 @@ class Validator:
         self.gather_seconds: dict[int, float] = {}  # uid → seconds the last gather spent on it (for the metrics)
 
     # ----------------------------------------------------------------- loop
-    def leading(self) -> bool:
-        return self.ctx.peers.leader_uid() in (None, self.ctx.uid)
+    def leading(self, window: int | None = None) -> bool:
+        """Whether we lead ``window`` (default: the latest settled block's leader); with no leader at all, too."""
+        return self.ctx.peers.leader_uid(window) in (None, self.ctx.uid)
 
     def run(self) -> int:
         ctx = self.ctx
@@ -175,7 +176,7 @@ class Validator:
         the leader published none in time — then our own list; docs/protocol.md).  A bundle that does not
         start from our θ_t means we went our own way (e.g. in a window the old leader died in): we reload
         the leader's checkpoint and bundles up to t first."""
-        if self.leading():
+        if self.leading(t):
             return None
         got = self.follower.bundle(t, time.time() + BUNDLE_WAIT_SECONDS)
         if not isinstance(got, Bundle):
@@ -215,7 +216,7 @@ class Validator:
         self.save()
         line = self.window_line(t, outcome, val_loss, started, timings)
         line["val_bits_per_byte"] = bits_per_byte(val_loss, self.val_tokens, self.val_bytes)
-        line["leading"] = self.leading()
+        line["leading"] = self.leading(t)
         line.update(bytes_up=ctx.own.client.bytes_up - sent,  # S3 traffic and per-peer gather time: for the metrics
                     bytes_down=ctx.own.client.bytes_down - received + got.bytes_down,
                     gather_seconds={str(u): round(s, 4) for u, s in self.gather_seconds.items()})
@@ -258,7 +259,7 @@ class Validator:
             save_checkpoint(client, bucket, ctx.model, t + 1, hp, ctx.run, ctx.outer)
         if t % 10 == 0:
             cleanup(client, bucket, t, ctx.cfg.storage.retention_windows, ctx.run)
-        if not self.leading():  # the list and the provenance record are the leader's
+        if not self.leading(t):  # the list and the provenance record are the leader's
             return
         put_peers(client, bucket, PeersList(announce, v, outcome.report.top_g), ctx.run)
         put_json(client, bucket, keys.ledger(t, v, ctx.run), outcome.record)

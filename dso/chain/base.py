@@ -15,6 +15,11 @@ if TYPE_CHECKING:
     from dso.chain.weights import WeightPlan
 
 
+# How far back a node may read the chain's state: a pruning (lite) subtensor node keeps the state of
+# the last 256 blocks; the local chain keeps as much (dso.chain.local_epochs prunes only older rows).
+STATE_HISTORY_BLOCKS = 256
+
+
 class ChainError(RuntimeError):
     """A chain call was refused or failed; ``reason`` is a short code, the message says why."""
 
@@ -69,8 +74,10 @@ class Chain(ABC):
         """32 bytes no peer could know before ``block`` was produced (e.g. its hash)."""
 
     @abstractmethod
-    def metagraph(self) -> list[Neuron]:
-        """All registered neurons, by uid."""
+    def metagraph(self, block: int | None = None) -> list[Neuron]:
+        """All registered neurons, by uid: now, or as the chain stood at a produced ``block`` no more than
+        :data:`STATE_HISTORY_BLOCKS` old (stake, permits and last updates; incentive and emission are the
+        latest consensus's)."""
 
     @abstractmethod
     def register(self, wallet: Any) -> int:
@@ -81,8 +88,8 @@ class Chain(ABC):
         """Publish a commitment string for the wallet's hotkey."""
 
     @abstractmethod
-    def commitments(self) -> dict[int, str]:
-        """uid → latest commitment string, for every uid that has one."""
+    def commitments(self, block: int | None = None) -> dict[int, str]:
+        """uid → latest commitment string, for every uid that has one (now, or as of a produced ``block``)."""
 
     @abstractmethod
     def set_weights(self, wallet: Any, uids: list[int], weights: list[float],
@@ -113,21 +120,25 @@ class Chain(ABC):
         """The rules a weight post must meet; the default: none."""
         return WeightRules()
 
-    def protocol_validators(self) -> list[Neuron]:
+    def protocol_validators(self, block: int | None = None) -> list[Neuron]:
         """Permit holders whose commitment carries the validator role tag (dso.chain.roles), by stake
-        (largest first, ties: lower uid), each with its stake and last update."""
+        (largest first, ties: lower uid), each with its stake and last update (now, or as of ``block``)."""
         from dso.chain.roles import VALIDATOR, role_of
 
-        commitments = self.commitments()
-        tagged = [n for n in self.metagraph() if n.validator_permit and role_of(commitments.get(n.uid)) == VALIDATOR]
+        commitments = self.commitments(block)
+        tagged = [n for n in self.metagraph(block)
+                  if n.validator_permit and role_of(commitments.get(n.uid)) == VALIDATOR]
         return sorted(tagged, key=lambda n: (-n.stake, n.uid))
 
-    def leading_protocol_validator(self, max_idle_blocks: int | None = None) -> Neuron | None:
+    def leading_protocol_validator(self, max_idle_blocks: int | None = None,
+                                   block: int | None = None) -> Neuron | None:
         """The largest-stake protocol validator; with ``max_idle_blocks``, only among those that posted
-        weights within that many blocks (a stopped leader hands over)."""
+        weights within that many blocks (a stopped leader hands over).  With ``block``, as the chain stood
+        then: every node that asks about the same block gets the same answer, whenever it asks."""
         from dso.chain.roles import pick_leader
 
-        return pick_leader(self.protocol_validators(), self.block() if max_idle_blocks is not None else None,
+        now = self.block() if block is None else block
+        return pick_leader(self.protocol_validators(block), now if max_idle_blocks is not None else None,
                            max_idle_blocks)
 
     def post_weights(self, wallet: Any, scores: dict[int, float], *, pad: bool = True,

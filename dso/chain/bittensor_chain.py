@@ -128,9 +128,9 @@ class BittensorChain(Chain):
         return digest
 
     # ---------------------------------------------------------- metagraph
-    def metagraph(self) -> list[Neuron]:
+    def metagraph(self, block: int | None = None) -> list[Neuron]:
         with self._sdk(f"reading the metagraph of netuid {self.netuid}"):
-            graph = self.sub.subnets.metagraph(self.netuid, commitments=False)
+            graph = self.sub.subnets.metagraph(self.netuid, block=block, commitments=False)
             if graph is None:
                 raise ChainError("no_subnet", f"netuid {self.netuid} does not exist on {self.network}")
             return [Neuron(uid=int(n.uid), hotkey=str(n.hotkey), stake=float(n.total_stake.amount),
@@ -187,9 +187,9 @@ class BittensorChain(Chain):
             call = bt.calls.Commitments.set_commitment(netuid=self.netuid, info={"fields": fields})
             self.sub.submit_call(call, wallet, signer="hotkey").raise_for_failure()
 
-    def commitments(self) -> dict[int, str]:
+    def commitments(self, block: int | None = None) -> dict[int, str]:
         with self._sdk(f"reading the commitments of netuid {self.netuid}"):
-            rows = self.sub.subnets.commitments(self.netuid)
+            rows = self.sub.subnets.commitments(self.netuid, block=block)
             out = {int(c.uid): c.value for c in rows.values() if c.uid is not None and c.value}
         return dict(sorted(out.items()))
 

@@ -6,7 +6,8 @@ wraps any :class:`Chain`: reads are kept until the caller starts another
 window (:meth:`CachedChain.begin_window`), at most ``max_age_seconds`` (a safety
 net for a caller that never does), and until any write through it.  Facts
 that cannot change are kept for good: the randomness and timestamp of a
-produced block.  ``block()`` always asks the chain.
+produced block, and the metagraph and commitments as of a block before the
+current one.  ``block()`` always asks the chain.
 """
 from __future__ import annotations
 
@@ -85,11 +86,21 @@ class CachedChain(Chain):
     def randomness(self, block: int) -> bytes:
         return self._per_block("randomness", block, lambda: self.inner.randomness(block))
 
-    def metagraph(self) -> list[Neuron]:
-        return self._cached("metagraph", self.inner.metagraph)
+    def metagraph(self, block: int | None = None) -> list[Neuron]:
+        if block is None:
+            return self._cached("metagraph", self.inner.metagraph)
+        return self._settled("metagraph", block, lambda: self.inner.metagraph(block))
 
-    def commitments(self) -> dict[int, str]:
-        return self._cached("commitments", self.inner.commitments)
+    def commitments(self, block: int | None = None) -> dict[int, str]:
+        if block is None:
+            return self._cached("commitments", self.inner.commitments)
+        return self._settled("commitments", block, lambda: self.inner.commitments(block))
+
+    def _settled(self, name: str, block: int, read: Callable[[], _T]) -> _T:
+        """State as of ``block``, kept for good once a later block exists (nothing can change it then)."""
+        if block >= self.inner.block():
+            return read()
+        return self._per_block(name, block, read)
 
     def weights(self) -> dict[int, dict[int, float]]:
         return self._cached("weights", self.inner.weights)

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from dso.chain import rules
-from dso.chain.base import Chain, ChainError, ChainUnavailable, Neuron, WeightRules
+from dso.chain.base import STATE_HISTORY_BLOCKS, Chain, ChainError, ChainUnavailable, Neuron, WeightRules
 from dso.chain.local_epochs import EpochsMixin
 from dso.chain.local_ledger import LedgerMixin
 from dso.chain.local_state import StateMixin
@@ -151,10 +151,23 @@ class LocalChain(EpochsMixin, StateMixin, LedgerMixin, Chain):
                 row = conn.execute("SELECT value FROM randomness WHERE block = ?", (block,)).fetchone()
         return bytes(row[0])
 
-    def metagraph(self) -> list[Neuron]:
+    def _state_block(self, block: int | None) -> int:
+        """The block a state read is as of: now, or a produced block within STATE_HISTORY_BLOCKS."""
+        now = self.block()
+        if block is None:
+            return now
+        block = check_block(block)
+        if block > now:
+            raise ChainError(rules.FUTURE_BLOCK, f"block {block} is not produced yet (now {now})")
+        if block < now - STATE_HISTORY_BLOCKS:
+            raise ChainError(rules.PRUNED, f"the state of block {block} is pruned (now {now}; the chain keeps "
+                                           f"{STATE_HISTORY_BLOCKS} blocks)")
+        return block
+
+    def metagraph(self, block: int | None = None) -> list[Neuron]:
         self._ensure_epochs()
         with self._txn(immediate=False) as conn:
-            now = self.block()
+            now = self._state_block(block)
             occupants, stakes = self._occupants(conn, now), self._stakes(conn, now)
             permits = self._permits(occupants, stakes)
             incentive = self._incentive(conn)
@@ -233,9 +246,9 @@ class LocalChain(EpochsMixin, StateMixin, LedgerMixin, Chain):
             conn.execute("DELETE FROM commitments WHERE hotkey = ?1 AND id NOT IN (SELECT id FROM commitments "
                          "WHERE hotkey = ?1 ORDER BY id DESC LIMIT ?2)", (hotkey, _KEEP_COMMITMENTS))
 
-    def commitments(self) -> dict[int, str]:
+    def commitments(self, block: int | None = None) -> dict[int, str]:
         with self._txn(immediate=False) as conn:
-            now = self.block()
+            now = self._state_block(block)
             out = {}
             for uid, (hotkey, _) in sorted(self._occupants(conn, now).items()):
                 latest = self._latest_commitment(conn, hotkey, now)

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, ContextManager
 import numpy as np
 
 from dso.chain import rules
+from dso.chain.base import STATE_HISTORY_BLOCKS
 
 if TYPE_CHECKING:
     from dso.chain.local_store import LocalChainParams
@@ -124,7 +125,7 @@ class EpochsMixin:
                          [(hk, amount) for hk, amount in accrued.items() if before.get(hk) != amount])
         conn.execute("UPDATE consensus SET epoch = ?, incentive = ? WHERE id = 1",
                      (due, json.dumps({str(u): [hk, inc] for u, (hk, inc) in epoch.incentive.items()})))
-        self._prune(conn, due * p.tempo - 1)
+        self._prune(conn, due * p.tempo - 1 - STATE_HISTORY_BLOCKS)  # recent state stays readable by block
 
     def _prune(self, conn: sqlite3.Connection, cutoff: int) -> None:
         """Delete rows no state after block ``cutoff`` can read (every later read is as of >= cutoff)."""

@@ -40,6 +40,7 @@ class FakeSubstrate:
         self.last_update: dict[str, int] = {}    # hotkey -> block of its last weight post
         self.blocks_decoded = 0                  # get_block calls (a whole block fetched and decoded)
         self.keeps_hashes = 4096                 # System.BlockHash holds this many recent blocks
+        self.read_at: list[tuple[str, int]] = []  # (metagraph | commitments, the block the read was pinned to)
 
     # -------------------------------------------------------------- set-up
     def add_neuron(self, hotkey: str, *, stake_tao: float = 0.0, incentive: float = 0.0,
@@ -112,6 +113,7 @@ class FakeSubstrate:
 
     async def query_map(self, module: str, name: str, params=None, block_hash=None) -> list:
         if (module, name) == ("Commitments", "CommitmentOf"):
+            self.read_at.append(("commitments", self._block_of(block_hash)))
             return list(self.commitment_of.items())
         if (module, name) == ("Commitments", "RevealedCommitments"):
             return list(self.revealed)
@@ -126,6 +128,7 @@ class FakeSubstrate:
 
     async def runtime_call(self, api: str, method: str, params: list, block_hash=None) -> Any:
         if (api, method) == ("SubnetInfoRuntimeApi", "get_metagraph") and params[0] == self.netuid:
+            self.read_at.append(("metagraph", self._block_of(block_hash)))
             return self._graph() if self.subnet_exists else None
         return None
 

@@ -188,3 +188,12 @@ def _raw(text: str) -> dict:
     raw = text.encode()
     return {"block": 1990, "deposit": 0, "info": {"fields": [{f"Raw{len(raw[i:i + 128])}": "0x" + raw[i:i + 128].hex()}
                                                                for i in range(0, len(raw), 128)]}}
+
+
+def test_state_reads_can_be_pinned_to_a_block(fake):
+    """The leader of a window is decided from the state at its last block (issue 16): the SDK read is pinned."""
+    fake.add_neuron(hk(A), stake_tao=10.0)
+    chain = on(fake)
+    chain.metagraph(), chain.commitments()
+    chain.metagraph(1990), chain.commitments(1990)
+    assert fake.read_at == [("metagraph", 2000), ("commitments", 2000), ("metagraph", 1990), ("commitments", 1990)]

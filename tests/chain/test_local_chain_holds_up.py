@@ -8,7 +8,7 @@ import sqlite3
 from chain_helpers import hk, wallets
 
 from dso.chain import local_state
-from dso.chain.base import ChainError
+from dso.chain.base import STATE_HISTORY_BLOCKS, ChainError
 from dso.chain.local import LocalChain
 from dso.chain.wallets import dev_wallet
 
@@ -48,7 +48,7 @@ def test_deregistered_rows_are_pruned_and_the_state_is_unchanged(make_chain, clo
     for w in churn:
         chain.register(w)
         clock.advance_blocks(1)
-    clock.advance_blocks(20)  # past two consensus runs
+    clock.advance_blocks(STATE_HISTORY_BLOCKS + 20)  # past the kept history and two consensus runs
     graph = chain.metagraph()
     assert sorted(n.hotkey for n in graph) == sorted(hk(w) for w in churn[-4:])
     with sqlite3.connect(chain.path) as db:
@@ -71,7 +71,7 @@ def test_weights_of_deregistered_validators_are_pruned(make_chain, clock):
     clock.advance_blocks(1)
     chain.register(dev_wallet("//newcomer1"))  # evicts the validator (no incentive, oldest)
     assert chain.uid_of(hk(v)) is None
-    clock.advance_blocks(20)
+    clock.advance_blocks(STATE_HISTORY_BLOCKS + 20)
     chain.metagraph()
     with sqlite3.connect(chain.path) as db:
         assert db.execute("SELECT COUNT(*) FROM weights WHERE hotkey = ?", (hk(v),)).fetchone() == (0,)

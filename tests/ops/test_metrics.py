@@ -119,10 +119,10 @@ class _Chain(Chain):
     def block(self): return 5
     def block_timestamp(self, block): return 100.0 + block
     def randomness(self, block): return bytes(32)
-    def metagraph(self): return [Neuron(0, "hk", 1.0, True, 0.0)]
+    def metagraph(self, block=None): return [Neuron(0, "hk", 1.0, True, 0.0)]
     def register(self, wallet): return 0
     def commit(self, wallet, data): raise RuntimeError("socket closed")
-    def commitments(self): return {}
+    def commitments(self, block=None): return {}
     def weights(self): return {}
 
     def set_weights(self, wallet, uids, weights):
