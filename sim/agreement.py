@@ -48,6 +48,26 @@ def weight_agreement(by_validator: Mapping[str, Sequence[dict]], last: int = 10)
             "leaders": {str(w): names for w, names in sorted(leaders.items())}}
 
 
+def miner_sync(by_validator: Mapping[str, Sequence[dict]], miners: Mapping[str, Sequence[dict]]) -> dict:
+    """Whether every bundle a miner applied gave the model of that window's leader (the validators that
+    reported leading it): ``applied`` bundles, how many were ``in_sync``, and the ``forked`` (miner, window)s.
+    A window nobody reported leading (its leader died in it) is not counted."""
+    leader_hash: dict[int, set[str]] = {}
+    for lines in by_validator.values():
+        for line in lines:
+            if line.get("leading") and line.get("model_hash"):
+                leader_hash.setdefault(line["window"], set()).add(line["model_hash"])
+    applied, forked = 0, []
+    for name, lines in sorted(miners.items()):
+        for line in lines:
+            hashes = leader_hash.get(line.get("window", -1))
+            if hashes and str(line.get("aggregated", "")).startswith("applied"):
+                applied += 1
+                if line.get("model_hash") not in hashes:
+                    forked.append([name, line["window"]])
+    return {"applied": applied, "in_sync": applied - len(forked), "forked": forked}
+
+
 def markdown(agreement: dict) -> list[str]:
     m = agreement["mean_l1_last"]
     out = ["## Validators", "",
@@ -62,4 +82,9 @@ def markdown(agreement: dict) -> list[str]:
             previous = names
     if changes:
         out += ["Leading validator (as each reported it), from: " + "; ".join(changes) + ".", ""]
+    sync = agreement.get("miner_sync")
+    if sync:
+        forked = ", ".join(f"{name} in window {w}" for name, w in sync["forked"]) or "none"
+        out += [f"Bundles the honest miners applied that gave their window's leader's model: **{sync['in_sync']} of "
+                f"{sync['applied']}** (out of sync: {forked}).", ""]
     return out

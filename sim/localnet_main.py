@@ -90,6 +90,9 @@ def parse(argv: list[str] | None) -> tuple[argparse.Namespace, HParams]:
                    help="a BPE tokenizer.json every node loads instead of training one")
     p.add_argument("--no-adversaries", action="store_true", help="honest miners only (no default mix)")
     p.add_argument("--no-metrics", action="store_true", help="no Prometheus endpoints on the nodes")
+    p.add_argument("--kill-leader-after", type=positive, default=None, metavar="N",
+                   help="SIGKILL the leading validator after it scored N windows: the next one takes over "
+                        "(needs --validators 2 or more; the report's Validators section shows the hand-over)")
     args = p.parse_args(argv)
     if args.miners < 0:
         p.error("--miners must be >= 0")
@@ -102,6 +105,8 @@ def parse(argv: list[str] | None) -> tuple[argparse.Namespace, HParams]:
         p.error("--no-adversaries and --adversary exclude each other")
     if not args.block_time > 0:
         p.error("--block-time must be > 0")
+    if args.kill_leader_after is not None and args.validators < 2:
+        p.error("--kill-leader-after needs --validators 2 or more (someone must take over)")
     cfg = Config()
     try:
         shards = corpus_tokenizer(args.corpus)
@@ -151,10 +156,10 @@ def training_data(hp: HParams, args: argparse.Namespace):
         return None
 
 
-def final_samples(state: Path, hp: HParams, tokenizer: Any, say: Any) -> list[dict]:
+def final_samples(state: Path, hp: HParams, tokenizer: Any, say: Any, validator: str = "validator0") -> list[dict]:
     """Two samples (seeded, temperature 0.8) from the leading validator's last saved model, [] without one."""
     from sim.sample import CheckpointError, checkpoint_window, load_model, samples_from
-    folder = next(iter(sorted(state.glob("validator0-*/validator"))), None)
+    folder = next(iter(sorted(state.glob(f"{validator}-*/validator"))), None)
     if folder is None:
         return []
     try:
@@ -162,6 +167,19 @@ def final_samples(state: Path, hp: HParams, tokenizer: Any, say: Any) -> list[di
     except (CheckpointError, OSError, ValueError) as e:
         say(f"no sampled text: {e}")
         return []
+
+
+def main_validator(killed: list[str]) -> str:
+    """The validator whose lines the run follows and reports: the first, or after it was killed the next."""
+    return "validator1" if killed else "validator0"
+
+
+def kill_leader(net: LocalNet, say: Any) -> str:
+    """SIGKILL the first (largest-stake) validator, as a crash would; returns its name."""
+    leader = next(n for n in net.nodes if n.name == "validator0")
+    net.stop_node(leader, signal.SIGKILL)
+    say("killed validator0 (SIGKILL): validator1 takes over once the chain sees validator0 idle")
+    return leader.name
 
 
 def run(argv: list[str] | None = None) -> int:
@@ -178,6 +196,7 @@ def run(argv: list[str] | None = None) -> int:
     command = "python scripts/localnet.py " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
     view = View(console, {}, args.windows, started)
     failed = ""
+    killed: list[str] = []  # validators this run killed on purpose (--kill-leader-after)
     stop_on_sigterm()
     try:
         view.step(f"preparing {len(nodes)} nodes (data, embedded S3, LocalChain, wallets)")
@@ -190,11 +209,13 @@ def run(argv: list[str] | None = None) -> int:
             view.say(f"metrics: {ports}{', …' if len(nodes) > 3 else ''} (http://127.0.0.1:PORT/metrics); "
                      f"Prometheus scrape config {net.run_dir / 'prometheus.yml'}")
         while True:
-            lines = net.validator_lines()
+            lines = net.validator_lines(main_validator(killed))
             view.update(lines, "" if lines else f"waiting for the first window: {nodes_up(net)}/{len(nodes)} nodes up")
             if len(lines) >= args.windows:
                 break
-            dead = [n.name for n in net.dead() if n.role == "validator"]
+            if args.kill_leader_after and not killed and len(lines) >= args.kill_leader_after:
+                killed.append(kill_leader(net, view.say))
+            dead = [n.name for n in net.dead() if n.role == "validator" and n.name not in killed]
             if dead:
                 view.close()
                 view.say(f"validator {dead[0]} exited; see {net.logs / (dead[0] + '.log')}")
@@ -209,7 +230,7 @@ def run(argv: list[str] | None = None) -> int:
         view.close()
         posted = None
         if net.chain is not None:
-            leader = next((n.uid for n in nodes if n.name == "validator0"), None)
+            leader = next((n.uid for n in nodes if n.name == main_validator(killed)), None)
             posted = net.chain.weights().get(leader)
         stopping = time.time()
         net.stop()
@@ -218,7 +239,7 @@ def run(argv: list[str] | None = None) -> int:
         view.say(failed)
         return 1
     validators = {n.name: net.validator_lines(n.name) for n in nodes if n.role == "validator"}
-    lines = validators.get("validator0") or net.validator_lines()  # the leading validator's (read once)
+    lines = validators.get(main_validator(killed)) or net.validator_lines()  # the leading validator's (read once)
     by_name = net.miner_lines()
     miners = {n.uid: by_name.get(n.name, []) for n in nodes if n.role == "miner"}
     dataset = training_data(hp, args)
@@ -226,7 +247,8 @@ def run(argv: list[str] | None = None) -> int:
     report = run_report.build(lines, {n.uid: (n.name, n.behaviour) for n in nodes if n.role == "miner"}, posted,
                               validators, miners, unigram)
     if dataset is not None:
-        report["samples"] = final_samples(net.run_dir / "state", hp, dataset.tokenizer, view.say)
+        report["samples"] = final_samples(net.run_dir / "state", hp, dataset.tokenizer, view.say,
+                                          main_validator(killed))
     view.say(f"writing the report ({len(lines)} windows) to {out}")
     run_report.write(report, out, command)
     s = report["summary"]

@@ -111,6 +111,8 @@ def build(lines: list[dict], peers: dict[int, tuple[str, str]], posted: dict[int
                         "windows": [line["window"] for line in lines]}}
     if validators and len(validators) > 1:
         report["validators"] = agreement.weight_agreement(validators)
+        honest = {peers[u][0]: ls for u, ls in (miners or {}).items() if u in peers and peers[u][1] in GOOD}
+        report["validators"]["miner_sync"] = agreement.miner_sync(validators, honest)
     return report
 
 

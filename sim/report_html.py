@@ -134,9 +134,13 @@ def _validators(report: dict) -> str:
     rows = "".join(f'<tr><td class="num">{p["window"]}</td><td class="num">{p["mean_l1"]:.4f}</td>'
                    f'<td>{_e(", ".join(agreement["leaders"].get(str(p["window"]), [])))}</td></tr>'
                    for p in agreement["per_window"])
+    sync = agreement.get("miner_sync")
+    in_sync = (f'<p id="miner-sync">bundles honest miners applied that gave their window\'s leader\'s model: '
+               f'<b>{sync["in_sync"]} of {sync["applied"]}</b></p>') if sync else ""
     return (f'<h2>Validators</h2><p id="validator-agreement">{len(agreement["validators"])} validators; mean '
             f'pairwise L1 of their weight rows over the last {agreement["last_windows"]} windows: <b>{figure}</b> '
-            f'(target ≤ {agreement["target"]})</p><table id="validators"><thead><tr><th class="num">window</th>'
+            f'(target ≤ {agreement["target"]})</p>{in_sync}'
+            f'<table id="validators"><thead><tr><th class="num">window</th>'
             f'<th class="num">mean pairwise L1</th><th>leading</th></tr></thead><tbody>{rows}</tbody></table>')
 
 

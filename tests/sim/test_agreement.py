@@ -40,3 +40,27 @@ def test_report_has_a_validators_section_only_with_several_validators():
     assert several["validators"]["mean_l1_last"] == pytest.approx(0.1)
     text = markdown(several)
     assert "## Validators" in text and "**0.1000**" in text and "window 1: validator0" in text
+
+
+def test_miner_sync_compares_each_applied_bundle_with_its_windows_leader():
+    v0 = [dict(line(5, {}, True), model_hash="a5"), dict(line(6, {}, True), model_hash="a6")]
+    v1 = [dict(line(5, {}), model_hash="a5"), dict(line(6, {}), model_hash="b6"),   # v1 went its own way in 6
+          dict(line(7, {}, True), model_hash="b7")]                                 # and leads from 7
+    miners = {"m0": [{"window": 5, "aggregated": "applied the leader's bundle", "model_hash": "a5"},
+                     {"window": 6, "aggregated": "applied the leader's bundle", "model_hash": "b6"},  # forked
+                     {"window": 7, "aggregated": "no bundle of window 7 yet", "model_hash": "b6"},
+                     {"window": 8, "aggregated": "applied the leader's bundle", "model_hash": "x8"}],  # unled
+              "m1": [{"window": 7, "aggregated": "applied the leader's bundle", "model_hash": "b7"}]}
+    got = agreement.miner_sync({"v0": v0, "v1": v1}, miners)
+    assert got == {"applied": 3, "in_sync": 2, "forked": [["m0", 6]]}
+
+
+def test_report_counts_only_honest_miners_in_sync():
+    v0 = [dict(line(1, {1: 0.5, 2: 0.5}, True), model_hash="h1")]
+    v1 = [dict(line(1, {1: 0.5, 2: 0.5}), model_hash="h1")]
+    peers = {1: ("miner0", "honest"), 2: ("miner1", "desync")}
+    applied = {"window": 1, "aggregated": "applied the leader's bundle"}
+    miners = {1: [dict(applied, model_hash="h1")], 2: [dict(applied, model_hash="other")]}
+    report = build(v0, peers, None, {"validator0": v0, "validator1": v1}, miners)
+    assert report["validators"]["miner_sync"] == {"applied": 1, "in_sync": 1, "forked": []}
+    assert "**1 of 1** (out of sync: none)" in markdown(report)
