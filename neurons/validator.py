@@ -49,13 +49,15 @@ from storage.aggregate import Bundle, encode_bundle, put_bundle
 from storage.checkpoint import save_checkpoint
 from storage.cleanup import cleanup
 from storage.client import StorageError
-from storage.gather import GatherResult
+from storage.gather import GatherResult, Seen, observe
 from storage.jsonobj import put_json
 from storage.peers import PeersList, put_peers
 from storage.reveal import gather_window
 from storage.wire import Expect, Payload
 
 log = logging.getLogger("dso.validator")
+OBSERVE_DELAY_SECONDS = 0.5  # the look at the close starts this long after it (clock skew, last-moment writes)
+OBSERVE_SECONDS = 1.0        # ... and is bounded by this (HEADs only); it ends before the gather starts
 BUNDLE_WAIT_SECONDS = 6.0  # a validator that does not lead waits this long past its own gather for the bundle
 SENIOR_WAIT_WINDOWS = 3    # at first start, how long to wait for a validator with more stake to start the run
 CAUGHT_UP_WINDOWS = 2      # a validator further behind the chain than this posts no weights (it does not lead)
@@ -91,6 +93,8 @@ class Validator:
         mine = ctx.chain.weights().get(ctx.uid, {})
         self.last_row: dict[int, float] = {u: w for u, w in mine.items() if u != ctx.uid and w > 0}
         self.gather_seconds: dict[int, float] = {}  # uid → seconds the last gather spent on it (for the metrics)
+        self.observed: dict[int, Seen] | None = None  # what the last look at the close of a put window saw
+        self.previous_delta: dict | None = None       # the last aggregate Δ (a replay of it is a copy)
 
     # ----------------------------------------------------------------- loop
     def leading(self) -> bool:
@@ -103,8 +107,11 @@ class Validator:
         done = 0
         while not ctx.stop():
             t = self.book.model_window
-            if not ctx.clock.sleep_until(ctx.clock.uploads_close(t, ctx.hp.commit_reveal) + GATHER_SETTLE_SECONDS,
-                                         ctx.stop):
+            close = ctx.clock.uploads_close(t, ctx.hp.commit_reveal)
+            if not ctx.clock.sleep_until(close + OBSERVE_DELAY_SECONDS, ctx.stop):
+                break
+            self.observed = self.observe(t, close)
+            if not ctx.clock.sleep_until(close + GATHER_SETTLE_SECONDS, ctx.stop):
                 break
             try:
                 self.process(t)
@@ -159,6 +166,17 @@ class Validator:
         return t >= self.ctx.clock.current_window() - CAUGHT_UP_WINDOWS
 
     # -------------------------------------------------------------- window
+    def observe(self, t: int, close: float) -> dict[int, Seen] | None:
+        """Look at every miner's upload as the put window closes (issue 17): what is not there now is late, and
+        the copy tie-break orders by this look, never by the LastModified a peer's server reports.  None (fall
+        back to LastModified) when replaying a window long closed, or under commit-reveal (docs/scoring.md)."""
+        ctx = self.ctx
+        if ctx.hp.commit_reveal or time.time() > close + GATHER_SETTLE_SECONDS:
+            return None
+        commitments = ctx.peers.commitments()
+        peers = {u: commitments.get(u) for u in ctx.peers.miners()}
+        return observe(t, peers, Expect.from_hparams(ctx.hp, t, run=ctx.run), OBSERVE_SECONDS, ctx.readers)
+
     def gather(self, t: int, peers: list[int]) -> GatherResult:
         """Window t's payloads of ``peers``, under the run's upload rules (plain or commit-reveal)."""
         ctx = self.ctx
@@ -168,7 +186,8 @@ class Validator:
                              Expect.from_hparams(ctx.hp, t, run=ctx.run, data_hash=ctx.dataset.data_hash),
                              ctx.clock.put_window(t), ctx.cfg.storage.gather_deadline_seconds,
                              commit_reveal=ctx.hp.commit_reveal, readers=ctx.readers,
-                             priority=self.scores.standing(), peer_seconds=self.gather_seconds)
+                             priority=self.scores.standing(), peer_seconds=self.gather_seconds,
+                             observed=self.observed)
 
     def leader_bundle(self, t: int) -> dict[int, Payload] | None:
         """What a validator that does not lead aggregates: the leader's bundle (None when leading, or when
@@ -202,12 +221,14 @@ class Validator:
         timings["gather"] = round(time.perf_counter() - mark, 3)
         eval_seed = ctx.clock.eval_randomness(t, ctx.hp.commit_reveal, ctx.stop)  # who is evaluated (issue 17)
         inputs = WindowInputs(t, got.payloads, got.rejections, active, self.book.lists.get(t, []),
-                              ctx.clock.window_randomness(t), eval_seed, bundle=self.leader_bundle(t))
+                              ctx.clock.window_randomness(t), eval_seed, bundle=self.leader_bundle(t),
+                              previous_aggregate=self.previous_delta)
         outcome = run_window(self.scores, ctx.model, ctx.codec, ctx.dataset, ctx.hp, inputs, outer=ctx.outer,
                              ledger_prev_hash=self.book.ledger_hash, validator=ctx.hotkey, device=ctx.device,
                              on_aggregate=self.publish_aggregate)
         timings["engine"] = round(time.perf_counter() - mark - timings["gather"], 3)
         self.book.ledger_hash = record_hash(outcome.record)
+        self.previous_delta, self.observed = outcome.aggregation.delta, None
         self.book.lists = announce_list(self.book.lists, t, outcome.report.top_g)
         self.book.model_window = t + 1
         self.publish_window(t, outcome, t + LIST_LEAD)
