@@ -49,15 +49,14 @@ from storage.aggregate import Bundle, encode_bundle, put_bundle
 from storage.checkpoint import save_checkpoint
 from storage.cleanup import cleanup
 from storage.client import StorageError
-from storage.gather import GatherResult, Seen, observe
+from storage.gather import GatherResult
 from storage.jsonobj import put_json
+from storage.look import Look, certain_after, look
 from storage.peers import PeersList, put_peers
 from storage.reveal import gather_window
 from storage.wire import Expect, Payload
 
 log = logging.getLogger("dso.validator")
-OBSERVE_DELAY_SECONDS = 0.5  # the look at the close starts this long after it (clock skew, last-moment writes)
-OBSERVE_SECONDS = 1.0        # ... and is bounded by this (HEADs only); it ends before the gather starts
 BUNDLE_WAIT_SECONDS = 6.0  # a validator that does not lead waits this long past its own gather for the bundle
 SENIOR_WAIT_WINDOWS = 3    # at first start, how long to wait for a validator with more stake to start the run
 CAUGHT_UP_WINDOWS = 2      # a validator further behind the chain than this posts no weights (it does not lead)
@@ -93,7 +92,7 @@ class Validator:
         mine = ctx.chain.weights().get(ctx.uid, {})
         self.last_row: dict[int, float] = {u: w for u, w in mine.items() if u != ctx.uid and w > 0}
         self.gather_seconds: dict[int, float] = {}  # uid → seconds the last gather spent on it (for the metrics)
-        self.observed: dict[int, Seen] | None = None  # what the last look at the close of a put window saw
+        self.look: Look | None = None  # what the last look at the close of the uploads saw (storage/look.py)
         self.previous_delta: dict | None = None       # the last aggregate Δ (a replay of it is a copy)
 
     # ----------------------------------------------------------------- loop
@@ -108,9 +107,9 @@ class Validator:
         while not ctx.stop():
             t = self.book.model_window
             close = ctx.clock.uploads_close(t, ctx.hp.commit_reveal)
-            if not ctx.clock.sleep_until(close + OBSERVE_DELAY_SECONDS, ctx.stop):
+            if not ctx.clock.sleep_until(certain_after(close), ctx.stop):
                 break
-            self.observed = self.observe(t, close)
+            self.look = self.look_at_close(t, close)
             if not ctx.clock.sleep_until(close + GATHER_SETTLE_SECONDS, ctx.stop):
                 break
             try:
@@ -166,16 +165,19 @@ class Validator:
         return t >= self.ctx.clock.current_window() - CAUGHT_UP_WINDOWS
 
     # -------------------------------------------------------------- window
-    def observe(self, t: int, close: float) -> dict[int, Seen] | None:
-        """Look at every miner's upload as the put window closes (issue 17): what is not there now is late, and
-        the copy tie-break orders by this look, never by the LastModified a peer's server reports.  None (fall
-        back to LastModified) when replaying a window long closed, or under commit-reveal (docs/scoring.md)."""
+    def look_at_close(self, t: int, close: float) -> Look | None:
+        """Look at every miner's upload once the uploads of window t closed (the put window; the reveal window
+        under commit-reveal): an upload certainly absent then is late whatever LastModified its server reports
+        (storage/look.py, docs/scoring.md).  None (LastModified alone) when replaying a window long closed."""
         ctx = self.ctx
-        if ctx.hp.commit_reveal or time.time() > close + GATHER_SETTLE_SECONDS:
+        if time.time() > certain_after(close) + ctx.clock.put_window_seconds:
             return None
         commitments = ctx.peers.commitments()
         peers = {u: commitments.get(u) for u in ctx.peers.miners()}
-        return observe(t, peers, Expect.from_hparams(ctx.hp, t, run=ctx.run), OBSERVE_SECONDS, ctx.readers)
+        found = look(t, peers, Expect.from_hparams(ctx.hp, t, run=ctx.run), close, readers=ctx.readers)
+        log.info("window %d: looked at the uploads %.2f s after they closed: %s", t, found.started - close,
+                 found.summary())
+        return found
 
     def gather(self, t: int, peers: list[int]) -> GatherResult:
         """Window t's payloads of ``peers``, under the run's upload rules (plain or commit-reveal)."""
@@ -187,7 +189,7 @@ class Validator:
                              ctx.clock.put_window(t), ctx.cfg.storage.gather_deadline_seconds,
                              commit_reveal=ctx.hp.commit_reveal, readers=ctx.readers,
                              priority=self.scores.standing(), peer_seconds=self.gather_seconds,
-                             observed=self.observed)
+                             judge=self.look.judge if self.look is not None else None)
 
     def leader_bundle(self, t: int) -> dict[int, Payload] | None:
         """What a validator that does not lead aggregates: the leader's bundle (None when leading, or when
@@ -228,7 +230,7 @@ class Validator:
                              on_aggregate=self.publish_aggregate)
         timings["engine"] = round(time.perf_counter() - mark - timings["gather"], 3)
         self.book.ledger_hash = record_hash(outcome.record)
-        self.previous_delta, self.observed = outcome.aggregation.delta, None
+        looked, self.previous_delta, self.look = self.look, outcome.aggregation.delta, None
         self.book.lists = announce_list(self.book.lists, t, outcome.report.top_g)
         self.book.model_window = t + 1
         self.publish_window(t, outcome, t + LIST_LEAD)
@@ -237,6 +239,7 @@ class Validator:
         line = self.window_line(t, outcome, val_loss, started, timings)
         line["val_bits_per_byte"] = bits_per_byte(val_loss, self.val_tokens, self.val_bytes)
         line["leading"] = self.leading()
+        line["look"] = looked.summary() if looked is not None else None  # how late the look ran (docs/scoring.md)
         line.update(bytes_up=ctx.own.client.bytes_up - sent,  # S3 traffic and per-peer gather time: for the metrics
                     bytes_down=ctx.own.client.bytes_down - received + got.bytes_down,
                     gather_seconds={str(u): round(s, 4) for u, s in self.gather_seconds.items()})

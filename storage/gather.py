@@ -120,6 +120,8 @@ _DECODE_SLOTS = threading.BoundedSemaphore(1)
 
 # one peer's fetch: (client, bucket, key, codec, expect, put window, deadline) -> (outcome, bytes downloaded)
 Fetch = Callable[[PeerClient, str, str, Codec, Expect, PutWindow | None, float], tuple[Payload | Rejection, int]]
+# a last say on one peer's outcome: (uid, outcome) -> outcome
+Judge = Callable[[int, Payload | Rejection], Payload | Rejection]
 
 
 def check_time(put_window: PutWindow | None, last_modified: float) -> Rejection | None:
@@ -163,76 +165,7 @@ def fetch_payload(client: PeerClient, bucket: str, key: str, codec: Codec, expec
     return result, got
 
 
-@dataclass(frozen=True)
-class Seen:
-    """What the validator saw of one peer's object at the close of the put window, by its own clock."""
-
-    etag: str
-    size: int
-    at: float          # when the look began (time.time()): one value for every object seen in that look
-    answered: float    # when this peer's answer came (diagnostics only)
-
-
-def observe(window: int, peers: dict[int, BucketInfo | str | None], expect: Expect, deadline_seconds: float,
-            readers: ReaderCache | None = None, *, key_for: Callable[[int], str] | None = None,
-            max_workers: int | None = None, max_per_host: int | None = None,
-            min_peer_seconds: float = MIN_PEER_SECONDS) -> dict[int, Seen]:
-    """HEAD every peer's object for ``window`` at once, under the gather's fair schedule and per-peer deadlines:
-    uid → :class:`Seen` for each object that exists (anything else — missing, unreachable, too slow — is simply
-    not seen).  The validator calls it when the put window closes: an object not seen then is late, whatever
-    LastModified its server reports (issue 17).  ``key_for(uid)``: the key to look at (default: the payload)."""
-    started, at = time.monotonic(), time.time()
-    deadline = started + deadline_seconds
-    readers = readers or DEFAULT_READERS
-    key_for = key_for or (lambda uid: keys.gradient(window, uid, expect.protocol_version, expect.run))
-    jobs = []
-    for uid in sorted(peers):
-        info = parse_commitment(peers[uid]) if isinstance(peers[uid], str) else peers[uid]
-        if isinstance(info, BucketInfo) and readers.refusal(info) is None:
-            jobs.append(Job(uid, _host(info), info))
-    n_workers = max(1, min(len(jobs), max_workers or DEFAULT_WORKERS))
-    schedule = FairSchedule(jobs, n_workers, deadline, max_per_host or DEFAULT_PER_HOST, min_peer_seconds)
-    seen: dict[int, Seen] = {}
-    lock = threading.Lock()
-
-    def worker() -> None:
-        while (taken := schedule.take()) is not None:
-            job, peer_deadline = taken
-            try:
-                head = readers.get(job.payload).head(job.payload.bucket, key_for(job.uid), deadline=peer_deadline)
-                if time.monotonic() <= deadline:
-                    with lock:
-                        seen[job.uid] = Seen(str(head.etag), int(head.size), at, time.time())
-            except Exception:  # noqa: BLE001 — not seen; a hostile server must not crash the caller
-                pass
-            finally:
-                schedule.done(job)
-
-    threads = [threading.Thread(target=worker, daemon=True, name=f"dso-observe-{window}-{i}")
-               for i in range(n_workers if jobs else 0)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(max(0.0, deadline + JOIN_GRACE_SECONDS - time.monotonic()))
-    with lock:
-        return {u: s for u, s in seen.items()}
-
-
-def judge_seen(outcome: Payload | Rejection, seen: Seen | None) -> Payload | Rejection:
-    """A payload read after the close against what was seen at the close: not seen → late; another size or
-    ETag → changed after the close (rejected); otherwise the payload, stamped with the validator's time."""
-    if not isinstance(outcome, Payload):  # absent (missing) or unreadable: that reason stands
-        return outcome
-    if seen is None:
-        return Rejection(Reason.TOO_LATE, "not seen when the put window closed")
-    if outcome.nbytes != seen.size or (seen.etag and outcome.etag != seen.etag):
-        return Rejection(Reason.CHANGED, f"object changed after the put window closed (size {seen.size} → "
-                                         f"{outcome.nbytes})")
-    outcome.seen = seen.at
-    return outcome
-
-
-def _host(info: BucketInfo) -> tuple[str, str, int | None]:
+def host_of(info: BucketInfo) -> tuple[str, str, int | None]:
     parts = urlsplit(info.endpoint)
     return parts.scheme, (parts.hostname or "").lower(), parts.port
 
@@ -241,16 +174,15 @@ def gather(window: int, peers: dict[int, BucketInfo | str | None], codec: Codec,
            put_window: PutWindow | None, deadline_seconds: float, max_workers: int | None = None,
            readers: ReaderCache | None = None, fetch: Fetch | None = None, *, priority: Sequence[int] | None = None,
            max_per_host: int | None = None, min_peer_seconds: float = MIN_PEER_SECONDS,
-           observed: dict[int, Seen] | None = None) -> GatherResult:
+           judge: Judge | None = None) -> GatherResult:
     """Gather window ``window``'s payloads of ``peers`` (uid → BucketInfo, or the raw commitment string,
     or None when the peer has no commitment).  ``put_window=None`` skips the timing check.  ``fetch``
     replaces :func:`fetch_payload` per peer (same signature; commit-reveal uses storage.reveal's).
 
     ``priority``: uids to start first, in this order (the validator passes its peers by last-window
     standing); ``max_per_host``: requests at once per endpoint host; ``min_peer_seconds``: the least
-    time a started peer is given (see :func:`storage.schedule.peer_share`); ``observed``: what :func:`observe` saw
-    at the close — a peer not in it is late without a download, and every payload is judged by
-    :func:`judge_seen`."""
+    time a started peer is given (see :func:`storage.schedule.peer_share`); ``judge(uid, outcome)``: a last say on
+    each peer's outcome (the validator's look at the close, :meth:`storage.look.Look.judge`)."""
     if expect.window != window:
         raise ValueError(f"expect.window={expect.window} but gathering window {window}")
     started = time.monotonic()
@@ -269,7 +201,7 @@ def gather(window: int, peers: dict[int, BucketInfo | str | None], codec: Codec,
         elif (refused := readers.refusal(info)) is not None:
             result.rejections[uid] = refused
         else:
-            jobs.append(Job(uid, _host(info), info))
+            jobs.append(Job(uid, host_of(info), info))
     n_workers = max(1, min(len(jobs), max_workers or DEFAULT_WORKERS))
     schedule = FairSchedule(jobs, n_workers, deadline, max_per_host or DEFAULT_PER_HOST, min_peer_seconds)
     done: dict[int, tuple[Payload | Rejection, int]] = {}
@@ -280,13 +212,12 @@ def gather(window: int, peers: dict[int, BucketInfo | str | None], codec: Codec,
         while (taken := schedule.take()) is not None:
             job, peer_deadline = taken
             try:
-                # an object not seen at the close is still read: absent it is missing, present it is late
                 client = readers.get(job.payload)
                 key = keys.gradient(window, job.uid, expect.protocol_version, expect.run)
                 outcome = fetch(client, job.payload.bucket, key, codec, expect.for_uid(job.uid), put_window,
                                 peer_deadline)
-                if observed is not None:
-                    outcome = (judge_seen(outcome[0], observed.get(job.uid)), outcome[1])
+                if judge is not None:
+                    outcome = (judge(job.uid, outcome[0]), outcome[1])
             except Exception as e:  # noqa: BLE001
                 outcome = (unexpected(Reason.UNREACHABLE, e), 0)
             finally:

@@ -27,7 +27,7 @@ from dso.rejections import Reason, Rejection, unexpected
 from storage import keys
 from storage.client import S3Client, StorageError
 from storage.commitment import BucketInfo
-from storage.gather import GatherResult, ReaderCache, Seen, check_time, fetch_payload, gather
+from storage.gather import GatherResult, Judge, ReaderCache, check_time, fetch_payload, gather
 from storage.jsonobj import encode_json, parse_json_object, rejection_for
 from storage.peer_client import PeerClient
 from storage.wire import Expect, Payload, decode_payload, payload_size_cap
@@ -212,13 +212,13 @@ def gather_window(window: int, peers: dict[int, BucketInfo | str | None], codec:
                   deadline_seconds: float, *,
                   commit_reveal: bool, readers: ReaderCache | None = None,
                   priority: list[int] | None = None, peer_seconds: dict[int, float] | None = None,
-                  observed: dict[int, Seen] | None = None) -> GatherResult:
+                  judge: Judge | None = None) -> GatherResult:
     """Gather window ``window``'s updates the way the run's settings say: plain (payload in the put window)
     or commit-reveal (commitment in the put window, payload + nonce in the reveal window that follows).
     ``priority``: uids to start first (see :func:`storage.gather.gather`).  ``peer_seconds``, when given,
     receives uid → seconds spent fetching that peer (a peer cut off by the deadline: the whole gather's
-    time; a peer never fetched, e.g. without a commitment: absent).  ``observed``: what the validator saw at the
-    close of the put window (storage.gather.observe; plain uploads only)."""
+    time; a peer never fetched, e.g. without a commitment: absent).  ``judge``: the validator's look at the close of
+    the uploads (storage/look.py: the put window's close, or the reveal window's under commit-reveal)."""
     fetch = partial(fetch_revealed, put=put) if commit_reveal else fetch_payload
     timed: dict[int, float] = {}
     lock = threading.Lock()
@@ -235,7 +235,7 @@ def gather_window(window: int, peers: dict[int, BucketInfo | str | None], codec:
 
     result = gather(window, peers, codec, expect, reveal_window_after(put) if commit_reveal else put,
                     deadline_seconds, readers=readers, fetch=fetch_timed if peer_seconds is not None else fetch,
-                    priority=priority, observed=None if commit_reveal else observed)
+                    priority=priority, judge=judge)
     if peer_seconds is not None:
         with lock:  # workers cut off by the deadline may still finish (and write) after gather returned
             peer_seconds.update(timed)
