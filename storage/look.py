@@ -90,6 +90,7 @@ class Look:
         """For the window's record: how late the look ran behind the close, and what it found."""
         answers = [s.answered for s in self.seen.values()]
         return {"started_after_close": round(self.started - self.close, 3),
+                "behind_schedule": round(self.started - self.certain, 3),  # how late the validator began it
                 "last_answer_after_close": round(max(answers) - self.close, 3) if answers else None,
                 "seen": len(self.seen), "absent": len(self.absent), "unanswered": len(self.unanswered)}
 
