@@ -59,3 +59,40 @@ def measure(net: SimNet, windows: int) -> dict[str, dict[str, float]]:
             pooled.setdefault(k, []).extend(values)
     return {k: {"n": len(v), "min": float(np.min(v)), "median": float(np.median(v)),
                 "p99": float(np.percentile(v, 99)), "max": float(np.max(v))} for k, v in sorted(pooled.items())}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m sim.similarity [--windows N]``: the statistics on the default model and hyper-parameters."""
+    import argparse
+    import json
+
+    import torch
+
+    from dso.config import HParams
+    from dso.data import Dataset
+
+    torch.set_num_threads(1)
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("--windows", type=int, default=8)
+    parser.add_argument("--corpus", default="shakespeare")
+    parser.add_argument("--cache-dir", default="~/.cache/dso")
+    parser.add_argument("--roles", default="honest*6,diligent*2,noisycopy,scaledcopy,mixer,replayer")
+    args = parser.parse_args(argv)
+    roles = [r for spec in args.roles.split(",") for r in [spec.split("*")[0]] * int((spec.split("*") + ["1"])[1])]
+    hp = HParams()
+    net = SimNet(hp, Dataset.for_run(hp, args.corpus, args.cache_dir), roles)
+    pooled: dict[str, list[float]] = {}
+    for t in range(args.windows):
+        for k, values in window_statistics(net, t).items():
+            pooled.setdefault(k, []).extend(values)
+        print(f"window {t}: honest pair max {max(pooled.get('honest_pair', [0.0])):.3f}", flush=True)
+    stats = {k: {"n": len(v), "min": round(float(np.min(v)), 3), "median": round(float(np.median(v)), 3),
+                 "p99": round(float(np.percentile(v, 99)), 3), "max": round(float(np.max(v)), 3)}
+             for k, v in sorted(pooled.items())}
+    print(json.dumps({"roles": roles, "windows": args.windows, "inner": hp.inner.mode, "steps_max": hp.inner.steps_max,
+                      "value_bits": hp.value_bits, "stats": stats}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
