@@ -16,8 +16,8 @@ class Reason(str, Enum):
     UNREACHABLE = "unreachable"          # bucket unreadable: bad credentials, access denied, network error
     TIMEOUT = "timeout"                  # download did not finish before the per-peer deadline
     TOO_EARLY = "too_early"              # LastModified before the put window opened
-    TOO_LATE = "too_late"                # not seen by the validator when the put window closed (or admits it)
-    CHANGED = "changed"                  # the object read differs from the one seen at the close
+    TOO_LATE = "too_late"                # absent at the validator's look after the close, or LastModified after it
+    CHANGED = "changed"                  # the object read differs from the one the look saw at the close
     TOO_LARGE = "too_large"              # HEAD size above the cap
     MALFORMED = "malformed"              # not a safetensors file / bad header / bad JSON
     BAD_KEYS = "bad_keys"                # missing or extra tensors
