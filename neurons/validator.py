@@ -51,7 +51,7 @@ from storage.cleanup import cleanup
 from storage.client import StorageError
 from storage.gather import GatherResult
 from storage.jsonobj import put_json
-from storage.look import Look, certain_after, look
+from storage.look import LOOK_SECONDS, Look, certain_after, look
 from storage.peers import PeersList, put_peers
 from storage.reveal import gather_window
 from storage.wire import Expect, Payload
@@ -174,7 +174,9 @@ class Validator:
             return None
         commitments = ctx.peers.commitments()
         peers = {u: commitments.get(u) for u in ctx.peers.miners()}
-        found = look(t, peers, Expect.from_hparams(ctx.hp, t, run=ctx.run), close, readers=ctx.readers)
+        # ends by a second past the usual gather start (a stalling server cannot delay the window more than that)
+        budget = max(0.5, min(LOOK_SECONDS, close + GATHER_SETTLE_SECONDS + 1.0 - time.time()))
+        found = look(t, peers, Expect.from_hparams(ctx.hp, t, run=ctx.run), close, budget=budget, readers=ctx.readers)
         log.info("window %d: looked at the uploads %.2f s after they closed: %s", t, found.started - close,
                  found.summary())
         return found
