@@ -204,7 +204,7 @@ def _fetch_revealed(client: S3Client | PeerClient, bucket: str, key: str, codec:
         return Rejection(verdict.reason, f"{verdict.detail} ({'; '.join(late)})") if late else verdict
     payload = decode_payload(data, codec, expect)
     if isinstance(payload, Payload):
-        payload.last_modified = commit_time
+        payload.last_modified, payload.etag = commit_time, info.etag  # the ETag: for the look at the close
     return payload
 
 
