@@ -50,7 +50,7 @@ def test_each_near_copy_is_caught(finished):
     report, _ = finished
     by_name = {p["name"]: p for p in report["peers"]}
     # not the mixer: on this model, with inner steps, its recompressed mix falls below the 0.9 threshold in most
-    # windows (docs/scoring.md, "Near-copies"); it is still not paid (above), as its mix scores like an honest peer
+    # windows (docs/scoring.md, "Near-copies"); its final weight is checked above
     for name in ("noisycopy0", "scaledcopy0", "replayer0"):
         got = by_name[name]["rejections"]
         assert got.get("duplicate", 0) >= 2, (name, got)
