@@ -51,7 +51,7 @@ from storage.cleanup import cleanup
 from storage.client import StorageError
 from storage.gather import GatherResult
 from storage.jsonobj import put_json
-from storage.look import LOOK_SECONDS, Look, certain_after, look
+from storage.look import LOOK_SECONDS, Look, Seen, certain_after, look, watch
 from storage.peers import PeersList, put_peers
 from storage.reveal import gather_window
 from storage.wire import Expect, Payload
@@ -107,9 +107,10 @@ class Validator:
         while not ctx.stop():
             t = self.book.model_window
             close = ctx.clock.uploads_close(t, ctx.hp.commit_reveal)
+            first = self.watch_uploads(t, close)
             if not ctx.clock.sleep_until(certain_after(close), ctx.stop):
                 break
-            self.look = self.look_at_close(t, close)
+            self.look = self.look_at_close(t, close, first)
             if not ctx.clock.sleep_until(close + GATHER_SETTLE_SECONDS, ctx.stop):
                 break
             try:
@@ -165,7 +166,18 @@ class Validator:
         return t >= self.ctx.clock.current_window() - CAUGHT_UP_WINDOWS
 
     # -------------------------------------------------------------- window
-    def look_at_close(self, t: int, close: float) -> Look | None:
+    def watch_uploads(self, t: int, close: float) -> dict[int, Seen]:
+        """While window t's uploads are open, when the validator first saw each (storage/look.py ``watch``): the
+        copy tie-break's order.  Nothing when the validator is busy past the close."""
+        ctx = self.ctx
+        if not ctx.clock.sleep_until(close - ctx.clock.put_window_seconds, ctx.stop) or time.time() >= close:
+            return {}
+        commitments = ctx.peers.commitments()
+        peers = {u: commitments.get(u) for u in ctx.peers.miners()}
+        return watch(t, peers, Expect.from_hparams(ctx.hp, t, run=ctx.run), close, readers=ctx.readers,
+                     stop=ctx.stop)
+
+    def look_at_close(self, t: int, close: float, first: dict[int, Seen] | None = None) -> Look | None:
         """Look at every miner's upload once the uploads of window t closed (the put window; the reveal window
         under commit-reveal): an upload certainly absent then is late whatever LastModified its server reports
         (storage/look.py, docs/scoring.md).  None (LastModified alone) when replaying a window long closed."""
@@ -177,6 +189,7 @@ class Validator:
         # ends by a second past the usual gather start (a stalling server cannot delay the window more than that)
         budget = max(0.5, min(LOOK_SECONDS, close + GATHER_SETTLE_SECONDS + 1.0 - time.time()))
         found = look(t, peers, Expect.from_hparams(ctx.hp, t, run=ctx.run), close, budget=budget, readers=ctx.readers)
+        found.first = dict(first or {})
         log.info("window %d: looked at the uploads %.2f s after they closed: %s", t, found.started - close,
                  found.summary())
         return found

@@ -15,8 +15,10 @@ gather judges each payload it reads against that look (:meth:`Look.judge`):
   nothing: the payload is judged by the LastModified rule alone, as before issue 17.  The look runs on a loaded
   validator too, and a slow look must never make an honest, on-time miner late.
 
-Everything the look accepts is "seen together" (one time, :attr:`Look.started`): the copy tie-break then falls to
-proof of computation.  docs/scoring.md ("Upload time") records the rule and the measured lateness of the look.
+The copy tie-break orders uploads by when the validator first saw them (:func:`watch`: while the uploads are open
+it looks every half second at the peers it has not seen yet); uploads first seen in the same round, or first at
+the look, are "seen together" and proof of computation decides.  The watch never rejects anything.
+docs/scoring.md ("Upload times the peer cannot forge") records the rule and the measured lateness of the look.
 """
 from __future__ import annotations
 
@@ -40,6 +42,7 @@ log = logging.getLogger("dso.look")
 LOOK_MARGIN_SECONDS = 0.25  # clock skew between the validator and the peers' servers the look allows for
 LOOK_SECONDS = 2.0          # the look's budget (HEADs only); a peer not answered by then is undecided
 LOOK_PEER_SECONDS = 1.5     # each HEAD's own deadline (a stalling server holds one worker this long)
+WATCH_INTERVAL_SECONDS = 0.5  # while uploads are open, peers not seen yet are looked at this often
 
 
 def certain_after(close: float, margin: float = LOOK_MARGIN_SECONDS) -> float:
@@ -70,6 +73,13 @@ class Look:
     seen: dict[int, Seen] = field(default_factory=dict)
     absent: dict[int, float] = field(default_factory=dict)
     unanswered: set[int] = field(default_factory=set)
+    first: dict[int, Seen] = field(default_factory=dict)  # from :func:`watch`: first sight while uploads were open
+
+    def seen_at(self, uid: int, etag: str) -> float:
+        """When the validator first saw this content: the watch round that found it, if the watch saw these very
+        bytes (same ETag), else the look (everything first seen at the look is seen together)."""
+        first = self.first.get(uid)
+        return first.asked if first is not None and first.etag and first.etag == etag else self.started
 
     def judge(self, uid: int, outcome: Payload | Rejection) -> Payload | Rejection:
         """A payload read after the look, against the look (module doc)."""
@@ -83,7 +93,7 @@ class Look:
         if seen is None and asked is not None and asked >= self.certain:
             return Rejection(Reason.TOO_LATE, f"absent when the validator looked {asked - self.close:.2f} s after "
                                               "the uploads closed")
-        outcome.seen = self.started  # seen (or undecided) at the look: seen together
+        outcome.seen = self.seen_at(uid, outcome.etag)
         return outcome
 
     def summary(self) -> dict[str, Any]:
@@ -92,7 +102,30 @@ class Look:
         return {"started_after_close": round(self.started - self.close, 3),
                 "behind_schedule": round(self.started - self.certain, 3),  # how late the validator began it
                 "last_answer_after_close": round(max(answers) - self.close, 3) if answers else None,
-                "seen": len(self.seen), "absent": len(self.absent), "unanswered": len(self.unanswered)}
+                "seen": len(self.seen), "absent": len(self.absent), "unanswered": len(self.unanswered),
+                "watched": len(self.first)}
+
+
+def watch(window: int, peers: dict[int, BucketInfo | str | None], expect: Expect, until: float, *,
+          interval: float = WATCH_INTERVAL_SECONDS, readers: ReaderCache | None = None,
+          key_for: Callable[[int], str] | None = None, stop: Callable[[], bool] | None = None) -> dict[int, Seen]:
+    """While the uploads are open (until ``until``), look every ``interval`` seconds at the peers not seen yet:
+    uid → :class:`Seen` with ``asked`` = the start of the round that first found the object.  It only orders
+    uploads for the copy tie-break (an author is seen a round before anyone who copied it) and never rejects;
+    a peer seen once is not asked again — the look at the close catches content changed since, whose time is
+    then the look's."""
+    first: dict[int, Seen] = {}
+    while (begun := time.time()) < until and not (stop is not None and stop()):
+        budget = max(0.1, min(interval, until - begun))
+        unseen = {u: info for u, info in peers.items() if u not in first}
+        if not unseen:
+            break
+        found = look(window, unseen, expect, until, budget=budget, peer_seconds=budget, readers=readers,
+                     key_for=key_for)
+        for uid, seen in found.seen.items():
+            first[uid] = Seen(seen.etag, seen.size, found.started, seen.answered)
+        time.sleep(max(0.0, min(begun + interval, until) - time.time()))
+    return first
 
 
 def look(window: int, peers: dict[int, BucketInfo | str | None], expect: Expect, close: float, *,

@@ -96,3 +96,39 @@ def test_look_then_gather_on_a_real_server(s3, codec, make_update, hp):
     assert sorted(result.payloads) == [0, 1, 4]
     assert {u: r.reason for u, r in result.rejections.items()} == {2: Reason.CHANGED, 3: Reason.TOO_LATE}
     assert {p.seen for p in result.payloads.values()} == {found.started}   # seen together: no order among them
+
+
+def test_watch_orders_uploads_by_first_sight_and_a_rewrite_loses_its_place(s3, codec, make_update, hp):
+    """While uploads are open the validator looks every interval at peers it has not seen: an author uploaded
+    before a copier is first seen a round earlier, whatever either server reports; an object rewritten after it
+    was first seen takes the look's time (a copier cannot hold an early place with a placeholder)."""
+    import threading
+
+    from storage.look import watch
+
+    creds = {uid: s3.provision(f"watch{uid}") for uid in range(3)}
+    v = hp.protocol_version
+    data = {uid: honest(codec, make_update(500 + uid), hp, uid, WINDOW) for uid in range(3)}
+
+    def put(uid: int, body: bytes) -> None:
+        creds[uid].write_client().put(creds[uid].bucket, keys.gradient(WINDOW, uid, v), body)
+
+    put(0, data[0])          # the author, before the watch begins
+    put(2, data[2])          # a placeholder, rewritten below
+    commitments = {uid: c.commitment() for uid, c in creds.items()}
+    readers = ReaderCache(timeout=20, allow_loopback=True)
+    expect = Expect.from_hparams(hp, WINDOW)
+    timer = threading.Timer(0.8, lambda: (put(1, data[1]), put(2, honest(codec, make_update(777), hp, 2, WINDOW))))
+    timer.start()
+    first = watch(WINDOW, commitments, expect, time.time() + 2.0, interval=0.3, readers=readers)
+    timer.join()
+    assert sorted(first) == [0, 1, 2] and first[0].asked < first[1].asked
+    found = look(WINDOW, commitments, expect, time.time() - 2.0, readers=readers)
+    found.first = first
+    result = gather(WINDOW, commitments, codec, expect, None, deadline_seconds=60, readers=readers, judge=found.judge)
+    assert sorted(result.payloads) == [0, 1, 2], result.rejections
+    seen = {u: p.seen for u, p in result.payloads.items()}
+    assert seen[0] == first[0].asked < seen[1] == first[1].asked < found.started
+    # uid 2 was first seen in the first round, but with the placeholder's ETag: its time is the look's
+    assert first[2].asked == first[0].asked and seen[2] == found.started
+    assert found.summary()["watched"] == 3
