@@ -42,7 +42,7 @@ from dso.provenance import make_record
 from dso.rejections import Rejection
 from dso.robust import AggregationInfo, decoded_rows
 from dso.train import learning_rate
-from scoring.copies import assigned_gains, find_copies
+from scoring.copies import assigned_gains, find_copies, thresholds_for
 from scoring.evaluation import ParameterSnapshot
 from scoring.state import ValidatorState
 from scoring.window import WindowReport, score_window
@@ -140,7 +140,8 @@ def run_window(state: ValidatorState, model: torch.nn.Module, codec: Codec, data
         rejections = dict(inputs.rejections)
         gains = assigned_gains(model, codec, dataset, hp, t, step, updates)
         rejections.update(find_copies(codec, updates, seen_times(payloads), gains,
-                                      _previous_update(codec, inputs.previous_aggregate, t), t, device=device))
+                                      _previous_update(codec, inputs.previous_aggregate, t), t,
+                                      thresholds_for(hp.inner.mode), device=device))
         # 3. score window t at θ_t
         scored = {u: (p.update, p.sync_values) for u, p in payloads.items() if u not in rejections}
         report = score_window(state, model, codec, dataset, hp, t, scored, rejections, inputs.active,

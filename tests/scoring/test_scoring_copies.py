@@ -107,3 +107,14 @@ def test_honest_updates_are_left_alone_and_thresholds_move_the_line():
     assert find_copies(codec, honest, {u: 0.0 for u in honest}, lambda *a: {}, previous) == {}
     lax = NearCopyThresholds(pair=-1.0)
     assert len(find_copies(codec, honest, {u: 0.0 for u in honest}, lambda *a: {}, None, thresholds=lax)) == 2
+
+
+def test_a_mix_is_caught_from_a_lower_cosine_under_inner_steps():
+    """Under inner steps honest mixes stay far below paper mode's (docs/scoring.md): only *mix* changes."""
+    from dataclasses import replace
+
+    from scoring.copies import DEFAULT_THRESHOLDS, thresholds_for
+
+    steps, gradient = thresholds_for("steps"), thresholds_for("gradient")
+    assert gradient == DEFAULT_THRESHOLDS and steps.mix < gradient.mix
+    assert replace(steps, mix=gradient.mix) == gradient

@@ -62,3 +62,32 @@ def test_a_forged_last_modified_cannot_get_the_author_rejected(records):
     # its LastModified claims 3 s before everyone's; the validator saw them together, so PoC decides, and the
     # author keeps its update in most windows (against three copies at once; trusting LastModified: in none)
     assert caught >= 0.7 * len(records) and kept >= 0.5 * len(records), (caught, kept)
+
+
+@pytest.fixture(scope="module")
+def steps_records(stdlib_corpus, tmp_path_factory):
+    """The default training (inner steps, 2-bit values) on the local-network tests' model."""
+    from dso.config import HParams, ModelConfig
+
+    hp = HParams(tokenizer="bytes",
+                 model=ModelConfig(vocab_size=256, d_model=64, n_layers=2, n_heads=2, ffn_hidden=128, seq_len=32))
+    hp.batch_size, hp.assigned_sequences, hp.micro_batch, hp.chunk, hp.topk = 8, 8, 8, 32, 16
+    hp.eval_sequences, hp.eval_peers, hp.learning_rate, hp.warmup_windows = 8, 3, 5e-3, 0
+    hp.inner.steps_max, hp.inner.warmup_steps = 1, 0
+    ds = Dataset.from_config(str(stdlib_corpus), str(tmp_path_factory.mktemp("cache")), 32, hp.seed, 0.02)
+    return SimNet(hp, ds, STEPS_ROLES).run(STEPS_WINDOWS)
+
+
+STEPS_ROLES = ["honest"] * 6 + ["mixer"]
+STEPS_WINDOWS = 10
+
+
+def test_under_inner_steps_the_mixer_is_caught_and_no_honest_peer_is(steps_records):
+    """With *mix* = 0.9 this mixer (recompressed cosine 0.867–0.939) went uncaught in most windows; honest peers'
+    own best mixes stay below 0.65 (docs/scoring.md)."""
+    mixer = STEPS_ROLES.index("mixer") + 1
+    caught = sum(r.rejections.get(mixer) == "duplicate" for r in steps_records)
+    assert caught >= STEPS_WINDOWS - 1, [r.rejections for r in steps_records]
+    honest_flagged = [(r.window, u) for r in steps_records for u, why in r.rejections.items()
+                      if u != mixer and why == "duplicate"]
+    assert not honest_flagged
