@@ -254,10 +254,10 @@ class Validator:
         line = self.window_line(t, outcome, val_loss, started, timings)
         line["val_bits_per_byte"] = bits_per_byte(val_loss, self.val_tokens, self.val_bytes)
         line["leading"] = self.leading()
-        line["look"] = looked.summary() if looked is not None else None  # how late the look ran (docs/scoring.md)
         line.update(bytes_up=ctx.own.client.bytes_up - sent,  # S3 traffic and per-peer gather time: for the metrics
                     bytes_down=ctx.own.client.bytes_down - received + got.bytes_down,
                     gather_seconds={str(u): round(s, 4) for u, s in self.gather_seconds.items()})
+        line["look"] = looked.summary() if looked is not None else None  # how late the look ran (docs/scoring.md)
         ctx.events.emit(line)
         log.info("window %d  val_loss %.4f (%.3f bits/byte)  aggregated %d  evaluated %s  rejected %s  %.1fs", t,
                  val_loss, line["val_bits_per_byte"],
