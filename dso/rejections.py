@@ -16,7 +16,8 @@ class Reason(str, Enum):
     UNREACHABLE = "unreachable"          # bucket unreadable: bad credentials, access denied, network error
     TIMEOUT = "timeout"                  # download did not finish before the per-peer deadline
     TOO_EARLY = "too_early"              # LastModified before the put window opened
-    TOO_LATE = "too_late"                # LastModified after the put window closed
+    TOO_LATE = "too_late"                # absent at the validator's look after the close, or LastModified after it
+    CHANGED = "changed"                  # the object read differs from the one the look saw at the close
     TOO_LARGE = "too_large"              # HEAD size above the cap
     MALFORMED = "malformed"              # not a safetensors file / bad header / bad JSON
     BAD_KEYS = "bad_keys"                # missing or extra tensors
@@ -38,7 +39,7 @@ class Reason(str, Enum):
 
 CATEGORY = {
     Reason.MISSING: "missing", Reason.UNREACHABLE: "missing", Reason.TIMEOUT: "missing",
-    Reason.TOO_EARLY: "timing", Reason.TOO_LATE: "timing",
+    Reason.TOO_EARLY: "timing", Reason.TOO_LATE: "timing", Reason.CHANGED: "timing",
     Reason.OUT_OF_SYNC: "sync",
     Reason.NO_COMMIT: "commit", Reason.NO_REVEAL: "commit", Reason.REVEAL_MISMATCH: "commit",
     Reason.DUPLICATE: "commit", Reason.DP_BUDGET: "missing",

@@ -18,8 +18,9 @@ Order within a window:
    slower rest, since every other node waits for it.  A validator that does not
    lead aggregates the leader's bundle instead of its own view
    (``WindowInputs.bundle``), so every node holds the same θ_{t+1};
-2. copy detection at θ_t (identical update contents; the earliest upload or,
-   tied, proof of computation keeps it);
+2. copy detection at θ_t (identical or near-identical contents, mixes of peers, copies of the
+   previous aggregate; the upload the validator saw first or, seen together, proof of computation
+   keeps it — scoring/copies.py);
 3. scoring at θ_t (fast checks, primary evaluation with the outer rule's
    evaluation step, ratings, weights, next list);
 4. contributions (ZIP-400) of every update read, and the provenance record.
@@ -41,7 +42,7 @@ from dso.provenance import make_record
 from dso.rejections import Rejection
 from dso.robust import AggregationInfo, decoded_rows
 from dso.train import learning_rate
-from scoring.copies import assigned_gains, find_copies
+from scoring.copies import assigned_gains, find_copies, thresholds_for
 from scoring.evaluation import ParameterSnapshot
 from scoring.state import ValidatorState
 from scoring.window import WindowReport, score_window
@@ -62,6 +63,7 @@ class WindowInputs:
     randomness: bytes                      # the window's chain randomness (sync positions)
     eval_seed: bytes                       # chain randomness after the uploads closed: draws F_t and S_t
     bundle: Mapping[int, Payload] | None = None  # the leader's payloads to aggregate, when not leading
+    previous_aggregate: Mapping[str, torch.Tensor] | None = None  # window t−1's Δ (public): copying it is a copy
 
 
 @dataclass
@@ -136,9 +138,10 @@ def run_window(state: ValidatorState, model: torch.nn.Module, codec: Codec, data
     try:
         # 2. copies, at θ_t
         rejections = dict(inputs.rejections)
-        times = {u: p.last_modified if p.last_modified is not None else float("inf") for u, p in payloads.items()}
         gains = assigned_gains(model, codec, dataset, hp, t, step, updates)
-        rejections.update(find_copies(codec, updates, times, gains))
+        rejections.update(find_copies(codec, updates, seen_times(payloads), gains,
+                                      _previous_update(codec, inputs.previous_aggregate, t), t,
+                                      thresholds_for(hp.inner.mode), device=device))
         # 3. score window t at θ_t
         scored = {u: (p.update, p.sync_values) for u, p in payloads.items() if u not in rejections}
         report = score_window(state, model, codec, dataset, hp, t, scored, rejections, inputs.active,
@@ -156,6 +159,19 @@ def run_window(state: ValidatorState, model: torch.nn.Module, codec: Codec, data
                            "contribution": contributions[u].score} for u in aggregation.used],
                          ledger_prev_hash, validator, extra={"rule": aggregation.info.rule})
     return WindowOutcome(aggregation, report, rejections, contributions, record)
+
+
+def seen_times(payloads: Mapping[int, Payload]) -> dict[int, float]:
+    """When the validator itself first saw each payload (``Payload.seen``): the copy tie-break's order.  Never
+    the peer's own LastModified, which a peer serving its own bucket can forge; not observed = seen together."""
+    return {u: p.seen if p.seen is not None else 0.0 for u, p in payloads.items()}
+
+
+def _previous_update(codec: Codec, delta: Mapping[str, torch.Tensor] | None, window: int):
+    """The previous aggregate as a copier would upload it: compressed by the run's codec."""
+    if not delta or set(delta) != set(codec.shapes):
+        return None
+    return codec.compress({n: delta[n].detach().float().cpu() for n in codec.shapes}, window)
 
 
 def _contributions(codec: Codec, updates: Mapping[int, object], delta: Mapping[str, torch.Tensor],

@@ -51,6 +51,7 @@ from storage.cleanup import cleanup
 from storage.client import StorageError
 from storage.gather import GatherResult
 from storage.jsonobj import put_json
+from storage.look import LOOK_SECONDS, Look, Seen, certain_after, look, watch
 from storage.peers import PeersList, put_peers
 from storage.reveal import gather_window
 from storage.wire import Expect, Payload
@@ -91,6 +92,8 @@ class Validator:
         mine = ctx.chain.weights().get(ctx.uid, {})
         self.last_row: dict[int, float] = {u: w for u, w in mine.items() if u != ctx.uid and w > 0}
         self.gather_seconds: dict[int, float] = {}  # uid → seconds the last gather spent on it (for the metrics)
+        self.look: Look | None = None  # what the last look at the close of the uploads saw (storage/look.py)
+        self.previous_delta: dict | None = None       # the last aggregate Δ (a replay of it is a copy)
 
     # ----------------------------------------------------------------- loop
     def leading(self, window: int | None = None) -> bool:
@@ -104,8 +107,12 @@ class Validator:
         done = 0
         while not ctx.stop():
             t = self.book.model_window
-            if not ctx.clock.sleep_until(ctx.clock.uploads_close(t, ctx.hp.commit_reveal) + GATHER_SETTLE_SECONDS,
-                                         ctx.stop):
+            close = ctx.clock.uploads_close(t, ctx.hp.commit_reveal)
+            first = self.watch_uploads(t, close)
+            if not ctx.clock.sleep_until(certain_after(close), ctx.stop):
+                break
+            self.look = self.look_at_close(t, close, first)
+            if not ctx.clock.sleep_until(close + GATHER_SETTLE_SECONDS, ctx.stop):
                 break
             try:
                 self.process(t)
@@ -160,6 +167,34 @@ class Validator:
         return t >= self.ctx.clock.current_window() - CAUGHT_UP_WINDOWS
 
     # -------------------------------------------------------------- window
+    def watch_uploads(self, t: int, close: float) -> dict[int, Seen]:
+        """While window t's uploads are open, when the validator first saw each (storage/look.py ``watch``): the
+        copy tie-break's order.  Nothing when the validator is busy past the close."""
+        ctx = self.ctx
+        if not ctx.clock.sleep_until(close - ctx.clock.put_window_seconds, ctx.stop) or time.time() >= close:
+            return {}
+        commitments = ctx.peers.commitments()
+        peers = {u: commitments.get(u) for u in ctx.peers.miners()}
+        return watch(t, peers, Expect.from_hparams(ctx.hp, t, run=ctx.run), close, readers=ctx.readers,
+                     stop=ctx.stop)
+
+    def look_at_close(self, t: int, close: float, first: dict[int, Seen] | None = None) -> Look | None:
+        """Look at every miner's upload once the uploads of window t closed (the put window; the reveal window
+        under commit-reveal): an upload certainly absent then is late whatever LastModified its server reports
+        (storage/look.py, docs/scoring.md).  None (LastModified alone) when replaying a window long closed."""
+        ctx = self.ctx
+        if time.time() > certain_after(close) + ctx.clock.put_window_seconds:
+            return None
+        commitments = ctx.peers.commitments()
+        peers = {u: commitments.get(u) for u in ctx.peers.miners()}
+        # ends by a second past the usual gather start (a stalling server cannot delay the window more than that)
+        budget = max(0.5, min(LOOK_SECONDS, close + GATHER_SETTLE_SECONDS + 1.0 - time.time()))
+        found = look(t, peers, Expect.from_hparams(ctx.hp, t, run=ctx.run), close, budget=budget, readers=ctx.readers)
+        found.first = dict(first or {})
+        log.info("window %d: looked at the uploads %.2f s after they closed: %s", t, found.started - close,
+                 found.summary())
+        return found
+
     def gather(self, t: int, peers: list[int]) -> GatherResult:
         """Window t's payloads of ``peers``, under the run's upload rules (plain or commit-reveal)."""
         ctx = self.ctx
@@ -169,7 +204,8 @@ class Validator:
                              Expect.from_hparams(ctx.hp, t, run=ctx.run, data_hash=ctx.dataset.data_hash),
                              ctx.clock.put_window(t), ctx.cfg.storage.gather_deadline_seconds,
                              commit_reveal=ctx.hp.commit_reveal, readers=ctx.readers,
-                             priority=self.scores.standing(), peer_seconds=self.gather_seconds)
+                             priority=self.scores.standing(), peer_seconds=self.gather_seconds,
+                             judge=self.look.judge if self.look is not None else None)
 
     def leader_bundle(self, t: int) -> dict[int, Payload] | None:
         """What a validator that does not lead aggregates: the leader's bundle (None when leading, or when
@@ -203,12 +239,14 @@ class Validator:
         timings["gather"] = round(time.perf_counter() - mark, 3)
         eval_seed = ctx.clock.eval_randomness(t, ctx.hp.commit_reveal, ctx.stop)  # who is evaluated (issue 17)
         inputs = WindowInputs(t, got.payloads, got.rejections, active, self.book.lists.get(t, []),
-                              ctx.clock.window_randomness(t), eval_seed, bundle=self.leader_bundle(t))
+                              ctx.clock.window_randomness(t), eval_seed, bundle=self.leader_bundle(t),
+                              previous_aggregate=self.previous_delta)
         outcome = run_window(self.scores, ctx.model, ctx.codec, ctx.dataset, ctx.hp, inputs, outer=ctx.outer,
                              ledger_prev_hash=self.book.ledger_hash, validator=ctx.hotkey, device=ctx.device,
                              on_aggregate=self.publish_aggregate)
         timings["engine"] = round(time.perf_counter() - mark - timings["gather"], 3)
         self.book.ledger_hash = record_hash(outcome.record)
+        looked, self.previous_delta, self.look = self.look, outcome.aggregation.delta, None
         self.book.lists = announce_list(self.book.lists, t, outcome.report.top_g)
         self.book.model_window = t + 1
         self.publish_window(t, outcome, t + LIST_LEAD)
@@ -220,6 +258,7 @@ class Validator:
         line.update(bytes_up=ctx.own.client.bytes_up - sent,  # S3 traffic and per-peer gather time: for the metrics
                     bytes_down=ctx.own.client.bytes_down - received + got.bytes_down,
                     gather_seconds={str(u): round(s, 4) for u, s in self.gather_seconds.items()})
+        line["look"] = looked.summary() if looked is not None else None  # how late the look ran (docs/scoring.md)
         ctx.events.emit(line)
         log.info("window %d  val_loss %.4f (%.3f bits/byte)  aggregated %d  evaluated %s  rejected %s  %.1fs", t,
                  val_loss, line["val_bits_per_byte"],

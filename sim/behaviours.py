@@ -24,6 +24,12 @@ knows none of this; sim/miner.py and sim/simulator.py apply these plans.
 | alie | "a little is enough": mean − z·std of the honest updates it can read |
 | ipm | inner-product manipulation: −ε · mean of the honest updates it can read |
 | gamer | trains only in windows where it expects to be evaluated, uploads zeros otherwise (issue 17) |
+| noisycopy | re-uploads another miner's update with noise added (issue 17: a near-copy) |
+| mixer | uploads the mean of two other miners' updates (issue 17) |
+| scaledcopy | re-uploads another miner's update ×0.9 (issue 17) |
+| replayer | uploads the previous window's public aggregate as its own update (issue 17) |
+| backdater | a copier that serves a forged, earlier LastModified from its own S3 server (issue 17) |
+| hider | uploads after the put window closed and serves a forged LastModified inside it (issue 17) |
 
 The ``gamer`` needs foresight of the evaluation schedule.  In the simulator it gets the most a miner could
 know (sim/foresight.py: the validator's whole state, everything but randomness that does not exist yet at
@@ -44,7 +50,9 @@ from dso.codecs import Codec, Update
 from storage.tensorfile import load_arrays, read_header
 
 BEHAVIOURS = ("honest", "diligent", "freerider", "absent", "noise", "scaler", "signflip", "copier", "sybil",
-              "desync", "late", "malformed", "alie", "ipm", "gamer")
+              "desync", "late", "malformed", "alie", "ipm", "gamer", "noisycopy", "mixer", "scaledcopy", "replayer",
+              "backdater", "hider")
+COPIERS = ("copier", "noisycopy", "mixer", "scaledcopy", "backdater")  # build their update from others' uploads
 GOOD = ("honest", "diligent")
 
 ALIE_Z = 1.0        # std multiples subtracted by ALIE
@@ -54,6 +62,9 @@ LATE_BY = 1.1       # `late` uploads (commits, under commit-reveal) this long af
 DESYNC_EVERY, DESYNC_LENGTH = 8, 3   # desync skips aggregates for 3 windows out of every 8
 GAMER_PERIOD = 5     # without foresight, the gamer trains one window in 5 (30 peers, 6 evaluated per window)
 GAMER_THRESHOLD = 0.5  # with foresight, it trains when its chance of being evaluated is at least this
+COPY_NOISE = 0.3     # noisycopy: noise of this RMS relative to each tensor's RMS in the copied update
+COPY_SCALE = 0.9     # scaledcopy's factor
+BACKDATE_BY = 3.0    # backdater/hider: seconds its forged LastModified claims before the true time
 
 
 @dataclass(frozen=True)
@@ -83,9 +94,11 @@ def plan(behaviour: str, window: int) -> Plan:
         return Plan(train=False, upload=False)
     if behaviour in ("freerider", "noise", "malformed"):
         return Plan(train=False)
-    if behaviour in ("copier", "alie", "ipm"):
+    if behaviour in COPIERS + ("alie", "ipm"):
         return Plan(train=False, reads_peers=True)
-    if behaviour == "late":
+    if behaviour == "replayer":
+        return Plan(train=False)
+    if behaviour in ("late", "hider"):
         return Plan(late=True)
     if behaviour == "desync":
         return Plan(apply_aggregate=window % DESYNC_EVERY >= DESYNC_LENGTH)
@@ -131,10 +144,38 @@ def ipm(codec: Codec, window: int, others: list[Update], epsilon: float = IPM_EP
     return codec.compress({n: -epsilon * torch.stack([d[n] for d in dense]).mean(0) for n in codec.shapes}, window)
 
 
+def noisy_copy(codec: Codec, window: int, update: Update, generator: torch.Generator,
+               relative: float = COPY_NOISE) -> Update:
+    """``update`` plus Gaussian noise of ``relative`` × each tensor's RMS, compressed again."""
+    out = {}
+    for n, t in codec.decompress(update).items():
+        rms = t.float().pow(2).mean().sqrt()
+        out[n] = t + relative * rms * torch.randn(t.shape, generator=generator)
+    return codec.compress(out, window)
+
+
+def mix(codec: Codec, window: int, a: Update, b: Update) -> Update:
+    """The mean of two updates, each normalised per tensor first (as the aggregation normalises them)."""
+    da, db = codec.decompress(a), codec.decompress(b)
+    out = {}
+    for n in codec.shapes:
+        na, nb = da[n].norm().clamp_min(1e-12), db[n].norm().clamp_min(1e-12)
+        out[n] = 0.5 * (da[n] / na + db[n] / nb) * 0.5 * (na + nb)
+    return codec.compress(out, window)
+
+
+def replay(codec: Codec, window: int, previous: dict[str, torch.Tensor] | None) -> Update | None:
+    """The previous window's aggregate Δ, compressed as the replayer's own update."""
+    if previous is None:
+        return None
+    return codec.compress({n: previous[n].detach().float().cpu() for n in codec.shapes}, window)
+
+
 def transform(behaviour: str, codec: Codec, own: Update | None, window: int, generator: torch.Generator,
-              others: list[Update] | None = None) -> Update | None:
+              others: list[Update] | None = None, previous: dict[str, torch.Tensor] | None = None) -> Update | None:
     """The update this behaviour uploads (None = nothing to upload this window)."""
-    if behaviour in ("honest", "diligent", "late", "desync", "sybil"):
+    others = others or []
+    if behaviour in ("honest", "diligent", "late", "desync", "sybil", "hider"):
         return own
     if behaviour == "gamer":
         return zeros(codec, window) if own is None else own
@@ -147,11 +188,19 @@ def transform(behaviour: str, codec: Codec, own: Update | None, window: int, gen
     if behaviour == "signflip":
         return None if own is None else scaled(codec, window, own, -1.0)
     if behaviour == "alie":
-        return alie(codec, window, others or [])
+        return alie(codec, window, others)
     if behaviour == "ipm":
-        return ipm(codec, window, others or [])
-    if behaviour == "copier":
+        return ipm(codec, window, others)
+    if behaviour in ("copier", "backdater"):
         return others[0] if others else None
+    if behaviour == "noisycopy":
+        return noisy_copy(codec, window, others[0], generator) if others else None
+    if behaviour == "scaledcopy":
+        return scaled(codec, window, others[0], COPY_SCALE) if others else None
+    if behaviour == "mixer":
+        return mix(codec, window, others[0], others[1]) if len(others) >= 2 else None
+    if behaviour == "replayer":
+        return replay(codec, window, previous)
     if behaviour == "absent":
         return None
     raise ValueError(f"behaviour {behaviour!r} has no update transform")  # malformed works on bytes

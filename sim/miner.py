@@ -20,6 +20,7 @@ import torch
 from dso.clock import PutWindow, reveal_time, reveal_window_after
 from dso.codec import CompressedUpdate
 from dso.commit import new_nonce
+from dso.outer import aggregate
 from dso.config_sources import build_parser, parse_args
 from dso.rejections import Rejection
 from neurons import reveal
@@ -27,6 +28,7 @@ from neurons.context import build_context
 from neurons.lifecycle import Fatal, run_main
 from neurons.miner import UPLOAD_MARGIN, Miner
 from sim import behaviours
+from storage.aggregate import Bundle
 from storage.gather import gather
 from storage.reveal import seal
 from storage.wire import Expect, Payload, decode_payload, encode_payload
@@ -123,8 +125,9 @@ class AdversarialMiner(Miner):
         if self.behaviour == "malformed":
             update = behaviours.zeros(ctx.codec, t)
         else:
+            previous = self.previous_aggregate(t) if self.behaviour == "replayer" else None
             update = behaviours.transform(self.behaviour, ctx.codec, own, t, self.noise_gen,
-                                          [p.update for p in others])
+                                          [p.update for p in others], previous)
         if self.behaviour == "copier" and others:
             sync = others[0].sync_values  # a careful copier copies the victim's sync samples as well
         if self.behaviour == "sybil":
@@ -144,6 +147,14 @@ class AdversarialMiner(Miner):
         self.follower.bytes += result.bytes_down
         log.info("window %d: %s read %d updates of others", t, self.behaviour, len(result.payloads))
         return [result.payloads[u] for u in sorted(result.payloads)]
+
+    def previous_aggregate(self, t: int) -> dict[str, torch.Tensor] | None:
+        """Window t−1's aggregate Δ, recomputed from the leader's public bundle (what the replayer uploads)."""
+        got = self.follower.bundle(t - 1, time.time())
+        if not isinstance(got, Bundle):
+            return None
+        used = [u for u in got.uids if u in got.payloads]
+        return aggregate(self.ctx.codec, [got.payloads[u].update for u in used], self.ctx.hp, used).delta
 
     def sybil_update(self, t: int, update: CompressedUpdate | None, sync: torch.Tensor,
                      until: float) -> CompressedUpdate | None:

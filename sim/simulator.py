@@ -151,6 +151,10 @@ class SimNet:
         """The chain randomness of a block after window t's uploads closed (draws F_t and S_t)."""
         return hashlib.sha256(f"chain-eval-randomness/{self.hp.seed}/{t}".encode()).digest()
 
+    def previous_aggregate(self) -> dict[str, torch.Tensor] | None:
+        """The previous window's Δ: public (anyone can recompute it from the bundle)."""
+        return None if self.last_outcome is None else self.last_outcome.aggregation.delta
+
     def plan(self, peer: SimPeer, t: int) -> behaviours.Plan:
         """What the peer does in window t; the gamer decides from what it can foresee of the schedule."""
         if peer.behaviour == "gamer":
@@ -183,8 +187,11 @@ class SimNet:
                 rejections[peer.uid] = outcome
             else:
                 updates[peer.uid] = outcome
-        # copies land in the same second as their source: the worst case for copy detection
-        payloads = {u: Payload(PayloadMeta(u, t, hp.protocol_version, hp.digest()), update, sync[u], 0, 0.0)
+        # copies land in the same second as their source: the worst case for copy detection.  Every payload is
+        # seen by the validator in its one look at the close of the put window (seen = 0.0); a backdater serves
+        # a forged, earlier LastModified, which nothing may trust
+        payloads = {u: Payload(PayloadMeta(u, t, hp.protocol_version, hp.digest()), update, sync[u], 0,
+                               -behaviours.BACKDATE_BY if self.roles[u - 1] == "backdater" else 0.0, seen=0.0)
                     for u, update in updates.items()}
         return payloads, rejections
 
@@ -199,13 +206,18 @@ class SimNet:
         if b == "late":
             return Rejection(Reason.NO_COMMIT, "commitment after the put window") if hp.commit_reveal else \
                 Rejection(Reason.TOO_LATE, "uploaded after the put window")
+        if b == "hider" and not hp.commit_reveal:  # its forged LastModified says in time; the look found nothing
+            return Rejection(Reason.TOO_LATE, "absent when the validator looked after the close")
+        # under commit-reveal the look is at the reveal deadline, and a late commitment with a forged time passes
+        # (docs/scoring.md, "Commit-reveal"): the hider's reveal is on time, so it counts like an honest upload
         if hp.commit_reveal and plan.reads_peers:
             return Rejection(Reason.REVEAL_MISMATCH, "committed blind, revealed a copy")
         if b == "malformed":
             return Rejection(MALFORMED[t % len(MALFORMED)], "simulated broken payload")
         if b == "sybil" and sybil_update is not None:
             return sybil_update
-        update = behaviours.transform(b, self.codec, own.get(peer.uid), t, self.noise, honest)
+        update = behaviours.transform(b, self.codec, own.get(peer.uid), t, self.noise, honest,
+                                      self.previous_aggregate())
         return Rejection(Reason.MISSING, "nothing to upload") if update is None else update
 
     def step(self, t: int) -> WindowRecord:
@@ -218,7 +230,7 @@ class SimNet:
         """The validator's window over these uploads (the engine), then every peer follows the network."""
         started, hp = time.perf_counter() if started is None else started, self.hp
         inputs = WindowInputs(t, payloads, rejections, self.active, self.lists.get(t, []), self.randomness(t),
-                              self.eval_seed(t))
+                              self.eval_seed(t), previous_aggregate=self.previous_aggregate())
         outcome = run_window(self.state, self.model, self.codec, self.dataset, hp, inputs, outer=self.outer,
                              ledger_prev_hash=self.ledger_hash, validator="simulator", device=self.device)
         self.ledger_hash = outcome.record["record_hash"]

@@ -120,6 +120,8 @@ _DECODE_SLOTS = threading.BoundedSemaphore(1)
 
 # one peer's fetch: (client, bucket, key, codec, expect, put window, deadline) -> (outcome, bytes downloaded)
 Fetch = Callable[[PeerClient, str, str, Codec, Expect, PutWindow | None, float], tuple[Payload | Rejection, int]]
+# a last say on one peer's outcome: (uid, outcome) -> outcome
+Judge = Callable[[int, Payload | Rejection], Payload | Rejection]
 
 
 def check_time(put_window: PutWindow | None, last_modified: float) -> Rejection | None:
@@ -159,11 +161,11 @@ def fetch_payload(client: PeerClient, bucket: str, key: str, codec: Codec, expec
     with _DECODE_SLOTS:
         result = decode_payload(data, codec, expect)
     if isinstance(result, Payload):
-        result.last_modified = info.last_modified
+        result.last_modified, result.etag = info.last_modified, info.etag
     return result, got
 
 
-def _host(info: BucketInfo) -> tuple[str, str, int | None]:
+def host_of(info: BucketInfo) -> tuple[str, str, int | None]:
     parts = urlsplit(info.endpoint)
     return parts.scheme, (parts.hostname or "").lower(), parts.port
 
@@ -171,14 +173,16 @@ def _host(info: BucketInfo) -> tuple[str, str, int | None]:
 def gather(window: int, peers: dict[int, BucketInfo | str | None], codec: Codec, expect: Expect,
            put_window: PutWindow | None, deadline_seconds: float, max_workers: int | None = None,
            readers: ReaderCache | None = None, fetch: Fetch | None = None, *, priority: Sequence[int] | None = None,
-           max_per_host: int | None = None, min_peer_seconds: float = MIN_PEER_SECONDS) -> GatherResult:
+           max_per_host: int | None = None, min_peer_seconds: float = MIN_PEER_SECONDS,
+           judge: Judge | None = None) -> GatherResult:
     """Gather window ``window``'s payloads of ``peers`` (uid → BucketInfo, or the raw commitment string,
     or None when the peer has no commitment).  ``put_window=None`` skips the timing check.  ``fetch``
     replaces :func:`fetch_payload` per peer (same signature; commit-reveal uses storage.reveal's).
 
     ``priority``: uids to start first, in this order (the validator passes its peers by last-window
     standing); ``max_per_host``: requests at once per endpoint host; ``min_peer_seconds``: the least
-    time a started peer is given (see :func:`storage.schedule.peer_share`)."""
+    time a started peer is given (see :func:`storage.schedule.peer_share`); ``judge(uid, outcome)``: a last say on
+    each peer's outcome (the validator's look at the close, :meth:`storage.look.Look.judge`)."""
     if expect.window != window:
         raise ValueError(f"expect.window={expect.window} but gathering window {window}")
     started = time.monotonic()
@@ -197,7 +201,7 @@ def gather(window: int, peers: dict[int, BucketInfo | str | None], codec: Codec,
         elif (refused := readers.refusal(info)) is not None:
             result.rejections[uid] = refused
         else:
-            jobs.append(Job(uid, _host(info), info))
+            jobs.append(Job(uid, host_of(info), info))
     n_workers = max(1, min(len(jobs), max_workers or DEFAULT_WORKERS))
     schedule = FairSchedule(jobs, n_workers, deadline, max_per_host or DEFAULT_PER_HOST, min_peer_seconds)
     done: dict[int, tuple[Payload | Rejection, int]] = {}
@@ -212,6 +216,8 @@ def gather(window: int, peers: dict[int, BucketInfo | str | None], codec: Codec,
                 key = keys.gradient(window, job.uid, expect.protocol_version, expect.run)
                 outcome = fetch(client, job.payload.bucket, key, codec, expect.for_uid(job.uid), put_window,
                                 peer_deadline)
+                if judge is not None:
+                    outcome = (judge(job.uid, outcome[0]), outcome[1])
             except Exception as e:  # noqa: BLE001
                 outcome = (unexpected(Reason.UNREACHABLE, e), 0)
             finally:

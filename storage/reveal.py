@@ -27,7 +27,7 @@ from dso.rejections import Reason, Rejection, unexpected
 from storage import keys
 from storage.client import S3Client, StorageError
 from storage.commitment import BucketInfo
-from storage.gather import GatherResult, ReaderCache, check_time, fetch_payload, gather
+from storage.gather import GatherResult, Judge, ReaderCache, check_time, fetch_payload, gather
 from storage.jsonobj import encode_json, parse_json_object, rejection_for
 from storage.peer_client import PeerClient
 from storage.wire import Expect, Payload, decode_payload, payload_size_cap
@@ -204,19 +204,21 @@ def _fetch_revealed(client: S3Client | PeerClient, bucket: str, key: str, codec:
         return Rejection(verdict.reason, f"{verdict.detail} ({'; '.join(late)})") if late else verdict
     payload = decode_payload(data, codec, expect)
     if isinstance(payload, Payload):
-        payload.last_modified = commit_time
+        payload.last_modified, payload.etag = commit_time, info.etag  # the ETag: for the look at the close
     return payload
 
 
 def gather_window(window: int, peers: dict[int, BucketInfo | str | None], codec: Codec, expect: Expect, put: PutWindow,
                   deadline_seconds: float, *,
                   commit_reveal: bool, readers: ReaderCache | None = None,
-                  priority: list[int] | None = None, peer_seconds: dict[int, float] | None = None) -> GatherResult:
+                  priority: list[int] | None = None, peer_seconds: dict[int, float] | None = None,
+                  judge: Judge | None = None) -> GatherResult:
     """Gather window ``window``'s updates the way the run's settings say: plain (payload in the put window)
     or commit-reveal (commitment in the put window, payload + nonce in the reveal window that follows).
     ``priority``: uids to start first (see :func:`storage.gather.gather`).  ``peer_seconds``, when given,
     receives uid → seconds spent fetching that peer (a peer cut off by the deadline: the whole gather's
-    time; a peer never fetched, e.g. without a commitment: absent)."""
+    time; a peer never fetched, e.g. without a commitment: absent).  ``judge``: the validator's look at the close of
+    the uploads (storage/look.py: the put window's close, or the reveal window's under commit-reveal)."""
     fetch = partial(fetch_revealed, put=put) if commit_reveal else fetch_payload
     timed: dict[int, float] = {}
     lock = threading.Lock()
@@ -233,7 +235,7 @@ def gather_window(window: int, peers: dict[int, BucketInfo | str | None], codec:
 
     result = gather(window, peers, codec, expect, reveal_window_after(put) if commit_reveal else put,
                     deadline_seconds, readers=readers, fetch=fetch_timed if peer_seconds is not None else fetch,
-                    priority=priority)
+                    priority=priority, judge=judge)
     if peer_seconds is not None:
         with lock:  # workers cut off by the deadline may still finish (and write) after gather returned
             peer_seconds.update(timed)

@@ -79,7 +79,9 @@ class Payload:
     update: Update                 # the codec's CompressedUpdate
     sync_values: torch.Tensor      # float32 (sync_samples,)
     nbytes: int
-    last_modified: float | None = None  # server time, set by gather
+    last_modified: float | None = None  # the peer's server's time (untrusted), set by gather
+    seen: float | None = None           # when the validator itself first saw the object (storage/gather.py observe)
+    etag: str = ""                      # as the peer's server reported it on the read, set by gather
 
 
 def full_spec(codec: Codec, sync_samples: int) -> dict[str, tuple[str, tuple[int, ...]]]:

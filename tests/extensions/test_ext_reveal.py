@@ -239,3 +239,22 @@ def test_gather_window_aggregation_set_is_the_same_for_every_reader(hp, codec, p
     plain = gather_window(W, commitments, codec, Expect.from_hparams(hp, W), reveal_window_after(put), 30,
                           commit_reveal=False, readers=ReaderCache(timeout=20, allow_loopback=True))
     assert 15 in plain.payloads  # without commit-reveal the same objects would have been taken
+
+
+def test_the_look_at_the_reveal_deadline_accepts_an_honest_reveal(hp, codec, peers):
+    """Regression (issue 17 re-land): under commit-reveal the look HEADs the revealed payload; the payload read
+    must carry the ETag the look compares, or every honest miner would be judged `changed`."""
+    from storage.look import look
+
+    peer, uid = peers[5], 5
+    sealed = seal(payload_bytes(codec, hp, uid), W, uid)
+    put_commit(peer.write_client(), peer.bucket, sealed, hp.protocol_version)
+    put_reveal(peer.write_client(), peer.bucket, sealed, hp.protocol_version)
+    put, reveal = windows_around(last_modified(peer, keys.commit(W, uid, hp.protocol_version)))
+    readers = ReaderCache(timeout=20, allow_loopback=True)
+    found = look(W, {uid: peer.commitment()}, Expect.from_hparams(hp, W), reveal.close, readers=readers)
+    assert sorted(found.seen) == [uid]
+    result = gather_window(W, {uid: peer.commitment()}, codec, Expect.from_hparams(hp, W), put, 30.0,
+                           commit_reveal=True, readers=readers, judge=found.judge)
+    assert sorted(result.payloads) == [uid], result.rejections
+    assert result.payloads[uid].seen == found.started and result.payloads[uid].etag == found.seen[uid].etag
