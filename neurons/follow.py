@@ -45,9 +45,17 @@ class Follower:
             if time.time() >= until or not self.ctx.stop.sleep(POLL_SECONDS):
                 return got
 
+    def arrived(self, t: int) -> Bundle | Rejection | None:
+        """One look for the leader's bundle of window t, without waiting: None while it is not published."""
+        got = self.bundle(t, 0.0)
+        return None if isinstance(got, Rejection) and got.reason == Reason.MISSING else got
+
     def aggregate(self, t: int, until: float) -> tuple[bool, str]:
         """Apply window t's bundle to the model: (applied, a summary for the log)."""
-        got = self.bundle(t, until)
+        return self.apply(t, self.bundle(t, until))
+
+    def apply(self, t: int, got: Bundle | Rejection) -> tuple[bool, str]:
+        """Apply a bundle of window t (θ_t → θ_{t+1}) to the model: (applied, a summary for the log)."""
         if isinstance(got, Rejection):
             return False, f"no bundle of window {t} yet ({got.reason.value})"
         bad = apply_bundle(self.ctx.model, self.ctx.codec, self.ctx.hp, got, self.ctx.outer, self.ctx.device)
