@@ -33,9 +33,10 @@ from dso.config import Config, ConfigError, HParams
 from dso.config_sources import set_key
 from dso.data import DataError, corpus_tokenizer
 from sim import report as run_report
-from sim.behaviours import BEHAVIOURS
+from sim.behaviours import BEHAVIOURS, GOOD
 from sim.localnet import LocalNet, plan_nodes
 from sim.progress import View
+from sim.reference import REFERENCE_SECONDS, adamw_reference, network_tokens
 from storage.engines import ENGINES, ExternalEngine, engine_problem
 
 DEFAULT_MIX = [("diligent", 1), ("freerider", 1), ("noise", 1), ("copier", 1), ("malformed", 1), ("late", 1)]
@@ -90,6 +91,9 @@ def parse(argv: list[str] | None) -> tuple[argparse.Namespace, HParams]:
                    help="a BPE tokenizer.json every node loads instead of training one")
     p.add_argument("--no-adversaries", action="store_true", help="honest miners only (no default mix)")
     p.add_argument("--no-metrics", action="store_true", help="no Prometheus endpoints on the nodes")
+    p.add_argument("--reference-seconds", type=float, default=REFERENCE_SECONDS, metavar="S",
+                   help="after the run, at most S seconds for the report's reference curve: centralised AdamW on "
+                        f"the tokens the miners trained on (cached by settings; 0 = none; default {REFERENCE_SECONDS:g})")
     args = p.parse_args(argv)
     if args.miners < 0:
         p.error("--miners must be >= 0")
@@ -227,6 +231,12 @@ def run(argv: list[str] | None = None) -> int:
                               validators, miners, unigram)
     if dataset is not None:
         report["samples"] = final_samples(net.run_dir / "state", hp, dataset.tokenizer, view.say)
+    if dataset is not None and args.reference_seconds > 0:
+        good = {n.uid for n in nodes if n.role == "miner" and n.behaviour in GOOD}
+        per_window = network_tokens(miners, good)
+        reference = adamw_reference(hp, dataset, sum(per_window.values()), len(per_window), args.cache_dir,
+                                    args.reference_seconds, view.say)
+        run_report.add_reference(report, reference, per_window)
     view.say(f"writing the report ({len(lines)} windows) to {out}")
     run_report.write(report, out, command)
     s = report["summary"]
