@@ -92,8 +92,9 @@ def parse(argv: list[str] | None) -> tuple[argparse.Namespace, HParams]:
     p.add_argument("--no-adversaries", action="store_true", help="honest miners only (no default mix)")
     p.add_argument("--no-metrics", action="store_true", help="no Prometheus endpoints on the nodes")
     p.add_argument("--reference-seconds", type=float, default=REFERENCE_SECONDS, metavar="S",
-                   help="after the run, at most S seconds for the report's reference curve: centralised AdamW on "
-                        f"the tokens the miners trained on (cached by settings; 0 = none; default {REFERENCE_SECONDS:g})")
+                   help="after the run, at most S seconds for the report's reference curve: centralised AdamW "
+                        "on the tokens the miners trained on (cached by settings; 0 = none; default "
+                        f"{REFERENCE_SECONDS:g})")
     args = p.parse_args(argv)
     if args.miners < 0:
         p.error("--miners must be >= 0")
