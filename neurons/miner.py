@@ -3,17 +3,13 @@
 
     python neurons/miner.py [--wallet.name W --wallet.hotkey H] [flags]
 
-Each window t (docs/design.md §5, docs/training.md): from θ_t, inner optimiser steps
-(dso/inner.py) on SelectData(seed, uid, t) until a deadline that leaves time to
-encode and upload inside the put window, at most ``hparams.inner.steps_max`` →
-pseudo-gradient θ_t − θ_local → DeMo error feedback → back to θ_t → wait for the
-put window → upload update + sync samples →
-while the leading validator gathers and aggregates window t, train window t+1's
-assignment from θ_t (steps mode), polling for the leader's bundle between steps;
-apply the bundle to θ_t exactly as every node does → θ_{t+1}, and rebase the
-steps already taken onto it (local ← θ_{t+1} + (local − θ_t)); window t+1's
-training then goes on from there until its deadline.  When behind (new,
-restarted, or diverged) it catches up from the leader's checkpoint and
+Each window t (docs/design.md §5, docs/training.md): from θ_t, inner optimiser steps (dso/inner.py) on
+SelectData(seed, uid, t) until a deadline that leaves time to encode and upload inside the put window, at
+most ``hparams.inner.steps_max`` → pseudo-gradient θ_t − θ_local → DeMo error feedback → back to θ_t →
+upload update + sync samples in the put window → while the leader aggregates window t, train window t+1
+from θ_t, looking for the leader's bundle between steps; apply it to θ_t as every node does → θ_{t+1}, and
+rebase the steps taken onto it (local ← θ_{t+1} + (local − θ_t)); window t+1 goes on from there until its
+deadline.  When behind (new, restarted, or diverged) it catches up from the leader's checkpoint and
 aggregates.  The error-feedback buffer and the inner optimiser's state are saved
 every window and survive restarts.  With ``hparams.commit_reveal`` the put window carries only a
 commitment and the update follows in the reveal window (neurons/reveal.py);
@@ -206,7 +202,7 @@ class Miner:
                   "t_train": round(trained - started, 3), "t_total": round(time.time() - started, 3),
                   "inner_steps": self.report.steps, "inner_stopped": self.report.stopped,
                   "ahead_steps": self.ahead_steps,
-                  "utilisation": round(self.report.seconds / max(ctx.clock.window_seconds(), 1e-9), 4),
+                  "utilisation": self.utilisation(),
                   "model_window": self.model_window, "model_hash": model_hash(ctx.model), "aggregated": applied,
                   "tokens": 0 if own is None else self.trained[0],
                   "train_bits_per_byte": float("nan") if own is None or not self.trained[0]
@@ -255,6 +251,11 @@ class Miner:
             self.accountant.step()  # counted (and saved) before anything derived from it can leave the machine
             self.accountant.save(self.privacy_file)
         return self.feedback.step(grads, t, ctx.uid), loss
+
+    def utilisation(self) -> float:
+        """Inner training seconds of the window ÷ window seconds, at most 1 (a step that overran its deadline on
+        a starved machine does not make a window last longer)."""
+        return round(min(1.0, self.report.seconds / max(self.ctx.clock.window_seconds(), 1e-9)), 4)
 
     def deadline(self, t: int) -> float:
         """When inner training of window t must stop (unix time): late enough to use the window, early enough

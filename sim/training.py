@@ -166,7 +166,8 @@ def run_ddp(hp: HParams, dataset: Dataset, peers: int, windows: int, steps: int,
     """Data-parallel AdamW on the same sequences: per step, the mean gradient of every peer's batch.
 
     Uses the inner optimiser's settings (``hp.inner``) with ``lr`` overriding the peak rate.  ``until``
-    (``time.perf_counter()`` units): start no window after it (the history ends early)."""
+    (``time.perf_counter()`` units): start no window that would end after it, by the mean window so far
+    (the history ends early)."""
     model = build_model(hp.model, hp.seed, device)
     cfg = dataclasses.replace(hp.inner, lr=lr) if lr is not None else hp.inner
     opt = make_optimizer(model.parameters(), dataclasses.replace(cfg, optimizer="adamw"))
@@ -176,7 +177,8 @@ def run_ddp(hp: HParams, dataset: Dataset, peers: int, windows: int, steps: int,
     hist.record(-1, evaluate(model, val, hp.micro_batch, device), float("nan"), 0)
     count = 0
     for t in range(windows):
-        if until is not None and time.perf_counter() >= until:
+        now = time.perf_counter()
+        if until is not None and now + ((now - start) / t if t else 0.0) > until:
             break
         data = [assignment(dataset, uid, t, hp, steps) for uid in range(peers)]
         losses = []
