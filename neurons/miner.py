@@ -38,7 +38,7 @@ from dso.codec import CompressedUpdate, ErrorFeedback
 from dso.config import Config
 from dso.config_sources import parse_args
 from dso.inner import InnerLoop, InnerReport
-from dso.model import model_hash, sync_sample_count
+from dso.model import model_hash, state_hash, sync_sample_count
 from dso.rejections import Rejection
 from dso.privacy import PrivacyStateError, RdpAccountant, clip_and_noise, dp_settings
 from dso.train import bits_per_byte
@@ -203,7 +203,7 @@ class Miner:
                   "inner_steps": self.report.steps, "inner_stopped": self.report.stopped,
                   "ahead_steps": self.ahead_steps,
                   "utilisation": self.utilisation(),
-                  "model_window": self.model_window, "model_hash": model_hash(ctx.model), "aggregated": applied,
+                  "model_window": self.model_window, "model_hash": self.theta_hash(), "aggregated": applied,
                   "tokens": 0 if own is None else self.trained[0],
                   "train_bits_per_byte": float("nan") if own is None or not self.trained[0]
                   else bits_per_byte(loss, *self.trained),
@@ -251,6 +251,10 @@ class Miner:
             self.accountant.step()  # counted (and saved) before anything derived from it can leave the machine
             self.accountant.save(self.privacy_file)
         return self.feedback.step(grads, t, ctx.uid), loss
+
+    def theta_hash(self) -> str:
+        """Hash of θ_{model_window}: the model's, or while it holds steps taken ahead, the anchor's."""
+        return state_hash(self.inner.anchor.items()) if self.ahead is not None else model_hash(self.ctx.model)
 
     def utilisation(self) -> float:
         """Inner training seconds of the window ÷ window seconds, at most 1 (a step that overran its deadline on

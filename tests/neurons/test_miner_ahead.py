@@ -15,7 +15,7 @@ import torch
 from dso.clock import PutWindow
 from dso.codecs import make_codec
 from dso.config import Config, ModelConfig
-from dso.model import build_model, parameter_shapes
+from dso.model import build_model, parameter_shapes, state_hash
 from neurons.miner import Miner
 
 torch.set_num_threads(1)
@@ -100,6 +100,7 @@ def test_training_goes_on_while_the_bundle_is_pending_and_is_rebased_onto_the_ne
     assert applied and miner.follower.applied == 1
     assert miner.ahead is not None and (miner.ahead.window, miner.ahead.report.steps) == (1, 3)  # 3 looks: 3 steps
     assert miner.ahead.report.stopped == "interrupted" and "3 steps of window 1" in summary
+    assert miner.theta_hash() == state_hash((n, theta_t[n] + delta[n]) for n in theta_t)  # what the record says
     for n, p in miner.ctx.model.named_parameters():
         theta_next = theta_t[n] + delta[n]
         assert torch.equal(miner.inner.anchor[n], theta_next)
