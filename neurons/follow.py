@@ -25,6 +25,7 @@ class Follower:
         self.ctx = ctx
         self.diverged = False   # the last bundle did not reproduce the leader's model: reload from a checkpoint
         self.bytes = 0
+        self.next_look = 0.0    # time.monotonic() before which arrived() does not look again
 
     def take_bytes(self) -> int:
         n, self.bytes = self.bytes, 0
@@ -46,7 +47,11 @@ class Follower:
                 return got
 
     def arrived(self, t: int) -> Bundle | Rejection | None:
-        """One look for the leader's bundle of window t, without waiting: None while it is not published."""
+        """One look for the leader's bundle of window t, without waiting: None while it is not published.
+        Looks at most every POLL_SECONDS (a miner asks between inner steps, which can be milliseconds apart)."""
+        if time.monotonic() < self.next_look:
+            return None
+        self.next_look = time.monotonic() + POLL_SECONDS
         got = self.bundle(t, 0.0)
         return None if isinstance(got, Rejection) and got.reason == Reason.MISSING else got
 
