@@ -76,6 +76,14 @@ class InnerReport:
                            self.seconds + later.seconds, later.stopped or self.stopped)
 
 
+@dataclass
+class Ahead:
+    """Inner steps of ``window`` taken before its θ was known, already rebased onto it (the anchor)."""
+
+    window: int
+    report: InnerReport
+
+
 class InnerLoop:
     """One miner's local training: owns the anchor, the optimiser and the step counter."""
 
@@ -148,14 +156,15 @@ class InnerLoop:
 
     def train(self, window: int, assignment: torch.Tensor, *, batch_size: int | None = None,
               max_steps: int | None = None, deadline: float | None = None,
-              clock: Callable[[], float] = time.monotonic,
-              interrupt: Callable[[], bool] | None = None) -> InnerReport:
+              clock: Callable[[], float] = time.monotonic, interrupt: Callable[[], bool] | None = None,
+              step_seconds: float = 0.0) -> InnerReport:
         """Train on ``assignment`` (the peer's sequences for the window, in order) until a bound is hit.
 
         ``deadline`` is in ``clock`` units; a step is started only if the mean duration of the
-        steps so far says it ends before the deadline (the first one only needs the deadline not
-        to have passed).  ``interrupt`` is asked before every step (steps mode): True stops training
-        (``stopped = "interrupted"``), e.g. when the network's next θ has arrived."""
+        steps so far says it ends before the deadline (the first one: ``step_seconds``, what a step
+        took before, 0 = only the deadline must not have passed).  ``interrupt`` is asked before every
+        step (steps mode): True stops training (``stopped = "interrupted"``), e.g. when the network's
+        next θ has arrived."""
         batch = batch_size or self.hp.batch_size
         report = InnerReport()
         if self.cfg.mode == "gradient":
@@ -178,7 +187,7 @@ class InnerLoop:
                 report.stopped = "interrupted"
                 break
             now = clock()
-            if deadline is not None and now + ((now - start) / i if i else 0.0) > deadline:
+            if deadline is not None and now + ((now - start) / i if i else step_seconds) > deadline:
                 report.stopped = "deadline"
                 break
             loss = self._step(assignment[i * batch:(i + 1) * batch], inner_lr(self.cfg, window, self.step_count))

@@ -28,7 +28,6 @@ from __future__ import annotations
 import logging
 import secrets
 import time
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -37,7 +36,7 @@ from dso.clock import GATHER_SETTLE_SECONDS, PutWindow
 from dso.codec import CompressedUpdate, ErrorFeedback
 from dso.config import Config
 from dso.config_sources import parse_args
-from dso.inner import InnerLoop, InnerReport
+from dso.inner import Ahead, InnerLoop, InnerReport
 from dso.model import model_hash, state_hash, sync_sample_count
 from dso.rejections import Rejection
 from dso.privacy import PrivacyStateError, RdpAccountant, clip_and_noise, dp_settings
@@ -50,8 +49,8 @@ from neurons.lifecycle import Fatal, run_main
 from neurons.persist import load_tensors, save_tensors
 from scoring.sync import sample_parameters, sync_positions
 from storage import keys
-from storage.cleanup import cleanup
 from storage.aggregate import Bundle
+from storage.cleanup import cleanup
 from storage.client import StorageError
 from storage.wire import PayloadMeta, encode_payload
 
@@ -60,13 +59,6 @@ UPLOAD_MARGIN = 0.5     # an upload started later than this before the put windo
 BUNDLE_MARGIN = 3.0     # how long past the validator's gather deadline a miner waits for the window's bundle
 ENCODE_SECONDS = 1.0    # first guess of error feedback + payload + upload time, until one is measured
 
-
-@dataclass
-class Ahead:
-    """Inner steps of ``window`` taken before its θ was known, already rebased onto it (the anchor)."""
-
-    window: int
-    report: InnerReport
 
 
 class Miner:
@@ -101,6 +93,7 @@ class Miner:
                      self.inner.step_count)
         self.encode_seconds = ENCODE_SECONDS
         self.report, self.ahead_steps = InnerReport(), 0
+        self.step_seconds = 0.0  # mean inner step of the last window: a step that would overrun a deadline waits
         self.follower = Follower(ctx)
         self.model_window = -1   # the model is θ_{model_window}; -1 = not synchronised yet
         # steps of window model_window taken while its θ was on its way: then the model holds the local
@@ -236,8 +229,10 @@ class Miner:
         # else the model holds the steps taken ahead, rebased onto θ_t (the anchor): go on from there
         rest = self.inner.train(t, data[ahead.sequences:], batch_size=self.sequences if gradient_mode
                                 else hp.batch_size, max_steps=hp.inner.steps_max - ahead.steps if ahead.steps
-                                else None, deadline=self.deadline(t), clock=time.time)
+                                else None, deadline=self.deadline(t), clock=time.time,
+                                step_seconds=self.step_seconds if ahead.steps else 0.0)
         self.report = ahead.then(rest)
+        self.step_seconds = self.report.seconds / self.report.steps if self.report.steps else self.step_seconds
         if self.report.steps == 0 and self.report.stopped == "deadline":
             # the deadline passed before the first step (a miner that just caught up): one step still beats a
             # zero update, which every such miner would send alike; upload() refuses it if the window closed
@@ -318,7 +313,7 @@ class Miner:
 
         self.inner.start(None)  # the anchor is θ_t until the bundle says what θ_{t+1} is
         report = self.inner.train(nxt, data, batch_size=hp.batch_size, deadline=self.deadline(nxt), clock=time.time,
-                                  interrupt=arrived)
+                                  interrupt=arrived, step_seconds=self.step_seconds)
         got = found[0] if found else self.follower.bundle(t, until)  # trained all it may: wait as before
         local = self.inner.local_weights() if report.steps else None
         self.inner.restore_anchor()  # θ_t: the bundle applies to it
