@@ -52,6 +52,8 @@ def test_report_draws_and_quotes_the_reference():
     assert report["reference_adamw"]["windows"] == pytest.approx([9, 10, 11])
     assert report["reference_final_bits_per_byte"] == 2.7
     assert "centralised AdamW on the 200 tokens" in run_report.markdown(report)
+    from sim.report_html import render
+    assert "2.700 bits/byte" in render(report)
     figs = run_report.figures(report)
     try:
         labels = [line.get_label() for line in figs["val_loss"].axes[0].get_lines()]
