@@ -38,8 +38,8 @@ from dso.config import Config
 from dso.config_sources import parse_args
 from dso.inner import Ahead, InnerLoop, InnerReport
 from dso.model import model_hash, state_hash, sync_sample_count
-from dso.rejections import Rejection
 from dso.privacy import PrivacyStateError, RdpAccountant, clip_and_noise, dp_settings
+from dso.rejections import Rejection
 from dso.train import bits_per_byte
 from neurons import reveal
 from neurons.catchup import sync_to
@@ -58,7 +58,6 @@ log = logging.getLogger("dso.miner")
 UPLOAD_MARGIN = 0.5     # an upload started later than this before the put window closes would land late
 BUNDLE_MARGIN = 3.0     # how long past the validator's gather deadline a miner waits for the window's bundle
 ENCODE_SECONDS = 1.0    # first guess of error feedback + payload + upload time, until one is measured
-
 
 
 class Miner:
