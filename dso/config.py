@@ -99,7 +99,8 @@ class InnerConfig:
         "steps: up to steps_max optimiser steps, pseudo-gradient = theta_t - theta_local; gradient: the "
         "paper's mode, one gradient per window sent as the update", default="steps")
     steps_max: int = _doc("H_max: protocol maximum of inner steps per window (each on the next batch_size "
-                          "assigned sequences; assigned_sequences should be >= steps_max * batch_size)", default=8)
+                          "assigned sequences; assigned_sequences should be >= steps_max * batch_size; 16: one "
+                          "idle CPU core fills a 12 s window, docs/training.md)", default=16)
     optimizer: Literal["adamw", "sgd"] = _doc("inner optimiser (sgd uses momentum beta1)", default="adamw")
     lr: float = _doc("peak inner learning rate", default=2e-3)
     beta1: float = _doc("AdamW beta1 / SGD momentum", default=0.9)
@@ -154,7 +155,7 @@ class HParams:
     batch_size: int = _doc("sequences a baseline miner trains on per window (from its assignment)", default=16)
     assigned_sequences: int = _doc("sequences assigned to a peer per window: enough for inner.steps_max steps of "
                                    "batch_size (the fastest miner the protocol allows); a faster or more diligent "
-                                   "miner gets further into them", default=128)
+                                   "miner gets further into them", default=256)
     micro_batch: int = _doc("sequences per forward/backward (gradient accumulation)", default=8)
     learning_rate: float = _doc("alpha: size of the signed step", default=2e-3)
     warmup_windows: int = _doc("linear warm-up of alpha over this many windows", default=5)

@@ -64,11 +64,24 @@ class InnerReport:
     sequences: int = 0
     losses: list[float] = field(default_factory=list)
     seconds: float = 0.0    # clock time spent in steps
-    stopped: str = ""       # steps_max | limit | assignment | deadline | non_finite
+    stopped: str = ""       # steps_max | limit | assignment | deadline | non_finite | interrupted
 
     @property
     def mean_loss(self) -> float:
         return sum(self.losses) / len(self.losses) if self.losses else math.nan
+
+    def then(self, later: "InnerReport") -> "InnerReport":
+        """One report of this call followed by ``later`` (a window trained in two parts)."""
+        return InnerReport(self.steps + later.steps, self.sequences + later.sequences, self.losses + later.losses,
+                           self.seconds + later.seconds, later.stopped or self.stopped)
+
+
+@dataclass
+class Ahead:
+    """Inner steps of ``window`` taken before its θ was known, already rebased onto it (the anchor)."""
+
+    window: int
+    report: InnerReport
 
 
 class InnerLoop:
@@ -107,6 +120,26 @@ class InnerLoop:
             self.anchor[name].copy_(target)
 
     @torch.no_grad()
+    def local_weights(self) -> dict[str, torch.Tensor]:
+        """A copy of the model's current (local) weights."""
+        return {n: p.detach().clone() for n, p in self.params.items()}
+
+    @torch.no_grad()
+    def rebase_local(self, local: Mapping[str, torch.Tensor]) -> None:
+        """The model now holds θ_new (the anchor's successor, e.g. the anchor with the network's bundle
+        applied); put the local weights ``local`` (trained from the anchor) back, rebased onto it:
+        ``local ← θ_new + (local − anchor)``, ``anchor ← θ_new`` (:meth:`rebase`)."""
+        theta_new = self.local_weights()
+        self.set_weights(local)
+        self.rebase(theta_new)
+
+    @torch.no_grad()
+    def set_weights(self, weights: Mapping[str, torch.Tensor]) -> None:
+        """Load ``weights`` into the model (the anchor stays)."""
+        for name, p in self.params.items():
+            p.copy_(weights[name])
+
+    @torch.no_grad()
     def restore_anchor(self) -> None:
         """Put the anchor (θ_t) back into the model: the miner follows the network from θ_t."""
         for name, p in self.params.items():
@@ -123,12 +156,15 @@ class InnerLoop:
 
     def train(self, window: int, assignment: torch.Tensor, *, batch_size: int | None = None,
               max_steps: int | None = None, deadline: float | None = None,
-              clock: Callable[[], float] = time.monotonic) -> InnerReport:
+              clock: Callable[[], float] = time.monotonic, interrupt: Callable[[], bool] | None = None,
+              step_seconds: float = 0.0) -> InnerReport:
         """Train on ``assignment`` (the peer's sequences for the window, in order) until a bound is hit.
 
         ``deadline`` is in ``clock`` units; a step is started only if the mean duration of the
-        steps so far says it ends before the deadline (the first one only needs the deadline not
-        to have passed)."""
+        steps so far says it ends before the deadline (the first one: ``step_seconds``, what a step
+        took before, 0 = only the deadline must not have passed).  ``interrupt`` is asked before every
+        step (steps mode): True stops training (``stopped = "interrupted"``), e.g. when the network's
+        next θ has arrived."""
         batch = batch_size or self.hp.batch_size
         report = InnerReport()
         if self.cfg.mode == "gradient":
@@ -147,8 +183,11 @@ class InnerLoop:
         bound, report.stopped = min(limits, key=lambda x: x[0])
         start = clock()
         for i in range(bound):
+            if interrupt is not None and interrupt():
+                report.stopped = "interrupted"
+                break
             now = clock()
-            if deadline is not None and now + ((now - start) / i if i else 0.0) > deadline:
+            if deadline is not None and now + ((now - start) / i if i else step_seconds) > deadline:
                 report.stopped = "deadline"
                 break
             loss = self._step(assignment[i * batch:(i + 1) * batch], inner_lr(self.cfg, window, self.step_count))

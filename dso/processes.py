@@ -56,11 +56,25 @@ def spawn(cmd: list[str], *, nice: int = 0, death_signal: int = signal.SIGTERM,
     def in_child() -> None:
         if nice:
             os.nice(nice)
+            autogroup_nice(nice)
         die_with_parent(parent, death_signal)
         if before_exec is not None:
             before_exec()
 
     return subprocess.Popen(cmd, start_new_session=True, preexec_fn=in_child, **popen)
+
+
+def autogroup_nice(nice: int) -> None:
+    """Give the calling process's autogroup this nice value (Linux with ``sched_autogroup``; best effort).
+
+    A new session gets its own autogroup, and the scheduler shares the CPU fairly between autogroups
+    before it looks at the nice values inside them: without this, a niced child in its own session gets
+    as much CPU as any other (measured: two busy children on one core, nice 0 and nice 10, each got half)."""
+    try:
+        with open("/proc/self/autogroup", "w") as f:
+            f.write(str(nice))
+    except OSError:
+        pass
 
 
 def signal_group(process: subprocess.Popen[Any], sig: int) -> None:

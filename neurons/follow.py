@@ -25,6 +25,7 @@ class Follower:
         self.ctx = ctx
         self.diverged = False   # the last bundle did not reproduce the leader's model: reload from a checkpoint
         self.bytes = 0
+        self.next_look = 0.0    # time.monotonic() before which arrived() does not look again
 
     def take_bytes(self) -> int:
         n, self.bytes = self.bytes, 0
@@ -45,9 +46,21 @@ class Follower:
             if time.time() >= until or not self.ctx.stop.sleep(POLL_SECONDS):
                 return got
 
+    def arrived(self, t: int) -> Bundle | Rejection | None:
+        """One look for the leader's bundle of window t, without waiting: None while it is not published.
+        Looks at most every POLL_SECONDS (a miner asks between inner steps, which can be milliseconds apart)."""
+        if time.monotonic() < self.next_look:
+            return None
+        self.next_look = time.monotonic() + POLL_SECONDS
+        got = self.bundle(t, 0.0)
+        return None if isinstance(got, Rejection) and got.reason == Reason.MISSING else got
+
     def aggregate(self, t: int, until: float) -> tuple[bool, str]:
         """Apply window t's bundle to the model: (applied, a summary for the log)."""
-        got = self.bundle(t, until)
+        return self.apply(t, self.bundle(t, until))
+
+    def apply(self, t: int, got: Bundle | Rejection) -> tuple[bool, str]:
+        """Apply a bundle of window t (θ_t → θ_{t+1}) to the model: (applied, a summary for the log)."""
         if isinstance(got, Rejection):
             return False, f"no bundle of window {t} yet ({got.reason.value})"
         bad = apply_bundle(self.ctx.model, self.ctx.codec, self.ctx.hp, got, self.ctx.outer, self.ctx.device)

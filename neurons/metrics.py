@@ -154,7 +154,9 @@ class NodeMetrics:
             if step in STEPS and _number(seconds):
                 self.step_seconds.labels(step=step).set(seconds)
         length = self.window_seconds(t) if self.window_seconds and isinstance(t, int) else None
-        if _number(busy) and isinstance(busy, (int, float)) and isinstance(length, (int, float)) and length > 0:
+        if _number(record.get("utilisation")):  # a miner's own figure: training ahead counts too
+            self.utilisation.set(record["utilisation"])
+        elif _number(busy) and isinstance(busy, (int, float)) and isinstance(length, (int, float)) and length > 0:
             self.utilisation.set(busy / length)
 
     def _gather(self, seconds: Any) -> None:

@@ -3,14 +3,13 @@
 
     python neurons/miner.py [--wallet.name W --wallet.hotkey H] [flags]
 
-Each window t (docs/design.md §5, docs/training.md): from θ_t, inner optimiser steps
-(dso/inner.py) on SelectData(seed, uid, t) until a deadline that leaves time to
-encode and upload inside the put window, at most ``hparams.inner.steps_max`` →
-pseudo-gradient θ_t − θ_local → DeMo error feedback → back to θ_t → wait for the
-put window → upload update + sync samples →
-after the put window, gather the updates named by the leading validator's
-top-G list and apply the same aggregation → θ_{t+1}.  When behind (new,
-restarted, or diverged) it catches up from the leader's checkpoint and
+Each window t (docs/design.md §5, docs/training.md): from θ_t, inner optimiser steps (dso/inner.py) on
+SelectData(seed, uid, t) until a deadline that leaves time to encode and upload inside the put window, at
+most ``hparams.inner.steps_max`` → pseudo-gradient θ_t − θ_local → DeMo error feedback → back to θ_t →
+upload update + sync samples in the put window → while the leader aggregates window t, train window t+1
+from θ_t, looking for the leader's bundle between steps; apply it to θ_t as every node does → θ_{t+1}, and
+rebase the steps taken onto it (local ← θ_{t+1} + (local − θ_t)); window t+1 goes on from there until its
+deadline.  When behind (new, restarted, or diverged) it catches up from the leader's checkpoint and
 aggregates.  The error-feedback buffer and the inner optimiser's state are saved
 every window and survive restarts.  With ``hparams.commit_reveal`` the put window carries only a
 commitment and the update follows in the reveal window (neurons/reveal.py);
@@ -19,7 +18,8 @@ stops uploading for good once another round would exceed its ε budget (the
 accountant's state is on disk).  ``python neurons/miner.py --help`` lists every flag.
 
 A window is three steps, :meth:`Miner.train`, :meth:`Miner.upload` and
-:meth:`Miner.follow`; what goes into the upload is :meth:`Miner.payload`.
+:meth:`Miner.follow` (which trains ahead: :meth:`Miner.train_ahead`); what goes into the upload is
+:meth:`Miner.payload`.
 This module holds only the honest implementation; experiments (``sim/``)
 subclass it to model other miners.
 """
@@ -36,9 +36,10 @@ from dso.clock import GATHER_SETTLE_SECONDS, PutWindow
 from dso.codec import CompressedUpdate, ErrorFeedback
 from dso.config import Config
 from dso.config_sources import parse_args
-from dso.inner import InnerLoop, InnerReport
-from dso.model import model_hash, sync_sample_count
+from dso.inner import Ahead, InnerLoop, InnerReport
+from dso.model import model_hash, state_hash, sync_sample_count
 from dso.privacy import PrivacyStateError, RdpAccountant, clip_and_noise, dp_settings
+from dso.rejections import Rejection
 from dso.train import bits_per_byte
 from neurons import reveal
 from neurons.catchup import sync_to
@@ -48,6 +49,7 @@ from neurons.lifecycle import Fatal, run_main
 from neurons.persist import load_tensors, save_tensors
 from scoring.sync import sample_parameters, sync_positions
 from storage import keys
+from storage.aggregate import Bundle
 from storage.cleanup import cleanup
 from storage.client import StorageError
 from storage.wire import PayloadMeta, encode_payload
@@ -89,9 +91,13 @@ class Miner:
             log.info("restored the inner optimiser's state from %s (%d steps so far)", self.inner_file,
                      self.inner.step_count)
         self.encode_seconds = ENCODE_SECONDS
-        self.report = InnerReport()
+        self.report, self.ahead_steps = InnerReport(), 0
+        self.step_seconds = 0.0  # mean inner step of the last window: a step that would overrun a deadline waits
         self.follower = Follower(ctx)
         self.model_window = -1   # the model is θ_{model_window}; -1 = not synchronised yet
+        # steps of window model_window taken while its θ was on its way: then the model holds the local
+        # weights and the inner loop's anchor is θ_{model_window}
+        self.ahead: Ahead | None = None
         self.budget_spent = False
 
     def _load_accountant(self) -> RdpAccountant:
@@ -119,13 +125,15 @@ class Miner:
             ctx.chain.begin_window(t)
             following = self.follows(t)
             if self.model_window < 0 or (following and self.model_window < t):
-                self.model_window = sync_to(ctx, self.model_window, t)
+                self.catch_up(t)
             if ctx.hp.commit_reveal and self.model_window == t - 1 and \
                     time.time() < ctx.clock.put_window(t - 1).close - 1:
                 # with commit-reveal the leader's aggregate of t-1 lands just before window t ends: a node that
                 # catches up with it takes part in t-1 while that put window is still open (and self-aggregates
                 # it) instead of chasing the next aggregate, which again lands just before its window ends
                 t = t - 1
+            if self.ahead is not None and self.ahead.window != t:
+                self.drop_ahead()
             if self.model_window > t:  # a checkpoint put us ahead of the chain: wait for that window
                 ctx.clock.sleep_until(ctx.clock.window_start(self.model_window), ctx.stop)
             elif self.model_window == t or (self.model_window >= 0 and not following):
@@ -137,17 +145,38 @@ class Miner:
                 if self.model_window < 0:
                     log.info("window %d: waiting for the leading validator's first checkpoint", t)
                 ctx.stop.sleep(1.0)
+        self.drop_ahead()
         self.save_state()
         log.info("stopped")
         return 0
+
+    def catch_up(self, t: int) -> None:
+        """Bring the model to θ_t as far as the leader's objects allow (neurons/catchup.py).  Steps already
+        taken ahead survive when nothing was there to apply (commit-reveal: the bundle comes late)."""
+        local = self.inner.local_weights() if self.ahead is not None else None
+        self.inner.restore_anchor()  # θ_{model_window}: replay starts there
+        before = model_hash(self.ctx.model)
+        reached = sync_to(self.ctx, self.model_window, t)
+        if local is not None and reached == self.model_window and model_hash(self.ctx.model) == before:
+            self.inner.set_weights(local)
+        else:
+            self.ahead = None
+        self.model_window = reached
+
+    def drop_ahead(self) -> None:
+        """Forget steps taken ahead: the model is θ_{model_window} again."""
+        if self.ahead is not None:
+            self.inner.restore_anchor()
+            self.ahead = None
 
     def work(self, t: int) -> None:
         ctx = self.ctx
         put = ctx.clock.put_window(t)
         started = time.time()
         up0, down0 = ctx.own.client.bytes_up, ctx.own.client.bytes_down
-        self.report = InnerReport()
+        self.report, self.ahead_steps = InnerReport(), 0
         own, loss = self.train(t)
+        self.drop_ahead()  # a train() that did not use the steps taken ahead (nothing to upload): θ_t again
         trained = time.time()
         if not ctx.clock.sleep_until(put.open, ctx.stop):
             return
@@ -164,8 +193,9 @@ class Miner:
                   "bytes_down": ctx.own.client.bytes_down - down0 + self.follower.take_bytes(),
                   "t_train": round(trained - started, 3), "t_total": round(time.time() - started, 3),
                   "inner_steps": self.report.steps, "inner_stopped": self.report.stopped,
-                  "utilisation": round(self.report.seconds / max(ctx.clock.window_seconds(), 1e-9), 4),
-                  "model_window": self.model_window, "model_hash": model_hash(ctx.model), "aggregated": applied,
+                  "ahead_steps": self.ahead_steps,
+                  "utilisation": self.utilisation(),
+                  "model_window": self.model_window, "model_hash": self.theta_hash(), "aggregated": applied,
                   "tokens": 0 if own is None else self.trained[0],
                   "train_bits_per_byte": float("nan") if own is None or not self.trained[0]
                   else bits_per_byte(loss, *self.trained),
@@ -191,9 +221,17 @@ class Miner:
                 return None, float("nan")
         data = ctx.dataset.training_batch(ctx.uid, t, hp.assigned_sequences, self.sequences)
         gradient_mode = hp.inner.mode == "gradient"
-        self.inner.start(None)  # the model holds θ_t: the anchor the pseudo-gradient is measured from
-        self.report = self.inner.train(t, data, batch_size=self.sequences if gradient_mode else hp.batch_size,
-                                       deadline=self.deadline(t), clock=time.time)
+        ahead = self.ahead.report if self.ahead is not None and self.ahead.window == t else InnerReport()
+        self.ahead, self.ahead_steps = None, ahead.steps
+        if not ahead.steps:
+            self.inner.start(None)  # the model holds θ_t: the anchor the pseudo-gradient is measured from
+        # else the model holds the steps taken ahead, rebased onto θ_t (the anchor): go on from there
+        rest = self.inner.train(t, data[ahead.sequences:], batch_size=self.sequences if gradient_mode
+                                else hp.batch_size, max_steps=hp.inner.steps_max - ahead.steps if ahead.steps
+                                else None, deadline=self.deadline(t), clock=time.time,
+                                step_seconds=self.step_seconds if ahead.steps else 0.0)
+        self.report = ahead.then(rest)
+        self.step_seconds = self.report.seconds / self.report.steps if self.report.steps else self.step_seconds
         if self.report.steps == 0 and self.report.stopped == "deadline":
             # the deadline passed before the first step (a miner that just caught up): one step still beats a
             # zero update, which every such miner would send alike; upload() refuses it if the window closed
@@ -207,6 +245,15 @@ class Miner:
             self.accountant.step()  # counted (and saved) before anything derived from it can leave the machine
             self.accountant.save(self.privacy_file)
         return self.feedback.step(grads, t, ctx.uid), loss
+
+    def theta_hash(self) -> str:
+        """Hash of θ_{model_window}: the model's, or while it holds steps taken ahead, the anchor's."""
+        return state_hash(self.inner.anchor.items()) if self.ahead is not None else model_hash(self.ctx.model)
+
+    def utilisation(self) -> float:
+        """Inner training seconds of the window ÷ window seconds, at most 1 (a step that overran its deadline on
+        a starved machine does not make a window last longer)."""
+        return round(min(1.0, self.report.seconds / max(self.ctx.clock.window_seconds(), 1e-9)), 4)
 
     def deadline(self, t: int) -> float:
         """When inner training of window t must stop (unix time): late enough to use the window, early enough
@@ -239,12 +286,48 @@ class Miner:
             return "replaying the leader's bundles"
         until = (ctx.clock.uploads_close(t, ctx.hp.commit_reveal) + GATHER_SETTLE_SECONDS
                  + ctx.cfg.storage.gather_deadline_seconds + BUNDLE_MARGIN)
-        applied, summary = self.follower.aggregate(t, until)
+        if self.trains_ahead(t + 1):
+            applied, summary = self.train_ahead(t, until)
+        else:
+            applied, summary = self.follower.aggregate(t, until)
         if applied:
             self.model_window = t + 1
         elif self.follower.diverged:  # reload from the leader's checkpoint
             self.model_window, self.follower.diverged = -1, False
         return summary
+
+    def train_ahead(self, t: int, until: float) -> tuple[bool, str]:
+        """Train window t+1's assignment from θ_t while the leader's bundle of window t is on its way (looking
+        for it between steps), then apply the bundle to θ_t — exactly as every node does — and rebase the
+        steps taken onto θ_{t+1}: local ← θ_{t+1} + (local − θ_t).  Without a bundle they are dropped."""
+        ctx, hp, nxt = self.ctx, self.ctx.hp, t + 1
+        data = ctx.dataset.training_batch(ctx.uid, nxt, hp.assigned_sequences, self.sequences)
+        found: list[Bundle | Rejection] = []
+
+        def arrived() -> bool:
+            got = self.follower.arrived(t)
+            if got is not None:
+                found.append(got)
+            return got is not None or time.time() >= until or bool(ctx.stop())
+
+        self.inner.start(None)  # the anchor is θ_t until the bundle says what θ_{t+1} is
+        report = self.inner.train(nxt, data, batch_size=hp.batch_size, deadline=self.deadline(nxt), clock=time.time,
+                                  interrupt=arrived, step_seconds=self.step_seconds)
+        got = found[0] if found else self.follower.bundle(t, until)  # trained all it may: wait as before
+        local = self.inner.local_weights() if report.steps else None
+        self.inner.restore_anchor()  # θ_t: the bundle applies to it
+        applied, summary = self.follower.apply(t, got)
+        if applied and local is not None:
+            self.inner.rebase_local(local)
+            self.ahead = Ahead(nxt, report)
+            summary += f"; {report.steps} steps of window {nxt} taken while waiting for it"
+        return applied, summary
+
+    def trains_ahead(self, t: int) -> bool:
+        """Whether to train window t before its θ is known: in steps mode, while the privacy budget allows."""
+        if self.ctx.hp.inner.mode != "steps" or self.budget_spent:
+            return False
+        return self.accountant is None or self.accountant.budget_rejection(self.epsilon_budget) is None
 
     def follows(self, t: int) -> bool:
         """Whether this miner keeps up with the network in window t (an honest one always does)."""

@@ -31,7 +31,13 @@ from storage.engines import DEFAULT_ENGINE, Engine, start_engine
 
 ROOT = Path(__file__).resolve().parents[1]
 VALIDATOR_STAKES = (1000.0, 400.0, 200.0, 100.0)
-MINER_NICE = 10  # on one shared machine the validator (one process, every peer's work) must not be starved
+# On one shared machine the validator (one process, every peer's work) must not be starved by miners that train
+# all the time: nice 3 weighs half of nice 0.  Not more: a node's nice also ranks it against everything else on
+# the machine (every node has its own autogroup, dso/processes.py), and a network niced far down stalls on a
+# loaded machine.  The diligent miner is an honest miner with more compute: every miner trains its whole
+# window, so on one machine "more compute" is a larger CPU share, twice a baseline miner's (docs/training.md).
+MINER_NICE = 3
+DILIGENT_NICE = 0
 STOP_SECONDS = 10.0  # a node stops within its grace time (neurons/lifecycle.py); then it is killed
 Progress = Callable[[str], None]
 
@@ -143,10 +149,10 @@ class LocalNet:
         cmd = [sys.executable, *node.program, "--config", str(self.run_dir / "config.json"),
                "--wallet.name", node.name, "--wallet.path", str(self.run_dir / "wallets"),
                "--neuron.log_json", str(self.logs / f"{node.name}.jsonl")]
-        if node.behaviour == "diligent":  # an honest miner that trains on all of its assignment the clock allows
-            # (with inner steps every honest miner does; in paper mode the baseline takes one batch, this one two)
-            n = self.hp.assigned_sequences if self.hp.inner.mode == "steps" else 2 * self.hp.batch_size
-            cmd += ["--neuron.train_sequences", str(min(n, self.hp.assigned_sequences))]
+        if node.behaviour == "diligent" and self.hp.inner.mode == "gradient":
+            # paper mode: the baseline takes one batch, this one two (with inner steps every honest miner trains
+            # on its assignment for the whole window; the diligent one has more CPU: node_nice)
+            cmd += ["--neuron.train_sequences", str(min(2 * self.hp.batch_size, self.hp.assigned_sequences))]
         if node.metrics_port:
             cmd += ["--neuron.metrics_port", str(node.metrics_port)]
         return cmd + node.extra_args
@@ -162,7 +168,7 @@ class LocalNet:
         env = self.env_for(node)
         cmd = self.command(node) + ["--storage.bucket", self.credentials(node).bucket]
         with open(self.logs / f"{node.name}.log", "ab") as out:
-            node.process = spawn(cmd, nice=MINER_NICE if node.role == "miner" else 0, stdout=out,
+            node.process = spawn(cmd, nice=node_nice(node), stdout=out,
                                  stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, cwd=ROOT)
 
     # ------------------------------------------------------------ running
@@ -198,6 +204,13 @@ class LocalNet:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def node_nice(node: NodeSpec) -> int:
+    """Scheduling niceness of a node's process: validators 0, miners MINER_NICE, the diligent miner less."""
+    if node.role != "miner":
+        return 0
+    return DILIGENT_NICE if node.behaviour == "diligent" else MINER_NICE
 
 
 def free_port(taken: set[int], host: str = "127.0.0.1") -> int:

@@ -33,9 +33,10 @@ from dso.config import Config, ConfigError, HParams
 from dso.config_sources import set_key
 from dso.data import DataError, corpus_tokenizer
 from sim import report as run_report
-from sim.behaviours import BEHAVIOURS
+from sim.behaviours import BEHAVIOURS, GOOD
 from sim.localnet import LocalNet, plan_nodes
 from sim.progress import View
+from sim.reference import REFERENCE_SECONDS, adamw_reference, network_tokens
 from storage.engines import ENGINES, ExternalEngine, engine_problem
 
 DEFAULT_MIX = [("diligent", 1), ("freerider", 1), ("noise", 1), ("copier", 1), ("malformed", 1), ("late", 1)]
@@ -93,6 +94,10 @@ def parse(argv: list[str] | None) -> tuple[argparse.Namespace, HParams]:
     p.add_argument("--kill-leader-after", type=positive, default=None, metavar="N",
                    help="SIGKILL the leading validator after it scored N windows: the next one takes over "
                         "(needs --validators 2 or more; the report's Validators section shows the hand-over)")
+    p.add_argument("--reference-seconds", type=float, default=REFERENCE_SECONDS, metavar="S",
+                   help="after the run, at most S seconds for the report's reference curve: centralised AdamW "
+                        "on the tokens the miners trained on (cached by settings; 0 = none; default "
+                        f"{REFERENCE_SECONDS:g})")
     args = p.parse_args(argv)
     if args.miners < 0:
         p.error("--miners must be >= 0")
@@ -249,6 +254,12 @@ def run(argv: list[str] | None = None) -> int:
     if dataset is not None:
         report["samples"] = final_samples(net.run_dir / "state", hp, dataset.tokenizer, view.say,
                                           main_validator(killed))
+    if dataset is not None and args.reference_seconds > 0:
+        good = {n.uid for n in nodes if n.role == "miner" and n.behaviour in GOOD}
+        per_window = network_tokens(miners, good)
+        reference = adamw_reference(hp, dataset, sum(per_window.values()), len(per_window), args.cache_dir,
+                                    args.reference_seconds, view.say)
+        run_report.add_reference(report, reference, per_window)
     view.say(f"writing the report ({len(lines)} windows) to {out}")
     run_report.write(report, out, command)
     s = report["summary"]

@@ -84,6 +84,9 @@ class AdversarialMiner(Miner):
     def follows(self, t: int) -> bool:
         return self.plan(t).apply_aggregate
 
+    def trains_ahead(self, t: int) -> bool:
+        return self.plan(t).train and super().trains_ahead(t)
+
     def describe(self) -> dict[str, Any]:
         return {"behaviour": self.behaviour}
 

@@ -12,7 +12,10 @@ Training figures (issue 13): ``final_val_bits_per_byte``, ``unigram_bits_per_byt
 token-unigram entropy per byte: what a model that knows only token frequencies scores; a line on the
 validation-loss plot), ``tokens`` (training tokens the miners processed, from their JSON lines) and
 ``miner_utilisation`` (uid → mean inner-training seconds ÷ window seconds of each honest or diligent
-miner; ``summary.miner_utilisation_mean`` is their mean).
+miner; ``summary.miner_utilisation_mean`` is their mean), and ``reference_adamw`` /
+``reference_final_bits_per_byte``: a centralised AdamW run on the tokens the honest and diligent
+miners trained on (sim/reference.py), a curve on the validation-loss plot placed on the window axis
+where the network had processed as many tokens.
 
     python -m sim.report REPORT_JSON [--command CMD]   # render md, PNGs and html again from a report.json
 """
@@ -116,6 +119,18 @@ def build(lines: list[dict], peers: dict[int, tuple[str, str]], posted: dict[int
     return report
 
 
+def add_reference(report: dict, reference: dict | None, per_window: dict[int, int]) -> None:
+    """Put the centralised AdamW reference curve (sim/reference.py) into the report, placed on the window
+    axis where the network had processed as many tokens."""
+    from sim.reference import on_windows
+
+    if not reference or not reference.get("val_loss"):
+        return
+    report["reference_adamw"] = {**reference, "windows": on_windows(reference["tokens"], per_window)}
+    last = reference["bits_per_byte"][-1]
+    report["reference_final_bits_per_byte"] = last if math.isfinite(last) else None
+
+
 def summarise(rows: list[dict], val: list[dict], work: dict[int, dict] | None = None,
               utilisation: dict[str, float] | None = None) -> dict:
     good = sum(r["weight"] for r in rows if r["behaviour"] in GOOD)
@@ -156,6 +171,12 @@ def markdown(report: dict, command: str = "") -> str:
                    "(a model that knows only token frequencies)")
     if s.get("tokens") is not None:
         out.append(f"- training tokens the miners processed: {s['tokens']:,}")
+    ref = report.get("reference_adamw")
+    if ref and report.get("reference_final_bits_per_byte") is not None:
+        cut = "" if ref["complete"] else f" (cut short at {ref['tokens'][-1]:,} tokens by its time limit)"
+        out.append(f"- centralised AdamW on the {ref['target_tokens']:,} tokens the honest and diligent miners "
+                   f"trained on ({ref['steps']} steps of {ref['batch_sequences']} sequences, lr {ref['lr']:g}): "
+                   f"{report['reference_final_bits_per_byte']:.3f} bits/byte{cut}")
     if s.get("miner_utilisation_mean") is not None:
         out.append(f"- miner utilisation (inner training ÷ window, honest and diligent miners): mean "
                    f"{100 * s['miner_utilisation_mean']:.1f}%, lowest {100 * s['miner_utilisation_min']:.1f}%")
@@ -201,10 +222,14 @@ def figures(report: dict) -> dict[str, Any]:
             label="shared model")
     ax.set(xlabel="window", ylabel="validation loss (nats/token)", title=PLOTS["val_loss"])
     ratio = bits_per_nat(report)
+    ref = report.get("reference_adamw")
+    if ref and ref.get("windows"):
+        ax.plot(ref["windows"], ref["val_loss"], color="#1a9850", linewidth=1, label="centralised AdamW, same tokens")
     unigram = report.get("unigram_bits_per_byte")
     if isinstance(unigram, (int, float)) and math.isfinite(unigram) and ratio > 0:
         ax.axhline(unigram / ratio, color="grey", linestyle="--", linewidth=1,
                    label=f"corpus unigram entropy ({unigram:.2f} bits/byte)")
+    if len(ax.get_lines()) > 1:
         ax.legend(fontsize=8)
     bpb = ax.secondary_yaxis("right", functions=(lambda nats: nats * ratio, lambda bits: bits / ratio))
     bpb.set_ylabel("bits/byte")

@@ -69,6 +69,10 @@ def _cards(report: dict) -> str:
         cards.append(("corpus unigram entropy", f"{report['unigram_bits_per_byte']:.3f} bits/byte"))
     if s.get("tokens") is not None:
         cards.append(("training tokens processed", f"{s['tokens']:,}"))
+    if report.get("reference_final_bits_per_byte") is not None:
+        cut = "" if report["reference_adamw"].get("complete") else " (cut short)"
+        bits = report["reference_final_bits_per_byte"]
+        cards.append(("centralised AdamW, same tokens", f"{bits:.3f} bits/byte{cut}"))
     if s.get("miner_utilisation_mean") is not None:
         cards.append(("miner utilisation, mean (lowest)",
                       f"{100 * s['miner_utilisation_mean']:.1f}% ({100 * s['miner_utilisation_min']:.1f}%)"))

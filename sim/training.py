@@ -161,10 +161,13 @@ def run_honest(hp: HParams, dataset: Dataset, n_peers: int, windows: int, *, com
 
 
 def run_ddp(hp: HParams, dataset: Dataset, peers: int, windows: int, steps: int, *, lr: float | None = None,
-            device: str = "cpu", on_window: Callable[[int, float], None] | None = None) -> History:
+            device: str = "cpu", on_window: Callable[[int, float], None] | None = None,
+            until: float | None = None) -> History:
     """Data-parallel AdamW on the same sequences: per step, the mean gradient of every peer's batch.
 
-    Uses the inner optimiser's settings (``hp.inner``) with ``lr`` overriding the peak rate."""
+    Uses the inner optimiser's settings (``hp.inner``) with ``lr`` overriding the peak rate.  ``until``
+    (``time.perf_counter()`` units): start no window that would end after it, by the mean window so far
+    (the history ends early)."""
     model = build_model(hp.model, hp.seed, device)
     cfg = dataclasses.replace(hp.inner, lr=lr) if lr is not None else hp.inner
     opt = make_optimizer(model.parameters(), dataclasses.replace(cfg, optimizer="adamw"))
@@ -174,6 +177,9 @@ def run_ddp(hp: HParams, dataset: Dataset, peers: int, windows: int, steps: int,
     hist.record(-1, evaluate(model, val, hp.micro_batch, device), float("nan"), 0)
     count = 0
     for t in range(windows):
+        now = time.perf_counter()
+        if until is not None and now + ((now - start) / t if t else 0.0) > until:
+            break
         data = [assignment(dataset, uid, t, hp, steps) for uid in range(peers)]
         losses = []
         for i in range(steps):

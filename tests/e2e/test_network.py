@@ -163,7 +163,7 @@ def test_nodes_serve_their_metrics(network):
     assert 0 < one(m, "dso_train_loss_nats_per_token") < 6
     assert one(m, "dso_train_loss_bits_per_byte") == pytest.approx(one(m, "dso_train_loss_nats_per_token")
                                                                    / math.log(2))
-    assert 0 < one(m, "dso_utilisation_ratio") < 1 and one(m, "dso_s3_sent_bytes_total") > 0
+    assert 0 < one(m, "dso_utilisation_ratio") <= 1 and one(m, "dso_s3_sent_bytes_total") > 0
     assert one(m, "dso_chain_writes_total", call="register", result="ok") == 1
     assert 0 <= one(m, "dso_inner_steps") <= net.hp.inner.steps_max  # inner optimiser steps of the last window
 

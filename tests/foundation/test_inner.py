@@ -96,6 +96,9 @@ def test_bounds_assignment_limit_and_deadline():
     r = loop.train(0, _data(40), deadline=9.0, clock=clock)
     assert (r.steps, r.stopped) == (0, "deadline")
     assert loop.step_count == 2 + 3 + 2
+    # a known step duration bounds the first step too: at 10 with steps of 1, a deadline of 10.5 allows none
+    assert loop.train(0, _data(40), deadline=10.5, clock=clock, step_seconds=1.0).steps == 0
+    assert loop.train(0, _data(40), deadline=10.5, clock=clock).steps == 1  # without it the first step goes
 
 
 def test_rebase_keeps_every_step():

@@ -1,0 +1,144 @@
+"""The miner trains window t+1 while the leader's bundle of window t is on its way (neurons/miner.py).
+
+A miner with a stand-in context (no chain, no S3): the follower's bundle is "published" after a number
+of looks, and applying it adds a known Δ to θ_t.  Checks: the miner keeps taking inner steps while the
+bundle is pending; when it arrives the model's local weights are θ_{t+1} + (local − θ_t) and the anchor is
+θ_{t+1}; window t+1 then goes on from there up to steps_max in all; without a bundle the model is θ_t again.
+"""
+from __future__ import annotations
+
+import time
+from types import SimpleNamespace
+
+import torch
+
+from dso.clock import PutWindow
+from dso.codecs import make_codec
+from dso.config import Config, ModelConfig
+from dso.model import build_model, parameter_shapes, state_hash
+from neurons.miner import Miner
+
+torch.set_num_threads(1)
+PUBLISHED = "bundle"
+
+
+class Follower:
+    """Publishes the bundle of window t after ``after`` looks; applying it moves θ_t by ``delta``."""
+
+    def __init__(self, model, delta, after: int):
+        self.model, self.delta, self.after, self.looks, self.applied = model, delta, after, 0, 0
+
+    def arrived(self, t: int):
+        self.looks += 1
+        return PUBLISHED if self.looks > self.after else None
+
+    def bundle(self, t: int, until: float):  # waits for it: published unless the wait is over
+        self.looks = max(self.looks, self.after + 1) if until > time.time() else self.looks
+        return PUBLISHED if self.looks > self.after else "missing"
+
+    @torch.no_grad()
+    def apply(self, t: int, got):
+        if got != PUBLISHED:
+            return False, "no bundle"
+        for n, p in self.model.named_parameters():
+            p.add_(self.delta[n])
+        self.applied += 1
+        return True, "applied"
+
+
+class Clock:
+    """Every put window closes far in the future: only steps_max and the bundle bound training."""
+
+    def put_window(self, t: int) -> PutWindow:
+        return PutWindow(t, time.time() + 3600, time.time() + 3603)
+
+
+class Dataset:
+    def training_batch(self, uid: int, t: int, assigned: int, n: int) -> torch.Tensor:
+        g = torch.Generator().manual_seed(1000 + t)
+        return torch.randint(0, 256, (min(assigned, n), 17), generator=g)
+
+    def target_bytes(self, batch: torch.Tensor) -> int:
+        return int(batch[:, 1:].numel())
+
+
+def make_miner(tmp_path, after: int, steps_max: int = 5):
+    cfg = Config()
+    hp = cfg.hparams
+    hp.tokenizer, hp.model = "bytes", ModelConfig(vocab_size=256, d_model=32, n_layers=1, n_heads=2, ffn_hidden=64,
+                                                  seq_len=16)
+    hp.batch_size, hp.micro_batch, hp.chunk, hp.topk = 4, 4, 16, 8
+    hp.inner.steps_max, hp.assigned_sequences, hp.inner.warmup_steps = steps_max, 4 * steps_max, 0
+    model = build_model(hp.model, 1)
+    ctx = SimpleNamespace(cfg=cfg, hp=hp, model=model, codec=make_codec(parameter_shapes(model), hp),
+                          device=torch.device("cpu"), state_dir=tmp_path, dataset=Dataset(), clock=Clock(), uid=3,
+                          stop=lambda: False)
+    miner = Miner(ctx)
+    g = torch.Generator().manual_seed(7)
+    delta = {n: 1e-2 * torch.randn(p.shape, generator=g) for n, p in model.named_parameters()}
+    miner.follower = Follower(model, delta, after)
+    miner.model_window = 0
+    return miner, delta
+
+
+def params(model) -> dict[str, torch.Tensor]:
+    return {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
+def test_training_goes_on_while_the_bundle_is_pending_and_is_rebased_onto_the_new_theta(tmp_path):
+    miner, delta = make_miner(tmp_path, after=3)
+    theta_t = params(miner.ctx.model)
+    seen = {}
+    rebase = miner.inner.rebase_local
+
+    def spy(local):  # the local weights just before the rebase
+        seen.update({n: w.clone() for n, w in local.items()})
+        rebase(local)
+    miner.inner.rebase_local = spy
+
+    applied, summary = miner.train_ahead(0, until=time.time() + 60)
+    assert applied and miner.follower.applied == 1
+    assert miner.ahead is not None and (miner.ahead.window, miner.ahead.report.steps) == (1, 3)  # 3 looks: 3 steps
+    assert miner.ahead.report.stopped == "interrupted" and "3 steps of window 1" in summary
+    assert miner.theta_hash() == state_hash((n, theta_t[n] + delta[n]) for n in theta_t)  # what the record says
+    for n, p in miner.ctx.model.named_parameters():
+        theta_next = theta_t[n] + delta[n]
+        assert torch.equal(miner.inner.anchor[n], theta_next)
+        assert float((seen[n] - theta_t[n]).abs().max()) > 0  # the steps moved the weights
+        expected = theta_next.double() + (seen[n].double() - theta_t[n].double())
+        assert torch.allclose(p.detach().double(), expected, rtol=0, atol=float(expected.abs().max()) * 2 ** -23)
+
+    # window 1 goes on from the rebased weights, up to steps_max in all, on the rest of its assignment
+    steps_before = miner.inner.step_count
+    own, loss = miner.train(1)
+    assert own is not None and loss == loss
+    assert (miner.report.steps, miner.ahead_steps, miner.report.sequences) == (5, 3, 20)
+    assert miner.inner.step_count == steps_before + 2 and miner.ahead is None
+    for n, p in miner.ctx.model.named_parameters():  # back at θ_1 for the upload and the next bundle
+        assert torch.equal(p.detach(), theta_t[n] + delta[n])
+
+
+def test_without_a_bundle_the_steps_are_dropped_and_the_model_is_theta_t(tmp_path):
+    miner, _ = make_miner(tmp_path, after=10 ** 9)
+    theta_t = params(miner.ctx.model)
+    applied, _ = miner.train_ahead(0, until=time.time() - 1)  # the wait is over before it begins
+    assert not applied and miner.ahead is None
+    assert all(torch.equal(p.detach(), theta_t[n]) for n, p in miner.ctx.model.named_parameters())
+
+
+def test_training_ahead_stops_at_steps_max_and_then_waits_for_the_bundle(tmp_path):
+    miner, _ = make_miner(tmp_path, after=8, steps_max=5)
+    applied, _ = miner.train_ahead(0, until=time.time() + 60)
+    assert applied and miner.ahead is not None and miner.ahead.report.steps == 5
+    miner.train(1)
+    assert (miner.report.steps, miner.ahead_steps) == (5, 5)  # nothing left to take after θ_1 arrived
+
+
+def test_paper_mode_does_not_train_ahead(tmp_path):
+    miner, _ = make_miner(tmp_path, after=0)
+    miner.ctx.hp.inner.mode = "gradient"
+    assert not miner.trains_ahead(1)
+    miner.ctx.hp.inner.mode = "steps"
+    assert miner.trains_ahead(1)
+    miner.budget_spent = True
+    assert not miner.trains_ahead(1)
