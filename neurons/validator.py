@@ -57,11 +57,7 @@ from storage.reveal import gather_window
 from storage.wire import Expect, Payload
 
 log = logging.getLogger("dso.validator")
-# a validator that does not lead waits this long past its own gather for the bundle, at most this share of a
-# window: waiting longer for a dead leader's bundle, window after window, would put it behind the chain, where
-# it posts no weights and so goes idle itself — then nobody leads until it catches up (seen with 4 s windows)
-BUNDLE_WAIT_SECONDS = 6.0
-BUNDLE_WAIT_SHARE = 0.5
+BUNDLE_WAIT_SECONDS = 6.0  # a validator that does not lead waits this long past its own gather for the bundle
 SENIOR_WAIT_WINDOWS = 3    # at first start, how long to wait for a validator with more stake to start the run
 CAUGHT_UP_WINDOWS = 2      # a validator further behind the chain than this posts no weights (it does not lead)
 
@@ -218,8 +214,7 @@ class Validator:
         the leader's checkpoint and bundles up to t first."""
         if self.leading(t):
             return None
-        wait = min(BUNDLE_WAIT_SECONDS, BUNDLE_WAIT_SHARE * self.ctx.clock.window_seconds())
-        got = self.follower.bundle(t, time.time() + wait)
+        got = self.follower.bundle(t, time.time() + BUNDLE_WAIT_SECONDS)
         if not isinstance(got, Bundle):
             log.warning("window %d: no bundle from the leader (%s); aggregating our own list", t, got)
             return None
