@@ -15,7 +15,8 @@ from sim.localnet import LocalNet, plan_nodes, wait_for
 from storage.server import EmbeddedS3
 
 pytestmark = pytest.mark.slow
-WINDOWS = 6
+WINDOWS = 8
+JOINING = 4  # windows a miner may spend starting up and joining the run (a loaded machine, training miners)
 
 
 def run_once(root, name, s3, hp, corpus) -> tuple[list[dict], dict[str, list[dict]], str]:
@@ -54,7 +55,7 @@ def test_miners_of_the_second_run_hold_the_validators_model_and_never_diverge(tw
     reference = {line["window"]: line["model_hash"] for line in lines}
     for name, records in miners.items():
         followed = [r for r in records if r["window"] in reference]
-        assert len(followed) >= WINDOWS - 2, (name, records)
+        assert len(followed) >= WINDOWS - JOINING, (name, records)
         for record in followed:
             assert record["model_hash"] == reference[record["window"]], (name, record["window"])
     assert "diverged" not in miner_logs and "not at model_hash_before" not in miner_logs
