@@ -105,6 +105,27 @@ def normalise_weights(scores: Mapping[int, float], power: float) -> dict[int, fl
     return {uid: v / total for uid, v in raised.items()}
 
 
+def smooth_weights(previous: Mapping[int, float], current: Mapping[int, float], rate: float) -> dict[int, float]:
+    """Posted weights as an EMA of each window's weights: ``rate·current + (1 − rate)·previous``, renormalised.
+
+    Only peers with a positive weight this window keep their history: a peer whose current weight is 0 (its
+    score fell to 0 or below, it was banned, it left) is posted 0 at once, so smoothing never delays a drop to
+    nothing.  ``rate = 1`` is no smoothing.  All-zero current weights stay all zero (nothing is posted)."""
+    if not 0 < rate <= 1:
+        raise ValueError(f"smoothing rate must be in (0, 1], got {rate}")
+    mixed = {uid: (rate * w + (1.0 - rate) * _share(previous.get(uid, 0.0)) if w > 0 else 0.0)
+             for uid, w in sorted(current.items())}
+    total = math.fsum(mixed.values())
+    if total <= 0 or not math.isfinite(total):
+        return {uid: 0.0 for uid in mixed}
+    return {uid: v / total for uid, v in mixed.items()}
+
+
+def _share(w: float) -> float:
+    """A previous weight as a share in [0, 1] (NaN → 0)."""
+    return min(1.0, max(0.0, w)) if w == w else 0.0
+
+
 def top_g(scores: Mapping[int, float], g: int) -> list[int]:
     """The G best peers with a positive score: score descending, ties by lower uid first."""
     ranked = sorted((uid for uid, s in scores.items() if s > 0 and math.isfinite(s)),

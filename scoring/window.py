@@ -12,8 +12,8 @@ returns a :class:`WindowReport`.  Order, as in the paper's Algorithm 1:
 2. S_t ⊆ peers that passed, drawn the same way: ``L(θ_t, D_rand)`` once, then per peer three
    forward passes, in place; LossScore = δ_rand; μ gets the proof-of-computation
    update; one OpenSkill match over S_t updates the ratings.
-3. Sign-safe PeerScores for the active peers → power-normalised weights →
-   next top-G list.
+3. Sign-safe PeerScores for the active peers → power-normalised weights, smoothed
+   with the last posted ones (``hp.weight_smoothing``) → next top-G list.
 
 With ``hp.commit_reveal`` on, penalties follow the ZIP-407 table mapped onto μ
 (:func:`penalty_multiplier`, docs/extensions.md §2): a commit-reveal offence, a
@@ -45,7 +45,7 @@ from dso.train import evaluate, learning_rate
 from scoring import formulas, selection
 from dso.outer import peer_norms, reference_norms
 from scoring.evaluation import ParameterSnapshot, PeerLosses, evaluate_peer, update_step
-from scoring.rating import rate_match
+from scoring.rating import ordinal, rate_match
 from scoring.state import PeerState, ValidatorState
 from scoring.sync import check_sync_vector, sample_parameters, sync_positions
 
@@ -171,16 +171,18 @@ def score_window(state: ValidatorState, model: Decoder, codec: Codec, dataset: D
         peer.mu = formulas.poc_update(peer.mu, peer.delta_assigned, peer.loss_score, hp.poc_gamma)
         peer.eval_count += 1
     new_ratings = rate_match({uid: state.peers[uid].rating for uid in losses},
-                             {uid: pl.delta_rand for uid, pl in losses.items()})
+                             {uid: pl.delta_rand for uid, pl in losses.items()}, hp.rating_beta, hp.rating_tau)
     for uid, (mu, sigma) in new_ratings.items():
         state.peers[uid].rating_mu, state.peers[uid].rating_sigma = mu, sigma
 
     # --- 3. scores, weights, next top-G
-    scores = {uid: formulas.peer_score(state.peers[uid].mu, state.peers[uid].loss_rating) for uid in active_uids}
+    ratings = {uid: ordinal(state.peers[uid].rating, hp.rating_z) for uid in active_uids}
+    scores = {uid: formulas.peer_score(min(state.peers[uid].mu, hp.poc_cap), ratings[uid]) for uid in active_uids}
     banned |= {uid for uid in active_uids if is_banned(state.peers[uid], hp)}  # (an evaluation may ban too)
     for uid in banned:  # no weight, whatever μ and the rating do later; kept out of the list below
         scores[uid] = min(scores[uid], 0.0)
-    weights = formulas.normalise_weights(scores, hp.weight_power)
+    weights = formulas.smooth_weights(state.weights, formulas.normalise_weights(scores, hp.weight_power),
+                                      hp.weight_smoothing)
     top = selection.next_top_g(scores, [uid for uid in passed if uid not in failures and uid not in banned],
                                hp.topg)
     state.window, state.fast, state.evaluated = window, fast, sorted(losses)
@@ -192,7 +194,7 @@ def score_window(state: ValidatorState, model: Decoder, codec: Codec, dataset: D
         loss_scores={uid: pl.delta_rand for uid, pl in sorted(losses.items())},
         assigned_deltas={uid: pl.delta_assigned for uid, pl in sorted(losses.items())},
         base_rand_loss=base_rand, mu={uid: state.peers[uid].mu for uid in active_uids},
-        loss_ratings={uid: state.peers[uid].loss_rating for uid in active_uids},
+        loss_ratings=ratings,
         scores=scores, weights=weights, top_g=top, notes=notes)
 
 
