@@ -9,7 +9,7 @@ import pytest
 from scipy.stats import rankdata
 
 from scoring.formulas import (MU_MAX, MU_MIN, competition_ranks, loss_delta, normalise_weights, peer_score,
-                              penalise, poc_update, sync_score, top_g)
+                              penalise, poc_update, smooth_weights, sync_score, top_g)
 
 
 # ------------------------------------------------------------- proof of computation
@@ -168,6 +168,41 @@ def test_normalise_nobody_to_pay_gives_all_zeros():
     assert normalise_weights({1: 0.4}, 2.0) == {1: 1.0}         # one positive peer takes it all
     assert normalise_weights({1: math.nan, 2: 0.5, 3: 0.0}, 2.0) == {1: 0.0, 2: 1.0, 3: 0.0}
     assert normalise_weights({}, 2.0) == {}
+
+
+# ------------------------------------------------------------- smoothing (issue 17)
+def test_smooth_weights_hand_values():
+    # 0.5·(0.2, 0.8) + 0.5·(0.5, 0.5) = (0.35, 0.65): sums to 1, nothing to renormalise
+    assert smooth_weights({1: 0.5, 2: 0.5}, {1: 0.2, 2: 0.8}, 0.5) == pytest.approx({1: 0.35, 2: 0.65})
+    # a newcomer has no history: 0.25·(0.5, 0.5) + 0.75·(1, 0) = (0.875, 0.125)
+    assert smooth_weights({1: 1.0}, {1: 0.5, 2: 0.5}, 0.25) == pytest.approx({1: 0.875, 2: 0.125})
+    assert smooth_weights({}, {1: 0.3, 2: 0.7}, 0.4) == pytest.approx({1: 0.3, 2: 0.7})
+
+
+def test_smooth_weights_drops_an_unpaid_peer_at_once_and_renormalises():
+    # peer 3 is not paid this window: 0 at once, not 0.5·0.2; (0.55, 0.35) / 0.9
+    got = smooth_weights({1: 0.5, 2: 0.3, 3: 0.2}, {1: 0.6, 2: 0.4, 3: 0.0}, 0.5)
+    assert got == pytest.approx({1: 0.55 / 0.9, 2: 0.35 / 0.9, 3: 0.0})
+    assert got[3] == 0.0 and math.fsum(got.values()) == pytest.approx(1.0, abs=1e-15)
+    assert smooth_weights({1: 0.5}, {1: 0.0, 2: 0.0}, 0.5) == {1: 0.0, 2: 0.0}   # nobody paid: nothing posted
+    assert 9 not in smooth_weights({9: 1.0}, {1: 1.0}, 0.5)                      # a peer that left is not posted
+
+
+def test_smooth_weights_is_a_geometric_approach_and_rate_one_is_no_smoothing():
+    w = {1: 1.0, 2: 0.0}
+    for expected in ((0.75, 0.25), (0.625, 0.375), (0.5625, 0.4375)):   # 0.5 + 0.5^n · 0.5
+        w = smooth_weights(w, {1: 0.5, 2: 0.5}, 0.5)
+        assert (w[1], w[2]) == pytest.approx(expected, abs=1e-15)
+    assert smooth_weights({1: 0.9, 2: 0.1}, {1: 0.25, 2: 0.75}, 1.0) == {1: 0.25, 2: 0.75}
+    for bad in (0.0, -0.1, 1.5, math.nan):
+        with pytest.raises(ValueError):
+            smooth_weights({}, {1: 1.0}, bad)
+
+
+def test_smooth_weights_ignores_damaged_history():
+    # a NaN or out-of-range previous weight counts as 0 / 1, never poisons the row
+    got = smooth_weights({1: math.nan, 2: 7.0}, {1: 0.5, 2: 0.5}, 0.5)
+    assert got == pytest.approx({1: 0.25 / 1.0, 2: 0.75 / 1.0})
 
 
 # ------------------------------------------------------------------- top-G
