@@ -183,7 +183,7 @@ class HParams:
     fast_peers: int = _doc("|F_t|: peers given fast checks per window (top-G always in)", default=32)
     eval_sequences: int = _doc("sequences of D_rand / D_assigned used per loss (noise of the PoC test)", default=8)
     topg: int = _doc("G: peers aggregated per window", default=15)
-    weight_power: float = _doc("c of the power normalisation of scores", default=2.0)
+    weight_power: float = _doc("c of the power normalisation of scores (1: pay in proportion; issue 17)", default=1.0)
     windows_per_weights: int = _doc("post weights every this many windows", default=1)
     checkpoint_every: int = _doc("validator checkpoints every this many windows", default=5)
     # --- DSO extensions
@@ -217,12 +217,13 @@ class HParams:
     rating_tau: float = _doc("OpenSkill tau: added to sigma before every match, so the rating keeps "
                              "learning (larger = shorter horizon, faster reaction, noisier)", default=25 / 300)
     rating_z: float = _doc("LossRating = rating mu - z * sigma (a lower confidence bound; 3 is the library's "
-                           "ordinal)", default=3.0)
+                           "ordinal; 1 keeps honest peers' ratings well above 0 — docs/scoring.md)", default=1.0)
     poc_cap: float = _doc("PeerScore = min(mu, poc_cap) * LossRating: a proof-of-computation mu above this "
-                          "counts in full (1 = the paper's product)", default=1.0)
+                          "counts in full (1 = the paper's product; PoC is a pass/fail test of the work, not a "
+                          "ranking)", default=0.2)
     weight_smoothing: float = _doc("posted weights = s * this window's + (1 - s) * the last posted, for peers "
                                    "still paid this window (others drop to 0 at once); 1 = no smoothing",
-                                   default=1.0)
+                                   default=0.5)
     # --- issue 13: codec domain, inner loop, outer step (docs/codec.md, docs/training.md)
     dct: bool = _doc("codec: DCT each chunk before top-k; false = top-k of raw parameter chunks", default=True)
     inner: InnerConfig = field(default_factory=InnerConfig)

@@ -90,6 +90,15 @@ def peer_score(mu: float, rating: float) -> float:
     return min(mu, rating)
 
 
+def last_update_helped(loss_score: float | None) -> bool:
+    """Whether a peer may be paid: its last evaluated update lowered the loss on random data (LossScore > 0).
+
+    ``None`` (never evaluated) is not held against it — such a peer has μ = 0 and no positive score anyway.
+    NaN and ±inf-free negatives alike fail: a zero, noise or harmful update earns nothing until the peer's next
+    evaluation shows an improvement (docs/scoring.md, "Fair, stable weights")."""
+    return loss_score is None or loss_score > 0
+
+
 def normalise_weights(scores: Mapping[int, float], power: float) -> dict[int, float]:
     """``x_p = (s_p − m)^c / Σ_k (s_k − m)^c`` over the clamped scores ``s = max(score, 0)``, with the
     shift ``m`` taken against the neutral score 0 of a peer that contributed nothing, so ``m = 0``.

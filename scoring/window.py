@@ -179,12 +179,19 @@ def score_window(state: ValidatorState, model: Decoder, codec: Codec, dataset: D
     ratings = {uid: ordinal(state.peers[uid].rating, hp.rating_z) for uid in active_uids}
     scores = {uid: formulas.peer_score(min(state.peers[uid].mu, hp.poc_cap), ratings[uid]) for uid in active_uids}
     banned |= {uid for uid in active_uids if is_banned(state.peers[uid], hp)}  # (an evaluation may ban too)
-    for uid in banned:  # no weight, whatever μ and the rating do later; kept out of the list below
+    # a peer whose last evaluated update did not lower the loss on random data is paid nothing and leaves the
+    # list until an evaluation shows it helping again: a peer that turns bad loses its weight at its next
+    # evaluation, however good its rating (docs/scoring.md, "Fair, stable weights")
+    unhelpful = {uid for uid in active_uids if not formulas.last_update_helped(state.peers[uid].loss_score)}
+    for uid in banned | unhelpful:  # no weight, whatever μ and the rating do later; kept out of the list below
         scores[uid] = min(scores[uid], 0.0)
     weights = formulas.smooth_weights(state.weights, formulas.normalise_weights(scores, hp.weight_power),
                                       hp.weight_smoothing)
-    top = selection.next_top_g(scores, [uid for uid in passed if uid not in failures and uid not in banned],
-                               hp.topg)
+    checked = [uid for uid in passed if uid not in failures and uid not in banned]
+    # peers whose last update did not help enter the list only when nobody else can (a cold start, where
+    # every update of the warm-up may score 0), so the network never stands still for want of a list
+    top = (selection.next_top_g(scores, [uid for uid in checked if uid not in unhelpful], hp.topg)
+           or selection.next_top_g(scores, checked, hp.topg))
     state.window, state.fast, state.evaluated = window, fast, sorted(losses)
     state.top_g, state.weights = top, weights
     committed.__dict__.update(state.__dict__)

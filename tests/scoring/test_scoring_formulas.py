@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from scipy.stats import rankdata
 
-from scoring.formulas import (MU_MAX, MU_MIN, competition_ranks, loss_delta, normalise_weights, peer_score,
-                              penalise, poc_update, smooth_weights, sync_score, top_g)
+from scoring.formulas import (MU_MAX, MU_MIN, competition_ranks, last_update_helped, loss_delta, normalise_weights,
+                              peer_score, penalise, poc_update, smooth_weights, sync_score, top_g)
 
 
 # ------------------------------------------------------------- proof of computation
@@ -168,6 +168,13 @@ def test_normalise_nobody_to_pay_gives_all_zeros():
     assert normalise_weights({1: 0.4}, 2.0) == {1: 1.0}         # one positive peer takes it all
     assert normalise_weights({1: math.nan, 2: 0.5, 3: 0.0}, 2.0) == {1: 0.0, 2: 1.0, 3: 0.0}
     assert normalise_weights({}, 2.0) == {}
+
+
+# ------------------------------------------------------------- the pay gate (issue 17)
+@pytest.mark.parametrize("loss_score, paid", [(0.003, True), (1e-12, True), (None, True), (0.0, False),
+                                              (-0.002, False), (-math.inf, False), (math.nan, False)])
+def test_only_a_peer_whose_last_update_lowered_the_loss_may_be_paid(loss_score, paid):
+    assert last_update_helped(loss_score) is paid
 
 
 # ------------------------------------------------------------- smoothing (issue 17)
