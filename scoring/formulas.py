@@ -50,6 +50,14 @@ def poc_update(mu: float, delta_assigned: float, delta_rand: float, gamma: float
     return bound_mu(gamma * bound_mu(mu) + (1.0 - gamma) * step)
 
 
+def poc_no_work(mu: float, gamma: float) -> float:
+    """The proof-of-computation step for an evaluated update that did not lower the random-data loss at all
+    (δ_rand ≤ 0: zeros, noise, harm): it proves no useful work, so it counts as −1 (``γ·μ − (1−γ)``), where
+    ``poc_update`` would give a zero update (equal deltas) a free decay (issue 17: a miner that uploads zeros
+    when it does not expect evaluation)."""
+    return bound_mu(gamma * bound_mu(mu) - (1.0 - gamma))
+
+
 def penalise(mu: float, phi: float) -> float:
     """The fast-check penalty, ``max(MU_MIN, μ − (1−φ)·|μ|)``: equals ``φ·μ`` for μ ≥ 0 and never raises μ.
 
@@ -90,13 +98,19 @@ def peer_score(mu: float, rating: float) -> float:
     return min(mu, rating)
 
 
-def last_update_helped(loss_score: float | None) -> bool:
-    """Whether a peer may be paid: its last evaluated update lowered the loss on random data (LossScore > 0).
+def last_update_helped(loss_score: float | None, reference: float | None = None, share: float = 0.0) -> bool:
+    """Whether a peer may be paid: its last evaluated update lowered the loss on random data (LossScore > 0) by
+    at least ``share`` of ``reference`` (the window's median LossScore; None: no reference this window).
 
     ``None`` (never evaluated) is not held against it — such a peer has μ = 0 and no positive score anyway.
-    NaN and ±inf-free negatives alike fail: a zero, noise or harmful update earns nothing until the peer's next
-    evaluation shows an improvement (docs/scoring.md, "Fair, stable weights")."""
-    return loss_score is None or loss_score > 0
+    NaN fails.  A zero, noise or harmful update — including noise scaled to a harmless step, whose LossScore is
+    about 0 — earns nothing until the peer's next evaluation shows it helping (docs/scoring.md, "Fair, stable
+    weights")."""
+    if loss_score is None:
+        return True
+    if not loss_score > 0:
+        return False
+    return reference is None or not reference > 0 or loss_score >= share * reference
 
 
 def normalise_weights(scores: Mapping[int, float], power: float) -> dict[int, float]:

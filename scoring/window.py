@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import copy
 import math
+import statistics
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
@@ -45,7 +46,8 @@ from dso.train import evaluate, learning_rate
 from scoring import formulas, selection
 from dso.outer import peer_norms, reference_norms
 from scoring.evaluation import ParameterSnapshot, PeerLosses, evaluate_peer, update_step
-from scoring.rating import ordinal, rate_match
+from scoring.pay import pay
+from scoring.rating import rate_match
 from scoring.state import PeerState, ValidatorState
 from scoring.sync import check_sync_vector, sample_parameters, sync_positions
 
@@ -168,7 +170,8 @@ def score_window(state: ValidatorState, model: Decoder, codec: Codec, dataset: D
     for uid, peer_losses in losses.items():
         peer = state.peers[uid]
         peer.loss_score, peer.delta_assigned = peer_losses.delta_rand, peer_losses.delta_assigned
-        peer.mu = formulas.poc_update(peer.mu, peer.delta_assigned, peer.loss_score, hp.poc_gamma)
+        peer.mu = (formulas.poc_update(peer.mu, peer.delta_assigned, peer.loss_score, hp.poc_gamma)
+                   if formulas.last_update_helped(peer.loss_score) else formulas.poc_no_work(peer.mu, hp.poc_gamma))
         peer.eval_count += 1
     new_ratings = rate_match({uid: state.peers[uid].rating for uid in losses},
                              {uid: pl.delta_rand for uid, pl in losses.items()}, hp.rating_beta, hp.rating_tau)
@@ -176,17 +179,13 @@ def score_window(state: ValidatorState, model: Decoder, codec: Codec, dataset: D
         state.peers[uid].rating_mu, state.peers[uid].rating_sigma = mu, sigma
 
     # --- 3. scores, weights, next top-G
-    ratings = {uid: ordinal(state.peers[uid].rating, hp.rating_z) for uid in active_uids}
-    scores = {uid: formulas.peer_score(min(state.peers[uid].mu, hp.poc_cap), ratings[uid]) for uid in active_uids}
     banned |= {uid for uid in active_uids if is_banned(state.peers[uid], hp)}  # (an evaluation may ban too)
-    # a peer whose last evaluated update did not lower the loss on random data is paid nothing and leaves the
-    # list until an evaluation shows it helping again: a peer that turns bad loses its weight at its next
-    # evaluation, however good its rating (docs/scoring.md, "Fair, stable weights")
-    unhelpful = {uid for uid in active_uids if not formulas.last_update_helped(state.peers[uid].loss_score)}
-    for uid in banned | unhelpful:  # no weight, whatever μ and the rating do later; kept out of the list below
-        scores[uid] = min(scores[uid], 0.0)
-    weights = formulas.smooth_weights(state.weights, formulas.normalise_weights(scores, hp.weight_power),
-                                      hp.weight_smoothing)
+    # nothing for a banned peer, one that failed a check this window, or one whose last evaluated update did not
+    # lower the random-data loss — a peer that turns bad loses its weight at its next evaluation, however good
+    # its rating (scoring/pay.py, docs/scoring.md "Fair, stable weights"); none of them enters the list below
+    finite = [pl.delta_rand for pl in losses.values() if math.isfinite(pl.delta_rand)]
+    ratings, scores, weights, unhelpful = pay({uid: state.peers[uid] for uid in active_uids}, hp, state.weights,
+                                              banned | set(failures), statistics.median(finite) if finite else None)
     checked = [uid for uid in passed if uid not in failures and uid not in banned]
     # peers whose last update did not help enter the list only when nobody else can (a cold start, where
     # every update of the warm-up may score 0), so the network never stands still for want of a list
@@ -273,6 +272,8 @@ def is_banned(peer: PeerState, hp: HParams) -> bool:
 def _penalise(peer: PeerState, failure: Rejection, hp: HParams) -> None:
     """One penalty (the caller guarantees at most one per peer per window); never raises μ."""
     peer.mu = formulas.penalise(peer.mu, penalty_multiplier(failure, peer, hp))
+    if failure.reason is Reason.DUPLICATE:  # a caught copy forfeits its proof-of-computation credit (issue 17)
+        peer.mu = min(peer.mu, 0.0)
     peer.offences[failure.category] = peer.offences.get(failure.category, 0) + 1
     if hp.commit_reveal and is_invalid_update(failure.reason):
         peer.offences[INVALID] = peer.offences.get(INVALID, 0) + 1

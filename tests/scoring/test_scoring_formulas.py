@@ -9,7 +9,7 @@ import pytest
 from scipy.stats import rankdata
 
 from scoring.formulas import (MU_MAX, MU_MIN, competition_ranks, last_update_helped, loss_delta, normalise_weights,
-                              peer_score, penalise, poc_update, smooth_weights, sync_score, top_g)
+                              peer_score, penalise, poc_no_work, poc_update, smooth_weights, sync_score, top_g)
 
 
 # ------------------------------------------------------------- proof of computation
@@ -21,6 +21,12 @@ def test_poc_update_hand_values():
     mu = poc_update(mu, 0.1, 0.2, 0.95)                   # 0.95·0.0975 − 0.05
     assert mu == pytest.approx(0.042625, abs=1e-15)
     assert poc_update(0.4, 0.1, 0.1, 0.95) == pytest.approx(0.38)   # equal deltas: pure decay
+
+
+def test_an_update_that_does_no_good_counts_against_the_proof():
+    assert poc_no_work(0.4, 0.95) == pytest.approx(0.33)          # 0.95·0.4 − 0.05, where equal deltas give 0.38
+    assert poc_no_work(0.0, 0.95) == pytest.approx(-0.05)
+    assert poc_no_work(MU_MIN, 0.95) == MU_MIN and poc_no_work(math.nan, 0.9) == MU_MIN
 
 
 def test_poc_update_magnitude_does_not_matter_only_sign():
@@ -175,6 +181,15 @@ def test_normalise_nobody_to_pay_gives_all_zeros():
                                               (-0.002, False), (-math.inf, False), (math.nan, False)])
 def test_only_a_peer_whose_last_update_lowered_the_loss_may_be_paid(loss_score, paid):
     assert last_update_helped(loss_score) is paid
+
+
+def test_a_peer_must_help_at_least_a_share_of_the_window_median():
+    assert last_update_helped(0.05, reference=0.1, share=0.5)            # exactly half the median
+    assert not last_update_helped(0.0499, reference=0.1, share=0.5)
+    assert not last_update_helped(0.0024, reference=0.042, share=0.5)    # noise scaled to a harmless step
+    assert last_update_helped(0.001, reference=-0.2, share=0.5)          # no positive median: > 0 suffices
+    assert last_update_helped(0.001, reference=None, share=0.5)
+    assert not last_update_helped(-0.001, reference=-0.2, share=0.5)
 
 
 # ------------------------------------------------------------- smoothing (issue 17)
