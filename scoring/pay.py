@@ -13,8 +13,11 @@ from scoring.rating import ordinal
 from scoring.state import PeerState
 
 
+Pay = tuple[dict[int, float], dict[int, float], dict[int, float], set[int]]
+
+
 def pay(peers: Mapping[int, PeerState], hp: HParams, previous: Mapping[int, float], unpaid: Iterable[int] = (),
-        median_loss_score: float | None = None) -> tuple[dict[int, float], dict[int, float], dict[int, float], set[int]]:
+        median_loss_score: float | None = None) -> Pay:
     """``(loss_ratings, scores, weights, unhelpful)`` for the peers in ``peers``.
 
     LossRating = μ_r − z·σ; PeerScore = sign-safe ``min(μ, poc_cap) · LossRating``; a peer in ``unpaid`` (banned,

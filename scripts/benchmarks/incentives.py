@@ -20,8 +20,8 @@ the future randomness) among ``GAMER["honest"]`` honest peers, |S_t| = 2, tiny m
 schedule and the old round robin: its final and cumulative (mean over windows) weight share per seed, next
 to an honest peer's mean, and the share of windows it trained in.
 
-``turncoat``: the price of stable weights.  Among ``TURNCOAT["honest"]`` honest peers, peer 1 turns to noise at
-window ``switch`` (tiny model); ``windows_to_lose`` = windows it is still paid at least ``LOST`` of the weight,
+``turncoat``: the price of stable weights.  Among ``TURNCOAT["honest"]`` honest peers, the best-paid one turns to
+noise at window ``switch`` (tiny model); ``windows_to_lose`` = windows it is still paid at least ``LOST`` of the weight,
 counting the switch window (1: its first bad window already pays it less than 1 %).
 
 ``python scripts/benchmarks/incentives.py --lever eval_peers=2 --lever rating=7,0.1 --seeds 4`` runs the
@@ -180,7 +180,7 @@ def windows_to_lose(shares: list[float], switch: int, lost: float = LOST) -> int
 
 
 def run_turncoat(seed: int, windows: int, honest: int, switch: int, levers: dict | None = None) -> dict:
-    """In a worker: ``honest`` honest peers (tiny model); peer 1 uploads noise from window ``switch`` on."""
+    """In a worker: ``honest`` honest peers (tiny model); the best-paid uploads noise from window ``switch`` on."""
     from benchmarks.common import default_dataset, setup_worker
     setup_worker()
     from dso.config import HParams, ModelConfig, set_key
@@ -192,10 +192,14 @@ def run_turncoat(seed: int, windows: int, honest: int, switch: int, levers: dict
         _set_hparam(hp, key, value, set_key)
     net = SimNet(hp, default_dataset(hp), ["honest"] * honest)
 
+    turncoat: list[int] = []
+
     def turn(record) -> None:
         if record.window == switch - 1:
-            net.peers[0].behaviour = "noise"
-    shares = [r.weights.get(1, 0.0) for r in net.run(windows, turn)]
+            turncoat.append(max(record.weights, key=lambda uid: (record.weights[uid], -uid), default=1))
+            net.peers[turncoat[0] - 1].behaviour = "noise"
+    records = net.run(windows, turn)
+    shares = [r.weights.get(turncoat[0], 0.0) for r in records]
     return {"seed": seed, "windows_to_lose": windows_to_lose(shares, switch), "share_before": shares[switch - 1],
             "shares": shares}
 
@@ -255,8 +259,8 @@ def markdown(result: dict) -> str:
                          f"{s['honest_mean_final']:.4f} | {s['trained_share']:.0%} |")
     c = result.get("turncoat")
     if c:
-        lines += ["", f"**Turncoat** ({c['seeds']} seeds, {c['honest']} honest peers, peer 1 uploads noise from window "
-                  f"{c['switch']} of {c['windows']}, tiny model): windows it keeps ≥ {LOST:.0%} of the weight, "
+        lines += ["", f"**Turncoat** ({c['seeds']} seeds, {c['honest']} honest peers, the best-paid uploads noise from "
+                  f"window {c['switch']} of {c['windows']}, tiny model): windows it keeps ≥ {LOST:.0%} of the weight, "
                   f"switch window counted: median {c['median']}, max {c['max']}, never lost in {c['never']} "
                   f"(per seed {c['windows_to_lose']})"]
     return "\n".join(lines)
