@@ -56,7 +56,10 @@ SMOOTH = 5
 
 # ---------------------------------------------------------------- formulas
 def max_min_ratio(shares: list[float]) -> float:
-    """Largest over smallest share (a zero share counts as ZERO_SHARE)."""
+    """Largest over smallest share (a zero share counts as ZERO_SHARE; nobody paid at all counts as the worst,
+    1 / ZERO_SHARE, not as equality)."""
+    if not max(shares) > 0:
+        return 1.0 / ZERO_SHARE
     return max(shares) / max(min(shares), ZERO_SHARE)
 
 
