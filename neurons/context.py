@@ -90,7 +90,7 @@ class PeerDirectory:
         """The block whose state decides who leads ``window``: its last block, once a later one exists (a
         settled state).  Without a window, or while that block is not settled yet: the latest settled block.
         A window older than the chain's state history falls back to the oldest block still kept."""
-        latest = self.chain.block() - 1
+        latest = max(0, self.chain.block() - 1)
         if window is None:
             return latest
         last = self.clock.first_block(window + 1) - 1

@@ -214,12 +214,19 @@ def find_copies(codec: Codec, updates: Mapping[int, Update], times: Mapping[int,
     if not uids:
         return {}
     digests = {u: content_digest(codec.to_wire(updates[u])) for u in uids}
+    if not hasattr(codec, "plans"):
+        # the sketch codec: every peer's update is projected onto the window's one shared subspace, where honest
+        # inner-step updates measure alike (honest peers were caught as near-copies): exact copies only
+        out: dict[int, Rejection] = {}
+        for group in copy_groups(digests):
+            out.update(_resolve_group(group, updates, times, author_gain))
+        return out
     extra = [previous] if previous is not None else []
     rows = decoded_rows(codec, [updates[u] for u in uids] + extra, device)
     G = gram(rows)
     C = cosines(G)
     prev = len(uids) if extra else None
-    out: dict[int, Rejection] = {}
+    out = {}
     for a, uid in enumerate(uids):
         if prev is not None and float(C[a, prev]) >= thresholds.previous:
             out[uid] = Rejection(Reason.DUPLICATE, f"copy of the previous aggregate (cosine {float(C[a, prev]):.3f})")
