@@ -68,7 +68,6 @@ class PeerState:
 
     @property
     def loss_rating(self) -> float:
-        """The library's ordinal μ − 3σ; the weights use ``ordinal(rating, hp.rating_z)`` (scoring/window.py)."""
         return ordinal(self.rating)
 
 
