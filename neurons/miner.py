@@ -212,13 +212,12 @@ class Miner:
     def train(self, t: int) -> tuple[CompressedUpdate | None, float]:
         """Our compressed update of window t (None once the privacy budget is spent) and the training loss."""
         ctx, hp = self.ctx, self.ctx.hp
-        if self.accountant is not None:
-            spent = self.accountant.budget_rejection(self.epsilon_budget)
-            if spent is not None:  # checked before training: nothing trained is ever released
-                if not self.budget_spent:
-                    log.warning("window %d: %s; not uploading any more", t, spent.detail)
-                self.budget_spent = True
-                return None, float("nan")
+        spent = self.privacy_spent()
+        if spent is not None:  # checked before training: nothing trained is ever released
+            if not self.budget_spent:
+                log.warning("window %d: %s; not uploading any more", t, spent.detail)
+            self.budget_spent = True
+            return None, float("nan")
         data = ctx.dataset.training_batch(ctx.uid, t, hp.assigned_sequences, self.sequences)
         gradient_mode = hp.inner.mode == "gradient"
         ahead = self.ahead.report if self.ahead is not None and self.ahead.window == t else InnerReport()
@@ -327,7 +326,11 @@ class Miner:
         """Whether to train window t before its θ is known: in steps mode, while the privacy budget allows."""
         if self.ctx.hp.inner.mode != "steps" or self.budget_spent:
             return False
-        return self.accountant is None or self.accountant.budget_rejection(self.epsilon_budget) is None
+        return self.privacy_spent() is None
+
+    def privacy_spent(self) -> Rejection | None:
+        """Why another round would exceed the privacy budget (None: it would not, or DP is off)."""
+        return None if self.accountant is None else self.accountant.budget_rejection(self.epsilon_budget)
 
     def follows(self, t: int) -> bool:
         """Whether this miner keeps up with the network in window t (an honest one always does)."""

@@ -23,6 +23,7 @@ import copy
 import logging
 import secrets
 import time
+from collections.abc import Iterable
 from typing import Any
 
 from dso.chain import ChainError
@@ -173,10 +174,8 @@ class Validator:
         ctx = self.ctx
         if not ctx.clock.sleep_until(close - ctx.clock.put_window_seconds, ctx.stop) or time.time() >= close:
             return {}
-        commitments = ctx.peers.commitments()
-        peers = {u: commitments.get(u) for u in ctx.peers.miners()}
-        return watch(t, peers, Expect.from_hparams(ctx.hp, t, run=ctx.run), close, readers=ctx.readers,
-                     stop=ctx.stop)
+        return watch(t, self.commitments_of(ctx.peers.miners()), Expect.from_hparams(ctx.hp, t, run=ctx.run), close,
+                     readers=ctx.readers, stop=ctx.stop)
 
     def look_at_close(self, t: int, close: float, first: dict[int, Seen] | None = None) -> Look | None:
         """Look at every miner's upload once the uploads of window t closed (the put window; the reveal window
@@ -185,8 +184,7 @@ class Validator:
         ctx = self.ctx
         if time.time() > certain_after(close) + ctx.clock.put_window_seconds:
             return None
-        commitments = ctx.peers.commitments()
-        peers = {u: commitments.get(u) for u in ctx.peers.miners()}
+        peers = self.commitments_of(ctx.peers.miners())
         # ends by a second past the usual gather start (a stalling server cannot delay the window more than that)
         budget = max(0.5, min(LOOK_SECONDS, close + GATHER_SETTLE_SECONDS + 1.0 - time.time()))
         found = look(t, peers, Expect.from_hparams(ctx.hp, t, run=ctx.run), close, budget=budget, readers=ctx.readers)
@@ -195,12 +193,16 @@ class Validator:
                  found.summary())
         return found
 
+    def commitments_of(self, uids: Iterable[int]) -> dict[int, str | None]:
+        """uid → its commitment on chain (None without one), for ``uids``."""
+        commitments = self.ctx.peers.commitments()
+        return {u: commitments.get(u) for u in uids}
+
     def gather(self, t: int, peers: list[int]) -> GatherResult:
         """Window t's payloads of ``peers``, under the run's upload rules (plain or commit-reveal)."""
         ctx = self.ctx
-        commitments = ctx.peers.commitments()
         self.gather_seconds = {}
-        return gather_window(t, {u: commitments.get(u) for u in peers}, ctx.codec,
+        return gather_window(t, self.commitments_of(peers), ctx.codec,
                              Expect.from_hparams(ctx.hp, t, run=ctx.run, data_hash=ctx.dataset.data_hash),
                              ctx.clock.put_window(t), ctx.cfg.storage.gather_deadline_seconds,
                              commit_reveal=ctx.hp.commit_reveal, readers=ctx.readers,

@@ -12,27 +12,23 @@ ROLES = ["honest"] * 6 + ["gamer"]
 GAMER = len(ROLES)
 
 
-def _run(stdlib_corpus, cache, schedule: str, windows: int):
-    from dso.config import HParams, ModelConfig
-
-    hp = HParams(model=ModelConfig(d_model=32, n_layers=1, n_heads=2, ffn_hidden=64, seq_len=32))
-    hp.batch_size, hp.assigned_sequences, hp.micro_batch, hp.chunk, hp.topk = 8, 16, 8, 16, 8
-    hp.eval_sequences, hp.eval_peers, hp.learning_rate, hp.warmup_windows = 8, 2, 5e-3, 0
+def _run(hp, stdlib_corpus, cache, schedule: str, windows: int):
+    hp.eval_peers, hp.learning_rate = 2, 5e-3
     hp.eval_schedule, hp.seed = schedule, 3
     ds = Dataset.from_config(str(stdlib_corpus), str(cache), 32, hp.seed, 0.02)
     return SimNet(hp, ds, ROLES).run(windows)
 
 
-def test_under_round_robin_the_gamer_is_only_ever_evaluated_when_it_trained(stdlib_corpus, tmp_path):
-    records = _run(stdlib_corpus, tmp_path, "round_robin", 15)
+def test_under_round_robin_the_gamer_is_only_ever_evaluated_when_it_trained(stdlib_corpus, tmp_path, simnet_hparams):
+    records = _run(simnet_hparams(), stdlib_corpus, tmp_path, "round_robin", 15)
     evaluated = [r.window for r in records if GAMER in r.evaluated]
     trained = [r.window for r in records if GAMER in r.trained]
     assert len(evaluated) >= 3 and evaluated == trained          # it foresaw every evaluation, and trained then only
     assert len(trained) <= len(records) / 3
 
 
-def test_under_the_drawn_schedule_the_gamer_gets_no_weight(stdlib_corpus, tmp_path):
-    records = _run(stdlib_corpus, tmp_path, "random", 40)
+def test_under_the_drawn_schedule_the_gamer_gets_no_weight(stdlib_corpus, tmp_path, simnet_hparams):
+    records = _run(simnet_hparams(), stdlib_corpus, tmp_path, "random", 40)
     evaluated = [r.window for r in records if GAMER in r.evaluated]
     on_zeros = [w for w in evaluated if GAMER not in records[w].trained]
     assert len(evaluated) >= 8 and len(on_zeros) >= len(evaluated) / 2   # it had to guess, and mostly guessed wrong

@@ -11,12 +11,9 @@ WINDOWS = 14
 
 
 @pytest.fixture(scope="module")
-def records(stdlib_corpus, tmp_path_factory):
-    from dso.config import HParams, ModelConfig
-
-    hp = HParams(model=ModelConfig(d_model=32, n_layers=1, n_heads=2, ffn_hidden=64, seq_len=32))
-    hp.batch_size, hp.assigned_sequences, hp.micro_batch, hp.chunk, hp.topk = 8, 16, 8, 16, 8
-    hp.eval_sequences, hp.eval_peers, hp.learning_rate, hp.warmup_windows = 8, 8, 5e-3, 0
+def records(stdlib_corpus, tmp_path_factory, simnet_hparams):
+    hp = simnet_hparams()
+    hp.learning_rate = 5e-3
     # paper mode (one gradient, signed step), where the thresholds were measured.  Under inner steps (the default)
     # honest peers stay far from them (pair cosine ≤ 0.62, mix ≤ 0.66, previous aggregate ≤ 0.55 on this model),
     # but with every copy seen together with its source (the simulator's worst case: the validator's watch usually

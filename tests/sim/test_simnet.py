@@ -11,12 +11,9 @@ ROLES = ["honest", "honest", "honest", "diligent", "freerider", "noise", "signfl
 
 
 @pytest.fixture(scope="module")
-def records(stdlib_corpus, tmp_path_factory):
-    from dso.config import HParams, ModelConfig
-
-    hp = HParams(model=ModelConfig(d_model=32, n_layers=1, n_heads=2, ffn_hidden=64, seq_len=32))
-    hp.batch_size, hp.assigned_sequences, hp.micro_batch, hp.chunk, hp.topk = 8, 16, 8, 16, 8
-    hp.eval_sequences, hp.eval_peers, hp.learning_rate, hp.warmup_windows = 8, 8, 5e-3, 0
+def records(stdlib_corpus, tmp_path_factory, simnet_hparams):
+    hp = simnet_hparams()
+    hp.learning_rate = 5e-3
     # paper mode (one gradient, signed step): the copy tie-break's figures below were set for it; the steps mode
     # (inner AdamW + sgd outer step) is checked by test_inner_steps_network_pays_only_good_peers
     hp.inner.mode, hp.outer.rule = "gradient", "signed"
@@ -24,14 +21,11 @@ def records(stdlib_corpus, tmp_path_factory):
     return SimNet(hp, ds, ROLES).run(12)
 
 
-def test_inner_steps_network_pays_only_good_peers(stdlib_corpus, tmp_path_factory):
+def test_inner_steps_network_pays_only_good_peers(stdlib_corpus, tmp_path_factory, simnet_hparams):
     """The default training (inner AdamW steps, sgd outer step, its evaluation step): attacks still earn
     nothing, the copier next to nothing, and the shared model learns."""
-    from dso.config import HParams, ModelConfig
-
-    hp = HParams(model=ModelConfig(d_model=32, n_layers=1, n_heads=2, ffn_hidden=64, seq_len=32))
-    hp.batch_size, hp.assigned_sequences, hp.micro_batch, hp.chunk, hp.topk = 8, 16, 8, 16, 8
-    hp.eval_sequences, hp.eval_peers, hp.warmup_windows, hp.inner.steps_max = 8, 8, 0, 2
+    hp = simnet_hparams()
+    hp.inner.steps_max = 2
     ds = Dataset.from_config(str(stdlib_corpus), str(tmp_path_factory.mktemp("cache")), 32, hp.seed, 0.02)
     records = SimNet(hp, ds, ROLES).run(12)
     final = behaviour_shares(ROLES, records[-1].weights)
