@@ -79,7 +79,10 @@ def load_tensors(path: Path, cfg: Config) -> tuple[dict[str, torch.Tensor], dict
                   f"flags' {cfg.hparams.digest()} (the shapes match; check the tokeniser flags)", file=sys.stderr)
         return ckpt.tensors, {"window": ckpt.window, "model_hash": ckpt.model_hash, "data_hash": ckpt.data_hash,
                               "hparams_digest": ckpt.hparams_digest}
-    tensors = safetensors.torch.load(data)
+    try:  # safetensors runs no code; a damaged or foreign file is refused with one line, not a traceback
+        tensors = safetensors.torch.load(data)
+    except (safetensors.SafetensorError, ValueError, RuntimeError, OverflowError) as e:
+        raise ExportError(f"{path}: not a readable safetensors file ({e})") from None
     if set(tensors) != set(shapes):
         extra, missing = sorted(set(tensors) - set(shapes)), sorted(set(shapes) - set(tensors))
         raise ExportError(f"{path}: parameters differ from the model the flags describe (unexpected "
