@@ -167,13 +167,13 @@ class NodeContext:
     def manifest(self, genesis_window: int = 0) -> dict[str, Any]:
         return manifest(self.hp, self.dataset.data_hash, self.run, genesis_window)
 
-    def join_run(self) -> bool:
-        """Take the run id from the leading validator's manifest; refuse to run (Fatal) with other protocol
-        settings or data than that run's.  False while there is no leader or manifest yet."""
+    def leader_run(self) -> str | None:
+        """The run id in the leading validator's manifest; None while there is no leader or usable manifest.
+        Fatal if that run uses other protocol settings or data than ours."""
         lead = self.peers.leader()
         if lead is None or isinstance(lead, Rejection):
             self.chain.invalidate()  # look again next time, not at this window's cached view
-            return False
+            return None
         theirs = get_json(*lead, keys.manifest(self.hp.protocol_version))
         problem = manifest_problem(self.manifest(), theirs)
         if problem:
@@ -181,10 +181,27 @@ class NodeContext:
         run = run_of(theirs)
         if isinstance(run, Rejection):
             self.chain.invalidate()
+            return None
+        return run
+
+    def join_run(self) -> bool:
+        """Take the run id from the leading validator's manifest; refuse to run (Fatal) with other protocol
+        settings or data than that run's.  False while there is no leader or manifest yet."""
+        run = self.leader_run()
+        if run is None:
             return False
         if run != self.run:
             log.info("joining run %s", run)
         self.run = run
+        return True
+
+    def run_moved(self) -> bool:
+        """Whether the leading validator runs another run than ours (two validators that started at once
+        each began one; the leader's wins): the node must join it and reload its model from it."""
+        run = self.leader_run() if self.run else None
+        if run is None or run == self.run:
+            return False
+        log.warning("the leading validator runs %s, not our run %s: joining it", run, self.run)
         return True
 
     def publish_manifest(self, genesis_window: int) -> None:

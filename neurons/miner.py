@@ -95,6 +95,7 @@ class Miner:
         self.step_seconds = 0.0  # mean inner step of the last window: a step that would overrun a deadline waits
         self.follower = Follower(ctx)
         self.model_window = -1   # the model is θ_{model_window}; -1 = not synchronised yet
+        self.run_checked = -1    # the window in which we last asked whether the leader still runs our run
         # steps of window model_window taken while its θ was on its way: then the model holds the local
         # weights and the inner loop's anchor is θ_{model_window}
         self.ahead: Ahead | None = None
@@ -123,6 +124,9 @@ class Miner:
                 continue
             t = ctx.clock.current_window()
             ctx.chain.begin_window(t)
+            if t != self.run_checked:  # once a window: is the leader's run still ours?
+                self.run_checked = t
+                self.follow_leaders_run()
             following = self.follows(t)
             if self.model_window < 0 or (following and self.model_window < t):
                 self.catch_up(t)
@@ -162,6 +166,13 @@ class Miner:
         else:
             self.ahead = None
         self.model_window = reached
+
+    def follow_leaders_run(self) -> None:
+        """Join the leader's run when it is not ours (NodeContext.run_moved): the model comes from its
+        checkpoint next (catch_up from model window −1)."""
+        if self.ctx.run_moved() and self.ctx.join_run():
+            self.drop_ahead()
+            self.model_window = -1
 
     def drop_ahead(self) -> None:
         """Forget steps taken ahead: the model is θ_{model_window} again."""

@@ -107,6 +107,7 @@ class Validator:
             return 0
         done = 0
         while not ctx.stop():
+            self.follow_leaders_run()
             t = self.book.model_window
             close = ctx.clock.uploads_close(t, ctx.hp.commit_reveal)
             first = self.watch_uploads(t, close)
@@ -148,20 +149,45 @@ class Validator:
             log.info("waiting for the leading validator's run and first checkpoint")
             if not ctx.stop.sleep(1.0):
                 return False
+        self.start_run(t)
+        return True
+
+    def start_run(self, t: int) -> None:
+        """Take part in ``ctx.run`` from window t, with our model at θ_t: its manifest, fresh bookkeeping (the
+        peers' ratings stay) and, when we lead, the first top-G lists."""
+        ctx = self.ctx
         ctx.publish_manifest(t)
         self.book = validator_state.Bookkeeping(t, genesis_lists(t, list(ctx.peers.miners()), ctx.hp.topg),
                                                 run=ctx.run)
+        self.previous_delta = None
         if self.leading():
             for w, uids in self.book.lists.items():
                 put_peers(ctx.own.client, ctx.own.bucket, PeersList(w, ctx.hp.protocol_version, uids), ctx.run)
         self.save()
         log.info("genesis of run %s at window %d with %d peers", ctx.run, t, len(self.book.lists[t]))
-        return True
+
+    def follow_leaders_run(self) -> None:
+        """Leave our run for the leader's when they differ (NodeContext.run_moved): its latest checkpoint and
+        bundles.  Our run and model stay when the leader's cannot be loaded yet; we try again next window."""
+        ctx = self.ctx
+        if self.leading() or not ctx.run_moved():
+            return
+        ours, snapshot, outer = ctx.run, ParameterSnapshot(ctx.model), copy.deepcopy(ctx.outer)
+        t = sync_to(ctx, -1, ctx.clock.current_window()) if ctx.join_run() else -1
+        if t < 0:
+            snapshot.restore()
+            ctx.run, ctx.outer = ours, outer
+            return
+        self.start_run(t)
 
     def senior_expected(self) -> bool:
         """A protocol validator with more stake than ours is registered: it will start (or lead) the run."""
-        mine = next((n.stake for n in self.ctx.chain.metagraph() if n.uid == self.ctx.uid), 0.0)
-        return any(n.stake > mine for n in self.ctx.chain.protocol_validators() if n.uid != self.ctx.uid)
+        graph, commitments = self.ctx.chain.metagraph(), self.ctx.chain.commitments()
+        mine = next((n.stake for n in graph if n.uid == self.ctx.uid), 0.0)
+        # a permit holder that has published no commitment yet may be a protocol validator still starting
+        starting = {n.uid for n in graph if n.validator_permit and commitments.get(n.uid) is None}
+        candidates = self.ctx.chain.protocol_validators() + [n for n in graph if n.uid in starting]
+        return any(n.stake > mine for n in candidates if n.uid != self.ctx.uid)
 
     def caught_up(self, t: int) -> bool:
         """Whether window t is recent: a validator replaying a backlog must not post (and so lead) yet."""
