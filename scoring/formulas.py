@@ -50,6 +50,14 @@ def poc_update(mu: float, delta_assigned: float, delta_rand: float, gamma: float
     return bound_mu(gamma * bound_mu(mu) + (1.0 - gamma) * step)
 
 
+def poc_no_work(mu: float, gamma: float) -> float:
+    """The proof-of-computation step for an evaluated update that did not lower the random-data loss at all
+    (δ_rand ≤ 0: zeros, noise, harm): it proves no useful work, so it counts as −1 (``γ·μ − (1−γ)``), where
+    ``poc_update`` would give a zero update (equal deltas) a free decay (issue 17: a miner that uploads zeros
+    when it does not expect evaluation)."""
+    return bound_mu(gamma * bound_mu(mu) - (1.0 - gamma))
+
+
 def penalise(mu: float, phi: float) -> float:
     """The fast-check penalty, ``max(MU_MIN, μ − (1−φ)·|μ|)``: equals ``φ·μ`` for μ ≥ 0 and never raises μ.
 
@@ -90,6 +98,21 @@ def peer_score(mu: float, rating: float) -> float:
     return min(mu, rating)
 
 
+def last_update_helped(loss_score: float | None, reference: float | None = None, share: float = 0.0) -> bool:
+    """Whether a peer may be paid: its last evaluated update lowered the loss on random data (LossScore > 0) by
+    at least ``share`` of ``reference`` (the window's median LossScore; None: no reference this window).
+
+    ``None`` (never evaluated) is not held against it — such a peer has μ = 0 and no positive score anyway.
+    NaN fails.  A zero, noise or harmful update — including noise scaled to a harmless step, whose LossScore is
+    about 0 — earns nothing until the peer's next evaluation shows it helping (docs/scoring.md, "Fair, stable
+    weights")."""
+    if loss_score is None:
+        return True
+    if not loss_score > 0:
+        return False
+    return reference is None or not reference > 0 or loss_score >= share * reference
+
+
 def normalise_weights(scores: Mapping[int, float], power: float) -> dict[int, float]:
     """``x_p = (s_p − m)^c / Σ_k (s_k − m)^c`` over the clamped scores ``s = max(score, 0)``, with the
     shift ``m`` taken against the neutral score 0 of a peer that contributed nothing, so ``m = 0``.
@@ -103,6 +126,27 @@ def normalise_weights(scores: Mapping[int, float], power: float) -> dict[int, fl
     if total <= 0 or not math.isfinite(total):
         return {uid: 0.0 for uid in raised}
     return {uid: v / total for uid, v in raised.items()}
+
+
+def smooth_weights(previous: Mapping[int, float], current: Mapping[int, float], rate: float) -> dict[int, float]:
+    """Posted weights as an EMA of each window's weights: ``rate·current + (1 − rate)·previous``, renormalised.
+
+    Only peers with a positive weight this window keep their history: a peer whose current weight is 0 (its
+    score fell to 0 or below, it was banned, it left) is posted 0 at once, so smoothing never delays a drop to
+    nothing.  ``rate = 1`` is no smoothing.  All-zero current weights stay all zero (nothing is posted)."""
+    if not 0 < rate <= 1:
+        raise ValueError(f"smoothing rate must be in (0, 1], got {rate}")
+    mixed = {uid: (rate * w + (1.0 - rate) * _share(previous.get(uid, 0.0)) if w > 0 else 0.0)
+             for uid, w in sorted(current.items())}
+    total = math.fsum(mixed.values())
+    if total <= 0 or not math.isfinite(total):
+        return {uid: 0.0 for uid in mixed}
+    return {uid: v / total for uid, v in mixed.items()}
+
+
+def _share(w: float) -> float:
+    """A previous weight as a share in [0, 1] (NaN → 0)."""
+    return min(1.0, max(0.0, w)) if w == w else 0.0
 
 
 def top_g(scores: Mapping[int, float], g: int) -> list[int]:

@@ -68,6 +68,7 @@ class PeerState:
 
     @property
     def loss_rating(self) -> float:
+        """The library's ordinal μ − 3σ; the weights use ``ordinal(rating, hp.rating_z)`` (scoring/window.py)."""
         return ordinal(self.rating)
 
 

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from scipy.stats import rankdata
 
-from scoring.formulas import (MU_MAX, MU_MIN, competition_ranks, loss_delta, normalise_weights, peer_score,
-                              penalise, poc_update, sync_score, top_g)
+from scoring.formulas import (MU_MAX, MU_MIN, competition_ranks, last_update_helped, loss_delta, normalise_weights,
+                              peer_score, penalise, poc_no_work, poc_update, smooth_weights, sync_score, top_g)
 
 
 # ------------------------------------------------------------- proof of computation
@@ -21,6 +21,12 @@ def test_poc_update_hand_values():
     mu = poc_update(mu, 0.1, 0.2, 0.95)                   # 0.95·0.0975 − 0.05
     assert mu == pytest.approx(0.042625, abs=1e-15)
     assert poc_update(0.4, 0.1, 0.1, 0.95) == pytest.approx(0.38)   # equal deltas: pure decay
+
+
+def test_an_update_that_does_no_good_counts_against_the_proof():
+    assert poc_no_work(0.4, 0.95) == pytest.approx(0.33)          # 0.95·0.4 − 0.05, where equal deltas give 0.38
+    assert poc_no_work(0.0, 0.95) == pytest.approx(-0.05)
+    assert poc_no_work(MU_MIN, 0.95) == MU_MIN and poc_no_work(math.nan, 0.9) == MU_MIN
 
 
 def test_poc_update_magnitude_does_not_matter_only_sign():
@@ -168,6 +174,57 @@ def test_normalise_nobody_to_pay_gives_all_zeros():
     assert normalise_weights({1: 0.4}, 2.0) == {1: 1.0}         # one positive peer takes it all
     assert normalise_weights({1: math.nan, 2: 0.5, 3: 0.0}, 2.0) == {1: 0.0, 2: 1.0, 3: 0.0}
     assert normalise_weights({}, 2.0) == {}
+
+
+# ------------------------------------------------------------- the pay gate (issue 17)
+@pytest.mark.parametrize("loss_score, paid", [(0.003, True), (1e-12, True), (None, True), (0.0, False),
+                                              (-0.002, False), (-math.inf, False), (math.nan, False)])
+def test_only_a_peer_whose_last_update_lowered_the_loss_may_be_paid(loss_score, paid):
+    assert last_update_helped(loss_score) is paid
+
+
+def test_a_peer_must_help_at_least_a_share_of_the_window_median():
+    assert last_update_helped(0.05, reference=0.1, share=0.5)            # exactly half the median
+    assert not last_update_helped(0.0499, reference=0.1, share=0.5)
+    assert not last_update_helped(0.0024, reference=0.042, share=0.5)    # noise scaled to a harmless step
+    assert last_update_helped(0.001, reference=-0.2, share=0.5)          # no positive median: > 0 suffices
+    assert last_update_helped(0.001, reference=None, share=0.5)
+    assert not last_update_helped(-0.001, reference=-0.2, share=0.5)
+
+
+# ------------------------------------------------------------- smoothing (issue 17)
+def test_smooth_weights_hand_values():
+    # 0.5·(0.2, 0.8) + 0.5·(0.5, 0.5) = (0.35, 0.65): sums to 1, nothing to renormalise
+    assert smooth_weights({1: 0.5, 2: 0.5}, {1: 0.2, 2: 0.8}, 0.5) == pytest.approx({1: 0.35, 2: 0.65})
+    # a newcomer has no history: 0.25·(0.5, 0.5) + 0.75·(1, 0) = (0.875, 0.125)
+    assert smooth_weights({1: 1.0}, {1: 0.5, 2: 0.5}, 0.25) == pytest.approx({1: 0.875, 2: 0.125})
+    assert smooth_weights({}, {1: 0.3, 2: 0.7}, 0.4) == pytest.approx({1: 0.3, 2: 0.7})
+
+
+def test_smooth_weights_drops_an_unpaid_peer_at_once_and_renormalises():
+    # peer 3 is not paid this window: 0 at once, not 0.5·0.2; (0.55, 0.35) / 0.9
+    got = smooth_weights({1: 0.5, 2: 0.3, 3: 0.2}, {1: 0.6, 2: 0.4, 3: 0.0}, 0.5)
+    assert got == pytest.approx({1: 0.55 / 0.9, 2: 0.35 / 0.9, 3: 0.0})
+    assert got[3] == 0.0 and math.fsum(got.values()) == pytest.approx(1.0, abs=1e-15)
+    assert smooth_weights({1: 0.5}, {1: 0.0, 2: 0.0}, 0.5) == {1: 0.0, 2: 0.0}   # nobody paid: nothing posted
+    assert 9 not in smooth_weights({9: 1.0}, {1: 1.0}, 0.5)                      # a peer that left is not posted
+
+
+def test_smooth_weights_is_a_geometric_approach_and_rate_one_is_no_smoothing():
+    w = {1: 1.0, 2: 0.0}
+    for expected in ((0.75, 0.25), (0.625, 0.375), (0.5625, 0.4375)):   # 0.5 + 0.5^n · 0.5
+        w = smooth_weights(w, {1: 0.5, 2: 0.5}, 0.5)
+        assert (w[1], w[2]) == pytest.approx(expected, abs=1e-15)
+    assert smooth_weights({1: 0.9, 2: 0.1}, {1: 0.25, 2: 0.75}, 1.0) == {1: 0.25, 2: 0.75}
+    for bad in (0.0, -0.1, 1.5, math.nan):
+        with pytest.raises(ValueError):
+            smooth_weights({}, {1: 1.0}, bad)
+
+
+def test_smooth_weights_ignores_damaged_history():
+    # a NaN or out-of-range previous weight counts as 0 / 1, never poisons the row
+    got = smooth_weights({1: math.nan, 2: 7.0}, {1: 0.5, 2: 0.5}, 0.5)
+    assert got == pytest.approx({1: 0.25 / 1.0, 2: 0.75 / 1.0})
 
 
 # ------------------------------------------------------------------- top-G
