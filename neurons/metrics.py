@@ -80,7 +80,7 @@ class NodeMetrics:
                 ("weights", "dso_peer_weight_ratio", "Weight of each peer (sums to 1)"),
                 ("scores", "dso_peer_score", "PeerScore = μ · LossRating"),
                 ("mu", "dso_peer_mu", "Proof-of-computation EMA μ"),
-                ("loss_ratings", "dso_peer_loss_rating", "OpenSkill LossRating (ordinal μ − 3σ)"))}
+                ("loss_ratings", "dso_peer_loss_rating", "OpenSkill LossRating (μ − z·σ, z = hparams.rating_z)"))}
         self._shown: dict[str, set[str]] = {}  # per-uid gauge → uids it shows now
         self._server: Any = None
 
