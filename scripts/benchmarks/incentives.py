@@ -34,6 +34,7 @@ import argparse
 import json
 import statistics
 import sys
+from concurrent.futures import as_completed
 from pathlib import Path
 
 if __name__ == "__main__":
@@ -120,7 +121,25 @@ def run_seed(seed: int, windows: int, honest: int, tiny: bool, levers: dict | No
     records = SimNet(hp, default_dataset(hp), roles).run(windows)
     weights = [r.weights for r in records]
     figures = seed_figures(weights, list(range(1, honest + 1)), honest + 1)
-    return {"seed": seed, **figures, "val_loss": records[-1].val_loss, "seconds": sum(r.seconds for r in records)}
+    return {"seed": seed, **figures, "val_loss": records[-1].val_loss, "seconds": sum(r.seconds for r in records),
+            "rejections": rejection_counts(r.rejections for r in records)}
+
+
+def rejection_counts(rows) -> dict[str, int]:
+    """How often each rejection reason was given over a run (the pay rule's gates act on these)."""
+    counts: dict[str, int] = {}
+    for row in rows:
+        for reason in row.values():
+            counts[reason] = counts.get(reason, 0) + 1
+    return dict(sorted(counts.items()))
+
+
+def _collect(futures: list, label: str) -> list[dict]:
+    """The workers' results in submission order, with a line on stderr as each one finishes (long runs)."""
+    for done, future in enumerate(as_completed(futures), 1):
+        row = future.result()
+        print(f"[incentives] {label}: seed {row.get('seed')} done ({done}/{len(futures)})", file=sys.stderr, flush=True)
+    return [f.result() for f in futures]
 
 
 def _hparam_levers(levers: dict | None) -> dict:
@@ -163,7 +182,7 @@ def measure_gamer(cfg: dict, workers: int = 2) -> dict:
     with worker_pool(workers) as pool:
         futures = {s: [pool.submit(run_gamer, seed, s, cfg["windows"], cfg["honest"], cfg["eval_peers"])
                        for seed in range(1, cfg["seeds"] + 1)] for s in ("random", "round_robin")}
-        runs = {s: [f.result() for f in fs] for s, fs in futures.items()}
+        runs = {s: _collect(fs, f"gamer {s}") for s, fs in futures.items()}
     out: dict = {**cfg}
     for schedule, rows in runs.items():
         out[schedule] = {"final_mean": statistics.mean(r["final"] for r in rows),
@@ -211,7 +230,7 @@ def measure_turncoat(cfg: dict, levers: dict | None = None, workers: int = 2) ->
     with worker_pool(workers) as pool:
         futures = [pool.submit(run_turncoat, seed, cfg["windows"], cfg["honest"], cfg["switch"], levers)
                    for seed in range(1, cfg["seeds"] + 1)]
-        rows = [f.result() for f in futures]
+        rows = _collect(futures, "turncoat")
     lost = [r["windows_to_lose"] for r in rows]
     known = [n for n in lost if n is not None]
     return {**cfg, "windows_to_lose": lost, "median": statistics.median(known) if known else None,
@@ -222,7 +241,7 @@ def measure(cfg: dict, levers: dict | None = None, workers: int = 2) -> dict:
     with worker_pool(workers) as pool:
         futures = [pool.submit(run_seed, seed, cfg["windows"], cfg["honest"], cfg["tiny"], levers)
                    for seed in range(1, cfg["seeds"] + 1)]
-        per_seed = [f.result() for f in futures]
+        per_seed = _collect(futures, "fairness")
     out = summarise(per_seed)
     out.update({"windows": cfg["windows"], "honest_peers": cfg["honest"], "tiny_model": cfg["tiny"],
                 "levers": {k: list(v) if isinstance(v, tuple) else v for k, v in (levers or {}).items()},
