@@ -184,9 +184,11 @@ def score_window(state: ValidatorState, model: Decoder, codec: Codec, dataset: D
     # lower the random-data loss — a peer that turns bad loses its weight at its next evaluation, however good
     # its rating (scoring/pay.py, docs/scoring.md "Fair, stable weights"); none of them enters the list below
     finite = [pl.delta_rand for pl in losses.values() if math.isfinite(pl.delta_rand)]
+    checked = [uid for uid in passed if uid not in failures and uid not in banned]
+    for uid in checked:
+        state.peers[uid].passes += 1
     ratings, scores, weights, unhelpful = pay({uid: state.peers[uid] for uid in active_uids}, hp, state.weights,
                                               banned | set(failures), statistics.median(finite) if finite else None)
-    checked = [uid for uid in passed if uid not in failures and uid not in banned]
     # peers whose last update did not help enter the list only when nobody else can (a cold start, where
     # every update of the warm-up may score 0), so the network never stands still for want of a list
     top = (selection.next_top_g(scores, [uid for uid in checked if uid not in unhelpful], hp.topg)
@@ -272,8 +274,8 @@ def is_banned(peer: PeerState, hp: HParams) -> bool:
 def _penalise(peer: PeerState, failure: Rejection, hp: HParams) -> None:
     """One penalty (the caller guarantees at most one per peer per window); never raises μ."""
     peer.mu = formulas.penalise(peer.mu, penalty_multiplier(failure, peer, hp))
-    if failure.reason is Reason.DUPLICATE:  # a caught copy forfeits its proof-of-computation credit (issue 17)
-        peer.mu = min(peer.mu, 0.0)
+    if failure.reason is Reason.DUPLICATE:  # the record the pay rule reads (scoring/pay.py); μ moves by the table
+        peer.copies += 1
     peer.offences[failure.category] = peer.offences.get(failure.category, 0) + 1
     if hp.commit_reveal and is_invalid_update(failure.reason):
         peer.offences[INVALID] = peer.offences.get(INVALID, 0) + 1
