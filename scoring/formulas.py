@@ -113,6 +113,17 @@ def last_update_helped(loss_score: float | None, reference: float | None = None,
     return reference is None or not reference > 0 or loss_score >= share * reference
 
 
+def copy_record_bars_pay(copies: int, passes: int) -> bool:
+    """Whether a peer's record of copying bars it from pay: it was rejected as a copy in at least as many windows
+    as it passed every check (and at least once).
+
+    Copy detection decides each window on its own and can miss, or keep a copy over its author by a noisy
+    proof-of-computation tie-break; a copier that slips through now and then must not be paid for those
+    windows, while the author it copies — which keeps its update in most windows — must not lose its pay
+    (docs/scoring.md, "Fair, stable weights")."""
+    return copies > 0 and copies >= passes
+
+
 def normalise_weights(scores: Mapping[int, float], power: float) -> dict[int, float]:
     """``x_p = (s_p − m)^c / Σ_k (s_k − m)^c`` over the clamped scores ``s = max(score, 0)``, with the
     shift ``m`` taken against the neutral score 0 of a peer that contributed nothing, so ``m = 0``.

@@ -61,6 +61,8 @@ class PeerState:
     last_fast_window: int = -1
     offences: dict[str, int] = field(default_factory=dict)  # category → count
     last_offence: str = ""               # str(Rejection) of the latest failure
+    copies: int = 0                      # windows rejected as a copy (duplicate, near-copy, mix): the pay rule's record
+    passes: int = 0                      # windows it took part in and passed every check (issue 17)
 
     @property
     def rating(self) -> Rating:
@@ -186,6 +188,7 @@ def _weight(value: Any, where: str) -> float:
 _PEER_FLOATS = ("mu", "rating_mu", "rating_sigma")
 _PEER_OPTIONAL = ("loss_score", "delta_assigned", "sync_score")
 _PEER_INTS = ("eval_count", "last_eval_window", "last_fast_window")
+_PEER_ADDED = ("copies", "passes")  # ints added by issue 17: a state saved before them loads them as 0
 
 
 def _peer_to_dict(p: PeerState) -> dict[str, Any]:
@@ -197,6 +200,8 @@ def _peer_to_dict(p: PeerState) -> dict[str, Any]:
 
 
 def _peer_from_dict(data: Any, where: str) -> PeerState:
+    if isinstance(data, dict):
+        data = {**{name: 0 for name in _PEER_ADDED}, **data}
     d = _fields(data, where, {f.name for f in fields(PeerState)})
     peer = PeerState(hotkey=_typed(d["hotkey"], str, f"{where}.hotkey"),
                      last_offence=_typed(d["last_offence"], str, f"{where}.last_offence"))
@@ -209,6 +214,10 @@ def _peer_from_dict(data: Any, where: str) -> PeerState:
         setattr(peer, name, None if d[name] is None else _decode_float(d[name], f"{where}.{name}"))
     for name in _PEER_INTS:
         setattr(peer, name, _int(d[name], f"{where}.{name}"))
+    for name in _PEER_ADDED:
+        if _int(d[name], f"{where}.{name}") < 0:
+            raise ValueError(f"{where}.{name}: must be >= 0")
+        setattr(peer, name, d[name])
     for name, low, high in (("mu", MU_MIN, MU_MAX), ("rating_mu", -RATING_MU_BOUND, RATING_MU_BOUND),
                             ("rating_sigma", SIGMA_MIN, SIGMA_MAX)):
         if not low <= getattr(peer, name) <= high:

@@ -90,3 +90,24 @@ def test_unpaid_peers_get_nothing_and_the_rest_sums_to_one(unpaid):
     assert all(weights[u] == 0.0 and scores[u] <= 0 for u in unpaid)
     assert sum(weights.values()) == pytest.approx(1.0)
     assert len({round(weights[u], 12) for u in weights if u not in unpaid}) == 1   # equal standing, equal pay
+
+
+def test_a_record_of_copying_bars_pay_and_an_author_that_keeps_its_update_is_paid():
+    """Copy detection can miss, or keep a copy over its author by a noisy tie-break: a peer rejected as a copy in
+    at least as many windows as it passed is paid nothing even with the best standing; the author it copies,
+    rejected in a few windows only, keeps its pay (scoring/formulas.py ``copy_record_bars_pay``)."""
+    peers = {uid: PeerState(mu=0.3, loss_score=0.01, passes=10) for uid in [*HONEST, DILIGENT]}
+    copier, author = peers[DILIGENT], peers[1]
+    copier.rating_mu, copier.copies, copier.passes = 40.0, 2, 2     # slipped through as often as it was caught
+    author.copies = 4                                                 # lost 4 tie-breaks, kept its update in 10
+    _, scores, weights, unhelpful = pay(peers, HParams(), {DILIGENT: 0.5})
+    assert weights[DILIGENT] == 0.0 and scores[DILIGENT] <= 0 and DILIGENT not in unhelpful
+    assert weights[1] == pytest.approx(weights[2]) and weights[1] > 0
+    copier.passes = 3                                                 # one more clean window than copies: paid
+    assert pay(peers, HParams(), {})[2][DILIGENT] > weights[2]
+
+
+@pytest.mark.parametrize("copies, passes, barred", [(0, 0, False), (0, 5, False), (1, 0, True), (1, 1, True),
+                                                    (3, 2, True), (2, 3, False), (12, 2, True)])
+def test_copy_record_bars_pay_from_half_of_its_windows(copies, passes, barred):
+    assert formulas.copy_record_bars_pay(copies, passes) is barred
