@@ -46,7 +46,7 @@ def test_disguised_copies_are_rejected_as_copies(records):
     # with 2-bit values (the codec default since issue 13) the recompressed mix lands close to the threshold
     # (cosine 0.865–0.95 against mix = 0.9; an honest peer's own best mix reaches 0.84 in this mode), so how often
     # it is caught depends on the trajectory: 9 of 14 windows here, 8–12 with seeds 1–3 (the rule before
-    # issue 17's pay rule: 12 here, 10–13).  It is never paid (the test above): a peer caught as a copy in at
+    # issue 17's pay rule: 12 here, 9–13).  It is never paid (the test above): a peer caught as a copy in at
     # least as many windows as it passed gets nothing in the windows it slips through (scoring/pay.py)
     assert sum(r.rejections.get(uid["mixer"]) == "duplicate" for r in records) >= len(records) // 2
     assert all(r.rejections.get(uid["replayer"]) == "duplicate" for r in records[1:])  # nothing to replay at t=0
