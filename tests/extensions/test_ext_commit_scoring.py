@@ -46,6 +46,7 @@ def test_one_window_of_offences_costs_what_the_table_says(setup, commit_reveal):
     state = ValidatorState.new(secret=SECRET)
     for uid in range(1, 9):
         state.peer(uid).mu = 0.4
+    state.weights = {uid: 1 / 8 for uid in range(1, 9)}  # everyone was paid last window: nothing carries over
     report = score(setup, state, 0, {u: Rejection(r, "test") for u, r in OFFENCES.items()}, range(1, 9))
     if commit_reveal:  # φ·(1 − slash): 0.75, 0.75·0.95, 0.75·0.8, 0.75·0.5; format = invalid 0.75·0.8; others φ
         want = {1: 0.3, 2: 0.285, 3: 0.24, 4: 0.15, 5: 0.24, 6: 0.3, 7: 0.3, 8: 0.3}
@@ -59,7 +60,8 @@ def test_one_window_of_offences_costs_what_the_table_says(setup, commit_reveal):
     assert invalid == {uid: counted.get(uid, 0) for uid in range(1, 9)}
     assert state.peers[3].offences["commit"] == 1 and state.peers[5].offences["format"] == 1
     assert sorted(report.rejections) == list(range(1, 9))  # each penalised exactly once
-    # the pay: nobody is paid in a window in which it failed a check, whatever its μ (scoring/pay.py)
+    # the pay: nobody is paid in a window in which it failed a check, whatever its μ and its last posted weight
+    # (the smoothing keeps no share for it; scoring/pay.py)
     assert all(w == 0.0 for w in report.weights.values()) and not report.top_g
     assert [state.peers[uid].copies for uid in range(1, 9)] == [0, 0, 0, 1, 0, 0, 0, 0]
 
