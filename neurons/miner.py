@@ -244,7 +244,12 @@ class Miner:
         self.step_seconds = self.report.seconds / self.report.steps if self.report.steps else self.step_seconds
         if self.report.steps == 0 and self.report.stopped == "deadline":
             # the deadline passed before the first step (a miner that just caught up): one step still beats a
-            # zero update, which every such miner would send alike; upload() refuses it if the window closed
+            # zero update, which every such miner would send alike — if it can be uploaded before the put window
+            # closes; otherwise its CPU goes to the next window (and to every other node on the machine)
+            if not self.step_fits(t):
+                log.warning("window %d: no time left for a step (%.1f s each) before the put window closes; "
+                            "not uploading", t, self.step_seconds)
+                return None, float("nan")
             self.report = self.inner.train(t, data, batch_size=hp.batch_size, max_steps=1)
         grads, loss = self.inner.pseudo_gradient(), self.report.mean_loss
         self.inner.restore_anchor()  # back to θ_t: sync samples, the payload's model hash and the bundle start there
@@ -255,6 +260,10 @@ class Miner:
             self.accountant.step()  # counted (and saved) before anything derived from it can leave the machine
             self.accountant.save(self.privacy_file)
         return self.feedback.step(grads, t, ctx.uid), loss
+
+    def step_fits(self, t: int) -> bool:
+        """Whether one more inner step (as long as the last window's mean) ends in time to upload in window t."""
+        return time.time() + self.step_seconds < self.ctx.clock.put_window(t).close - UPLOAD_MARGIN
 
     def theta_hash(self) -> str:
         """Hash of θ_{model_window}: the model's, or while it holds steps taken ahead, the anchor's."""
