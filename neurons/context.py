@@ -198,7 +198,11 @@ class NodeContext:
     def run_moved(self) -> bool:
         """Whether the leading validator runs another run than ours (two validators that started at once
         each began one; the leader's wins): the node must join it and reload its model from it."""
-        run = self.leader_run() if self.run else None
+        try:
+            run = self.leader_run() if self.run else None
+        except Fatal as e:  # a running node never stops for a leader it cannot follow: it keeps its run
+            log.warning("the leading validator's run is not one we can join: %s", e)
+            return False
         if run is None or run == self.run:
             return False
         log.warning("the leading validator runs %s, not our run %s: joining it", run, self.run)

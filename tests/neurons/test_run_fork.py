@@ -23,6 +23,7 @@ from neurons.context import build_context
 from neurons.validator import Validator
 from storage import keys
 from storage.checkpoint import save_checkpoint
+from storage.jsonobj import put_json
 from storage.server import EmbeddedS3
 from tests.sim.test_engine_identity import tiny
 
@@ -137,3 +138,18 @@ def test_a_permit_holder_without_a_commitment_is_waited_for(tmp_path):
     chain.commit(other, "dso1|http://127.0.0.1:9|us-east-1|dso-other|key|secret|validator")
     assert expected()
 
+
+
+def test_a_leader_with_other_settings_is_not_followed_and_stops_nothing(network):
+    chain, nodes, wallets = network
+    senior, junior = nodes["senior"], nodes["junior"]
+    begin(senior, RUN_A, seed=5)
+    ours = begin(junior, RUN_B, seed=6)
+    other = senior.ctx.manifest(0)
+    other["hparams_digest"], other["hparams"] = "0" * 16, {**other["hparams"], "topg": 99}
+    put_json(senior.ctx.own.client, senior.ctx.own.bucket, keys.manifest(senior.ctx.hp.protocol_version), other)
+    chain.set_weights(create_local_wallet("senior", "default", wallets), [senior.ctx.uid], [1.0])
+    settle(chain, nodes)
+
+    junior.follow_leaders_run()  # a warning, not a Fatal: a running validator keeps its run
+    assert junior.ctx.run == RUN_B and model_hash(junior.ctx.model) == ours
