@@ -239,7 +239,7 @@ class Miner:
         rest = self.inner.train(t, data[ahead.sequences:], batch_size=self.sequences if gradient_mode
                                 else hp.batch_size, max_steps=hp.inner.steps_max - ahead.steps if ahead.steps
                                 else None, deadline=self.deadline(t), clock=time.time,
-                                step_seconds=self.step_seconds if ahead.steps else 0.0)
+                                step_seconds=self.step_seconds)
         self.report = ahead.then(rest)
         self.step_seconds = self.report.seconds / self.report.steps if self.report.steps else self.step_seconds
         if self.report.steps == 0 and self.report.stopped == "deadline":
