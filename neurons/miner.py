@@ -168,9 +168,11 @@ class Miner:
         self.model_window = reached
 
     def follow_leaders_run(self) -> None:
-        """Join the leader's run when it is not ours (NodeContext.run_moved): the model comes from its
+        """Join the leader's run when it is not ours (NodeContext.moved_run): the model comes from its
         checkpoint next (catch_up from model window −1)."""
-        if self.ctx.run_moved() and self.ctx.join_run():
+        theirs = self.ctx.moved_run()
+        if theirs is not None:
+            self.ctx.adopt_run(theirs)
             self.drop_ahead()
             self.model_window = -1
 
