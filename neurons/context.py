@@ -190,19 +190,26 @@ class NodeContext:
         run = self.leader_run()
         if run is None:
             return False
+        self.adopt_run(run)
+        return True
+
+    def adopt_run(self, run: str) -> None:
         if run != self.run:
             log.info("joining run %s", run)
         self.run = run
-        return True
 
-    def run_moved(self) -> bool:
-        """Whether the leading validator runs another run than ours (two validators that started at once
-        each began one; the leader's wins): the node must join it and reload its model from it."""
-        run = self.leader_run() if self.run else None
+    def moved_run(self) -> str | None:
+        """The leading validator's run when it is not ours (two validators that started at once each began
+        one; the leader's wins), else None: the node must join it and reload its model from it."""
+        try:
+            run = self.leader_run() if self.run else None
+        except Fatal as e:  # a running node never stops for a leader it cannot follow: it keeps its run
+            log.warning("the leading validator's run is not one we can join: %s", e)
+            return None
         if run is None or run == self.run:
-            return False
+            return None
         log.warning("the leading validator runs %s, not our run %s: joining it", run, self.run)
-        return True
+        return run
 
     def publish_manifest(self, genesis_window: int) -> None:
         put_json(self.own.client, self.own.bucket, keys.manifest(self.hp.protocol_version),

@@ -26,7 +26,6 @@ subclass it to model other miners.
 from __future__ import annotations
 
 import logging
-import secrets
 import time
 from typing import Any
 
@@ -38,13 +37,13 @@ from dso.config import Config
 from dso.config_sources import parse_args
 from dso.inner import Ahead, InnerLoop, InnerReport
 from dso.model import model_hash, state_hash, sync_sample_count
-from dso.privacy import PrivacyStateError, RdpAccountant, clip_and_noise, dp_settings
 from dso.rejections import Rejection
 from dso.train import bits_per_byte
 from neurons import reveal
 from neurons.catchup import sync_to
 from neurons.context import NodeContext, build_context
 from neurons.follow import Follower
+from neurons.miner_privacy import MinerPrivacy
 from neurons.lifecycle import Fatal, run_main
 from neurons.persist import load_tensors, save_tensors
 from scoring.sync import sample_parameters, sync_positions
@@ -71,12 +70,7 @@ class Miner:
         saved = load_tensors(self.ef_file)
         if saved is not None and self.feedback.load_state(saved):
             log.info("restored the error-feedback buffer from %s", self.ef_file)
-        self.accountant, self.privacy_file = None, ctx.state_dir / "privacy.json"
-        self.noise_multiplier, self.epsilon_budget = dp_settings(hp.dp)  # z and budget, or from dp.target_epsilon
-        if hp.dp.enabled:
-            self.accountant = self._load_accountant()
-        # DP noise must be unpredictable to every reader, and never repeat after a restart: seed it from the OS
-        self.dp_noise = torch.Generator().manual_seed(secrets.randbits(63))
+        self.privacy = MinerPrivacy(hp.dp, ctx.state_dir)
         # how much of its assignment this miner may train on: all of it up to inner.steps_max steps by default
         # (the clock decides), fewer with --neuron.train_sequences; in paper mode one gradient of that many
         self.sequences = ctx.cfg.neuron.train_sequences or (
@@ -99,18 +93,15 @@ class Miner:
         # steps of window model_window taken while its θ was on its way: then the model holds the local
         # weights and the inner loop's anchor is θ_{model_window}
         self.ahead: Ahead | None = None
-        self.budget_spent = False
 
-    def _load_accountant(self) -> RdpAccountant:
-        dp = self.ctx.hp.dp
-        try:
-            accountant = RdpAccountant.load_or_create(self.privacy_file, self.noise_multiplier, dp.delta,
-                                                      range(2, dp.max_order + 1))
-        except PrivacyStateError as e:  # never reset silently: that would overspend the budget
-            raise Fatal(f"{e} — repair or remove it knowingly") from None
-        log.info("differential privacy on: ε spent %.4f of %.4g over %d rounds", accountant.epsilon()[0],
-                 self.epsilon_budget, accountant.rounds)
-        return accountant
+    @property
+    def budget_spent(self) -> bool:
+        """The privacy budget stopped this miner for good (neurons/miner_privacy.py)."""
+        return self.privacy.stopped
+
+    @budget_spent.setter
+    def budget_spent(self, stopped: bool) -> None:
+        self.privacy.stopped = stopped
 
     # ----------------------------------------------------------------- loop
     def run(self) -> int:
@@ -168,9 +159,11 @@ class Miner:
         self.model_window = reached
 
     def follow_leaders_run(self) -> None:
-        """Join the leader's run when it is not ours (NodeContext.run_moved): the model comes from its
+        """Join the leader's run when it is not ours (NodeContext.moved_run): the model comes from its
         checkpoint next (catch_up from model window −1)."""
-        if self.ctx.run_moved() and self.ctx.join_run():
+        theirs = self.ctx.moved_run()
+        if theirs is not None:
+            self.ctx.adopt_run(theirs)
             self.drop_ahead()
             self.model_window = -1
 
@@ -211,9 +204,9 @@ class Miner:
                   "train_bits_per_byte": float("nan") if own is None or not self.trained[0]
                   else bits_per_byte(loss, *self.trained),
                   **self.describe()}
-        if self.accountant is not None:
-            record["privacy"] = {"epsilon": self.accountant.epsilon()[0], "rounds": self.accountant.rounds,
-                                 "budget": self.epsilon_budget, "stopped": self.budget_spent}
+        privacy = self.privacy.record()
+        if privacy is not None:
+            record["privacy"] = privacy
         ctx.events.emit(record)
         log.info("window %d  loss %.4f  up %.1f KB  down %.1f KB  train %.2fs (%d inner steps, %s)  %s", t, loss,
                  record["bytes_up"] / 1e3, record["bytes_down"] / 1e3, record["t_train"], self.report.steps,
@@ -223,11 +216,7 @@ class Miner:
     def train(self, t: int) -> tuple[CompressedUpdate | None, float]:
         """Our compressed update of window t (None once the privacy budget is spent) and the training loss."""
         ctx, hp = self.ctx, self.ctx.hp
-        spent = self.privacy_spent()
-        if spent is not None:  # checked before training: nothing trained is ever released
-            if not self.budget_spent:
-                log.warning("window %d: %s; not uploading any more", t, spent.detail)
-            self.budget_spent = True
+        if not self.privacy.allows(t):
             return None, float("nan")
         data = ctx.dataset.training_batch(ctx.uid, t, hp.assigned_sequences, self.sequences)
         gradient_mode = hp.inner.mode == "gradient"
@@ -239,22 +228,27 @@ class Miner:
         rest = self.inner.train(t, data[ahead.sequences:], batch_size=self.sequences if gradient_mode
                                 else hp.batch_size, max_steps=hp.inner.steps_max - ahead.steps if ahead.steps
                                 else None, deadline=self.deadline(t), clock=time.time,
-                                step_seconds=self.step_seconds if ahead.steps else 0.0)
+                                step_seconds=self.step_seconds)
         self.report = ahead.then(rest)
         self.step_seconds = self.report.seconds / self.report.steps if self.report.steps else self.step_seconds
         if self.report.steps == 0 and self.report.stopped == "deadline":
             # the deadline passed before the first step (a miner that just caught up): one step still beats a
-            # zero update, which every such miner would send alike; upload() refuses it if the window closed
+            # zero update, which every such miner would send alike — if it can be uploaded before the put window
+            # closes; otherwise its CPU goes to the next window (and to every other node on the machine)
+            if not self.step_fits(t):
+                log.warning("window %d: no time left for a step (%.1f s each) before the put window closes; "
+                            "not uploading", t, self.step_seconds)
+                return None, float("nan")
             self.report = self.inner.train(t, data, batch_size=hp.batch_size, max_steps=1)
         grads, loss = self.inner.pseudo_gradient(), self.report.mean_loss
         self.inner.restore_anchor()  # back to θ_t: sync samples, the payload's model hash and the bundle start there
         done = data[:self.report.sequences]
         self.trained = (done.shape[0] * (done.shape[1] - 1), max(1, ctx.dataset.target_bytes(done)))  # tokens, bytes
-        if self.accountant is not None:
-            grads = clip_and_noise(grads, hp.dp.clip_norm, self.noise_multiplier, self.dp_noise)
-            self.accountant.step()  # counted (and saved) before anything derived from it can leave the machine
-            self.accountant.save(self.privacy_file)
-        return self.feedback.step(grads, t, ctx.uid), loss
+        return self.feedback.step(self.privacy.release(grads), t, ctx.uid), loss
+
+    def step_fits(self, t: int) -> bool:
+        """Whether one more inner step (as long as the last window's mean) ends in time to upload in window t."""
+        return time.time() + self.step_seconds < self.ctx.clock.put_window(t).close - UPLOAD_MARGIN
 
     def theta_hash(self) -> str:
         """Hash of θ_{model_window}: the model's, or while it holds steps taken ahead, the anchor's."""
@@ -337,11 +331,7 @@ class Miner:
         """Whether to train window t before its θ is known: in steps mode, while the privacy budget allows."""
         if self.ctx.hp.inner.mode != "steps" or self.budget_spent:
             return False
-        return self.privacy_spent() is None
-
-    def privacy_spent(self) -> Rejection | None:
-        """Why another round would exceed the privacy budget (None: it would not, or DP is off)."""
-        return None if self.accountant is None else self.accountant.budget_rejection(self.epsilon_budget)
+        return self.privacy.spent() is None
 
     def follows(self, t: int) -> bool:
         """Whether this miner keeps up with the network in window t (an honest one always does)."""

@@ -28,6 +28,7 @@ from typing import Any
 
 from dso.chain import ChainError
 from dso.chain.factory import open_chain
+from dso.chain.roles import VALIDATOR, role_of
 from dso.chain.writer import ChainWriter, WriteResult
 from dso.clock import GATHER_SETTLE_SECONDS
 from dso.config import Config
@@ -167,16 +168,16 @@ class Validator:
         log.info("genesis of run %s at window %d with %d peers", ctx.run, t, len(self.book.lists[t]))
 
     def follow_leaders_run(self) -> None:
-        """Leave our run for the leader's when they differ (NodeContext.run_moved): its latest checkpoint and
+        """Leave our run for the leader's when they differ (NodeContext.moved_run): its latest checkpoint and
         bundles.  Our run and model stay when the leader's cannot be loaded yet; we try again next window."""
         ctx = self.ctx
-        if self.leading() or not ctx.run_moved():
+        theirs = None if self.leading() else ctx.moved_run()
+        if theirs is None:
             return
-        ours, snapshot, outer = ctx.run, ParameterSnapshot(ctx.model), copy.deepcopy(ctx.outer)
-        t = sync_to(ctx, -1, ctx.clock.current_window()) if ctx.join_run() else -1
+        ours, ctx.run = ctx.run, theirs
+        t = sync_to(ctx, -1, ctx.clock.current_window())  # −1 (nothing loaded) leaves the model and outer state
         if t < 0:
-            snapshot.restore()
-            ctx.run, ctx.outer = ours, outer
+            ctx.run = ours
             return
         self.start_run(t)
 
@@ -184,10 +185,10 @@ class Validator:
         """A protocol validator with more stake than ours is registered: it will start (or lead) the run."""
         graph, commitments = self.ctx.chain.metagraph(), self.ctx.chain.commitments()
         mine = next((n.stake for n in graph if n.uid == self.ctx.uid), 0.0)
-        # a permit holder that has published no commitment yet may be a protocol validator still starting
-        starting = {n.uid for n in graph if n.validator_permit and commitments.get(n.uid) is None}
-        candidates = self.ctx.chain.protocol_validators() + [n for n in graph if n.uid in starting]
-        return any(n.stake > mine for n in candidates if n.uid != self.ctx.uid)
+        # a permit holder with the validator tag, or with no commitment yet (it may be one still starting)
+        return any(n.stake > mine and n.validator_permit and n.uid != self.ctx.uid
+                   and (commitments.get(n.uid) is None or role_of(commitments.get(n.uid)) == VALIDATOR)
+                   for n in graph)
 
     def caught_up(self, t: int) -> bool:
         """Whether window t is recent: a validator replaying a backlog must not post (and so lead) yet."""

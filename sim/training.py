@@ -102,7 +102,8 @@ class Peer:
     def window(self, dataset: Dataset, t: int, theta: dict, hp: HParams, steps: int, overlap: int,
                last: bool) -> tuple[object, float]:
         """Train window t from θ_t (rebasing the steps taken early), compress; then, with overlap, start
-        window t+1 from the local weights.  Returns (compressed update, mean training loss)."""
+        window t+1 from θ_t as the miner does while θ_{t+1} is on its way (neurons/miner.py ``train_ahead``).
+        Returns (compressed update, mean training loss)."""
         data = assignment(dataset, self.uid, t, hp, steps)
         if self.pre_steps:
             self.loop.rebase(theta)
@@ -115,7 +116,8 @@ class Peer:
         update = self.feedback.step(grads, t, self.uid)
         self.pre_steps = 0
         if overlap and not last and hp.inner.mode == "steps":
-            self.loop.start(None)  # anchor = local weights; rebased when θ_{t+1} arrives
+            self.loop.restore_anchor()  # θ_t, as the miner (its upload and the bundle start from there)
+            self.loop.start(None)       # anchor = θ_t; rebased onto θ_{t+1}: local ← θ_{t+1} + (local − θ_t)
             early = self.loop.train(t + 1, assignment(dataset, self.uid, t + 1, hp, steps), max_steps=overlap)
             self.pre_steps = early.steps
         return update, report.mean_loss

@@ -9,7 +9,7 @@ the network's outer step, and the DDP baseline):
   every peer's batch (full mode: the best peak lr of a small sweep; every sweep value is reported);
 * ``paper`` — H = 1: one gradient per window, the Gauntlet's signed step, W·H windows (equal tokens);
 * ``network_overlap`` (full mode) — the same, each peer taking the first step of window t+1 from
-  its own weights before θ_{t+1} is known and rebasing onto it (dso.inner.InnerLoop.rebase);
+  θ_t before θ_{t+1} is known and rebasing onto it, as the miner does (dso.inner.InnerLoop.rebase);
 * ``localnet_regime`` / ``localnet_ddp`` (full mode) — what ``make run`` can reach: 20 windows ×
   3 inner steps × 6 peers, and DDP AdamW on the same tokens.
 

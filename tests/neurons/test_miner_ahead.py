@@ -142,3 +142,27 @@ def test_paper_mode_does_not_train_ahead(tmp_path):
     assert miner.trains_ahead(1)
     miner.budget_spent = True
     assert not miner.trains_ahead(1)
+
+
+class ClosingClock:
+    """Window t's put window closes ``left`` seconds from now."""
+
+    def __init__(self, left: float):
+        self.left = left
+
+    def put_window(self, t: int) -> PutWindow:
+        return PutWindow(t, time.time() - 5, time.time() + self.left)
+
+
+def test_a_late_miner_takes_one_step_only_if_it_can_still_upload_it(tmp_path):
+    miner, _ = make_miner(tmp_path, after=0)
+    theta = params(miner.ctx.model)
+    miner.step_seconds = 3.0        # the last window's steps took this long
+    miner.encode_seconds = 30.0     # and its upload: the training deadline has passed in both cases below
+    miner.ctx.clock = ClosingClock(left=1.0)
+    own, loss = miner.train(0)      # a step would end after the close: not taken, nothing to upload
+    assert own is None and loss != loss and miner.inner.step_count == 0
+    assert all(torch.equal(p.detach(), theta[n]) for n, p in miner.ctx.model.named_parameters())
+    miner.ctx.clock = ClosingClock(left=10.0)
+    own, _ = miner.train(0)         # there is time for one: one step beats a zero update
+    assert own is not None and miner.report.steps == 1 and miner.inner.step_count == 1

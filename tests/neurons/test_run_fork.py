@@ -9,21 +9,21 @@ that has published no commitment yet (it may be a protocol validator still start
 from __future__ import annotations
 
 import time
-from dataclasses import asdict
 
 import pytest
 import torch
 
 from dso.chain.local import LocalChain
 from dso.chain.wallets import create_local_wallet, hotkey_address
-from dso.config_sources import from_dict
 from dso.data import Dataset
 from dso.model import model_hash
 from neurons.context import build_context
 from neurons.validator import Validator
 from storage import keys
 from storage.checkpoint import save_checkpoint
+from storage.jsonobj import put_json
 from storage.server import EmbeddedS3
+from tests.embedded_nodes import node_config
 from tests.sim.test_engine_identity import tiny
 
 RUN_A, RUN_B = "aaaaaaaaaaaaaaaa", "bbbbbbbbbbbbbbbb"
@@ -45,17 +45,7 @@ def network(tmp_path_factory, stdlib_corpus):
             wallet = create_local_wallet(name, "default", wallets)
             chain.register(wallet)
             chain.add_stake(hotkey_address(wallet), stake)
-            creds = s3.provision(name)
-            cfg = from_dict({
-                "subtensor": {"network": "localchain", "localchain_path": str(root / "chain.sqlite")},
-                "wallet": {"name": name, "path": wallets},
-                "storage": {"endpoint": s3.endpoint, "allow_loopback_endpoints": True, "region": s3.admin.region,
-                            "bucket": creds.bucket,
-                            "access_key_id": creds.write_key_id, "secret_access_key": creds.write_secret,
-                            "read_access_key_id": creds.read_key_id, "read_secret_access_key": creds.read_secret},
-                "data": {"corpus": str(stdlib_corpus), "cache_dir": cache},
-                "neuron": {"state_dir": str(root / name)},
-                "hparams": asdict(hp)})
+            cfg = node_config(root, s3, name, wallets, str(stdlib_corpus), cache, hp, allow_loopback_endpoints=True)
             nodes[name] = Validator(build_context(cfg, "validator", handle_signals=False))
         yield chain, nodes, wallets
 
@@ -137,3 +127,18 @@ def test_a_permit_holder_without_a_commitment_is_waited_for(tmp_path):
     chain.commit(other, "dso1|http://127.0.0.1:9|us-east-1|dso-other|key|secret|validator")
     assert expected()
 
+
+
+def test_a_leader_with_other_settings_is_not_followed_and_stops_nothing(network):
+    chain, nodes, wallets = network
+    senior, junior = nodes["senior"], nodes["junior"]
+    begin(senior, RUN_A, seed=5)
+    ours = begin(junior, RUN_B, seed=6)
+    other = senior.ctx.manifest(0)
+    other["hparams_digest"], other["hparams"] = "0" * 16, {**other["hparams"], "topg": 99}
+    put_json(senior.ctx.own.client, senior.ctx.own.bucket, keys.manifest(senior.ctx.hp.protocol_version), other)
+    chain.set_weights(create_local_wallet("senior", "default", wallets), [senior.ctx.uid], [1.0])
+    settle(chain, nodes)
+
+    junior.follow_leaders_run()  # a warning, not a Fatal: a running validator keeps its run
+    assert junior.ctx.run == RUN_B and model_hash(junior.ctx.model) == ours

@@ -7,14 +7,12 @@ record must equal the simulator's: weights, scores, μ, ratings, the aggregated 
 """
 from __future__ import annotations
 
-from dataclasses import asdict
 
 import pytest
 
 from dso.chain.local import LocalChain
 from dso.chain.wallets import create_local_wallet, hotkey_address
 from dso.config import HParams, ModelConfig
-from dso.config_sources import from_dict
 from dso.data import Dataset
 from dso.model import model_hash
 from neurons import validator_state
@@ -24,6 +22,7 @@ from neurons.validator import Validator
 from sim.simulator import SimNet
 from storage.gather import GatherResult
 from storage.server import EmbeddedS3
+from tests.embedded_nodes import node_config
 
 ROLES = ["honest", "honest", "diligent", "freerider", "noise", "copier", "late", "malformed"]
 WINDOWS = 6
@@ -58,16 +57,7 @@ def validator_and_sim(tmp_path_factory, stdlib_corpus):
         chain.add_stake(hotkey_address(validator_wallet), 1000.0)
         for peer in sim.peers:  # the simulator's uids are the chain's
             assert chain.register(create_local_wallet(f"miner{peer.uid}", "default", wallets)) == peer.uid
-        creds = s3.provision("validator")
-        cfg = from_dict({
-            "subtensor": {"network": "localchain", "localchain_path": str(root / "chain.sqlite")},
-            "wallet": {"name": "validator", "path": wallets},
-            "storage": {"endpoint": s3.endpoint, "region": s3.admin.region, "bucket": creds.bucket,
-                        "access_key_id": creds.write_key_id, "secret_access_key": creds.write_secret,
-                        "read_access_key_id": creds.read_key_id, "read_secret_access_key": creds.read_secret},
-            "data": {"corpus": str(stdlib_corpus), "cache_dir": cache},
-            "neuron": {"state_dir": str(root / "state")},
-            "hparams": asdict(hp)})
+        cfg = node_config(root, s3, "validator", wallets, str(stdlib_corpus), cache, hp)
         validator = Validator(build_context(cfg, "validator", handle_signals=False))
         # the same starting point: window 0, the simulator's private seed, its chain randomness (both)
         validator.ctx.run = "0123456789abcdef"
