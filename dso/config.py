@@ -220,12 +220,13 @@ class HParams:
                              "learning (larger = shorter horizon, faster reaction, noisier)", default=25 / 300)
     rating_z: float = _doc("LossRating = rating mu - z * sigma (a lower confidence bound; 3 is the library's "
                            "ordinal; 0.5 keeps honest peers' ratings well above 0 — docs/scoring.md)", default=0.5)
-    poc_cap: float = _doc("PeerScore = min(mu, poc_cap) * LossRating: a proof-of-computation mu above this "
-                          "counts in full (1 = the paper's product; PoC is a pass/fail test of the work, not a "
-                          "ranking)", default=0.2)
+    poc_floor: float = _doc("proof of computation as a pass/fail gate: a peer is paid (PeerScore = LossRating) only "
+                            "once evaluated and while its PoC mu >= this; below it PeerScore = min(LossRating, 0). "
+                            "Negative: honest mu wanders around 0 on current training, a no-work peer sinks "
+                            "(docs/scoring.md)", default=-0.25)
     help_share: float = _doc("a peer is paid only while its last LossScore is > 0 and at least this share of the "
-                             "median LossScore of the window it is scored in (noise scaled to a harmless step "
-                             "scores about 0)", default=0.25)
+                             "median LossScore of the window it is scored in (0 = > 0 only: LossScores shrink as "
+                             "training converges; docs/scoring.md)", default=0.0)
     weight_smoothing: float = _doc("posted weights = s * this window's + (1 - s) * the last posted, for peers "
                                    "still paid this window (others drop to 0 at once); 1 = no smoothing",
                                    default=0.5)
@@ -273,8 +274,9 @@ class HParams:
             raise ConfigError(f"{prefix}.eval_max_gap_factor: must be >= 1, got {self.eval_max_gap_factor}")
         if not (self.rating_beta > 0 and self.rating_tau >= 0 and self.rating_z >= 0):  # issue 17
             raise ConfigError(f"{prefix}: rating_beta must be > 0, rating_tau and rating_z >= 0")
-        if not 0 < self.poc_cap <= 1 or not 0 < self.weight_smoothing <= 1 or not 0 <= self.help_share <= 1:
-            raise ConfigError(f"{prefix}: poc_cap and weight_smoothing must be in (0, 1], help_share in [0, 1]")
+        if not -1 < self.poc_floor <= 0 or not 0 < self.weight_smoothing <= 1 or not 0 <= self.help_share <= 1:
+            raise ConfigError(f"{prefix}: poc_floor must be in (-1, 0], weight_smoothing in (0, 1], help_share in "
+                              "[0, 1]")
         if self.sync_samples_per_tensor < 1:
             raise ConfigError(f"{prefix}.sync_samples_per_tensor: must be >= 1 (every tensor checked each window)")
 

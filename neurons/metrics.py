@@ -78,7 +78,7 @@ class NodeMetrics:
             self.aggregated = Gauge("dso_aggregated_peers", "Peers in the window's aggregate", registry=r)
             self.peer = {key: Gauge(name, doc, ["uid"], registry=r) for key, name, doc in (
                 ("weights", "dso_peer_weight_ratio", "Weight of each peer (sums to 1)"),
-                ("scores", "dso_peer_score", "PeerScore = μ · LossRating"),
+                ("scores", "dso_peer_score", "PeerScore = LossRating while the PoC μ passes its floor"),
                 ("mu", "dso_peer_mu", "Proof-of-computation EMA μ"),
                 ("loss_ratings", "dso_peer_loss_rating", "OpenSkill LossRating (μ − z·σ, z = hparams.rating_z)"))}
         self._shown: dict[str, set[str]] = {}  # per-uid gauge → uids it shows now

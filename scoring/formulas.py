@@ -83,19 +83,26 @@ def sync_score(validator_values: list[float], peer_values: list[float], lr: floa
     return total / (lr * len(validator_values))
 
 
-def peer_score(mu: float, rating: float) -> float:
-    """Sign-safe ``PeerScore = μ·LossRating``.
+def poc_passes(mu: float, evaluations: int, floor: float) -> bool:
+    """Whether a peer's proof-of-computation record lets it be paid: evaluated at least once and ``μ ≥ floor``.
 
-    Positive only when *both* factors are positive (then it is their product).
-    Otherwise it is ``min(μ, rating)`` ≤ 0: two negatives never multiply into a
-    reward, and the value is non-decreasing in μ and in the rating, so a penalty
-    (which lowers μ) can never raise a peer's score — ``−|μ·rating|`` would
-    (μ > 0, rating < 0: shrinking μ brings the product closer to zero)."""
-    if not (math.isfinite(mu) and math.isfinite(rating)):
+    μ is an EMA of ±1 verdicts (``poc_update``, ``poc_no_work``), so the gate looks at many evaluations, not one:
+    an honest μ wanders around 0 when the sign test is weak (positive in ~52 % of honest evaluations on current
+    training), while a peer that does no work sinks by ``1 − γⁿ`` after n evaluations.  Never evaluated: no
+    record yet, no pay (its rating is still the prior's).  NaN fails (docs/scoring.md, "Fair, stable weights")."""
+    return evaluations > 0 and mu >= floor
+
+
+def peer_score(rating: float, passed: bool) -> float:
+    """PeerScore: the LossRating when the proof of computation passes, ``min(rating, 0)`` when it fails.
+
+    The gate decides whether a peer is paid, the rating how much: μ no longer multiplies the rating, because an
+    honest μ is mostly noise around 0 and would pay equal peers unequally.  Non-decreasing in the rating and in
+    the gate (a penalty that pushes μ below the floor can only lower the score); a failed peer's non-positive
+    score still orders it for the cold-start top-G list.  Non-finite ratings give ``MU_MIN`` (no weight)."""
+    if not math.isfinite(rating):
         return MU_MIN  # no weight; finite, so every score stays a number (the inputs are bounded anyway)
-    if mu > 0 and rating > 0:
-        return mu * rating
-    return min(mu, rating)
+    return rating if passed else min(rating, 0.0)
 
 
 def last_update_helped(loss_score: float | None, reference: float | None = None, share: float = 0.0) -> bool:

@@ -104,8 +104,10 @@ def _quartiles(values: list[float]) -> list[float]:
 
 
 # ------------------------------------------------------------------ runs
-def run_seed(seed: int, windows: int, honest: int, tiny: bool, levers: dict | None = None) -> dict:
-    """In a worker: one simulated run; per-window weights and the per-seed figures."""
+def run_seed(seed: int, windows: int, honest: int, tiny: bool, levers: dict | None = None,
+             trace_dir: str | None = None) -> dict:
+    """In a worker: one simulated run; per-window weights and the per-seed figures.  ``trace_dir``: also write the
+    run's per-window records there (``trace-<seed>.json``, what scripts/benchmarks/pay_replay.py replays)."""
     from benchmarks.common import default_dataset, setup_worker
     setup_worker()
     from dso.config import HParams, ModelConfig, set_key
@@ -121,6 +123,10 @@ def run_seed(seed: int, windows: int, honest: int, tiny: bool, levers: dict | No
     records = SimNet(hp, default_dataset(hp), roles).run(windows)
     weights = [r.weights for r in records]
     figures = seed_figures(weights, list(range(1, honest + 1)), honest + 1)
+    if trace_dir:
+        Path(trace_dir).mkdir(parents=True, exist_ok=True)
+        trace = {"seed": seed, "roles": roles, "levers": _hparam_levers(levers), "rows": [r.to_dict() for r in records]}
+        (Path(trace_dir) / f"trace-{seed}.json").write_text(json.dumps(trace) + "\n")
     return {"seed": seed, **figures, "val_loss": records[-1].val_loss, "seconds": sum(r.seconds for r in records),
             "rejections": rejection_counts(r.rejections for r in records)}
 
@@ -237,9 +243,9 @@ def measure_turncoat(cfg: dict, levers: dict | None = None, workers: int = 2) ->
             "max": max(known) if known else None, "never": sum(n is None for n in lost), "runs": rows}
 
 
-def measure(cfg: dict, levers: dict | None = None, workers: int = 2) -> dict:
+def measure(cfg: dict, levers: dict | None = None, workers: int = 2, trace_dir: str | None = None) -> dict:
     with worker_pool(workers) as pool:
-        futures = [pool.submit(run_seed, seed, cfg["windows"], cfg["honest"], cfg["tiny"], levers)
+        futures = [pool.submit(run_seed, seed, cfg["windows"], cfg["honest"], cfg["tiny"], levers, trace_dir)
                    for seed in range(1, cfg["seeds"] + 1)]
         per_seed = _collect(futures, "fairness")
     out = summarise(per_seed)
@@ -307,13 +313,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--turncoat", action="store_true", help="also measure the turncoat (tiny model)")
     parser.add_argument("--turncoat-only", action="store_true", help="only the turncoat")
     parser.add_argument("--out", help="write the result as JSON")
+    parser.add_argument("--trace-dir", help="write each seed's per-window records there (for pay_replay.py)")
     args = parser.parse_args(argv)
     cfg = {"seeds": args.seeds, "windows": args.windows, "honest": args.honest, "tiny": args.tiny}
     if args.turncoat_only:
         result = {"turncoat": measure_turncoat({**TURNCOAT, "seeds": args.seeds}, dict(args.lever), args.workers)}
         print(json.dumps({k: v for k, v in result["turncoat"].items() if k != "runs"}))
     else:
-        result = measure(cfg, dict(args.lever), args.workers)
+        result = measure(cfg, dict(args.lever), args.workers, args.trace_dir)
         if args.turncoat:
             result["turncoat"] = measure_turncoat({**TURNCOAT, "seeds": args.seeds}, dict(args.lever), args.workers)
         print(markdown(result))
