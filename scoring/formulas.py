@@ -93,16 +93,18 @@ def poc_passes(mu: float, evaluations: int, floor: float) -> bool:
     return evaluations > 0 and mu >= floor
 
 
-def peer_score(rating: float, passed: bool) -> float:
-    """PeerScore: the LossRating when the proof of computation passes, ``min(rating, 0)`` when it fails.
+def peer_score(mu: float, rating: float, passed: bool) -> float:
+    """PeerScore: the LossRating when the proof of computation passes (``passed``, from ``poc_passes``), else
+    ``min(μ, rating, 0)``.
 
     The gate decides whether a peer is paid, the rating how much: μ no longer multiplies the rating, because an
-    honest μ is mostly noise around 0 and would pay equal peers unequally.  Non-decreasing in the rating and in
-    the gate (a penalty that pushes μ below the floor can only lower the score); a failed peer's non-positive
-    score still orders it for the cold-start top-G list.  Non-finite ratings give ``MU_MIN`` (no weight)."""
-    if not math.isfinite(rating):
+    honest μ is mostly noise around 0 and would pay equal peers unequally.  A peer that failed on its record (μ
+    below the floor, so μ < 0) scores below 0, so it never enters the top-G list as a neutral newcomer; one not
+    evaluated yet (μ = 0) scores 0.  Non-decreasing in μ and in the rating (a penalty can only lower the score).
+    Non-finite inputs give ``MU_MIN`` (no weight)."""
+    if not (math.isfinite(mu) and math.isfinite(rating)):
         return MU_MIN  # no weight; finite, so every score stays a number (the inputs are bounded anyway)
-    return rating if passed else min(rating, 0.0)
+    return rating if passed else min(mu, rating, 0.0)
 
 
 def last_update_helped(loss_score: float | None, reference: float | None = None, share: float = 0.0) -> bool:

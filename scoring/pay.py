@@ -21,13 +21,13 @@ def pay(peers: Mapping[int, PeerState], hp: HParams, previous: Mapping[int, floa
     """``(loss_ratings, scores, weights, unhelpful)`` for the peers in ``peers``.
 
     LossRating = μ_r − z·σ; PeerScore = LossRating while the proof of computation passes (evaluated, μ ≥
-    ``hp.poc_floor``), else ``min(LossRating, 0)``; a peer in ``unpaid`` (banned,
+    ``hp.poc_floor``), else ``min(μ, LossRating, 0)``; a peer in ``unpaid`` (banned,
     failed a check this window), one whose record of copying bars it (``formulas.copy_record_bars_pay``) or one
     whose last evaluated update did not lower the random-data loss by at least ``hp.help_share`` of
     ``median_loss_score`` (the window's median LossScore; returned as ``unhelpful``) scores at most 0; weights =
     power-normalised scores smoothed with ``previous`` (a peer with no weight this window is posted 0 at once)."""
     ratings = {uid: ordinal(p.rating, hp.rating_z) for uid, p in peers.items()}
-    scores = {uid: formulas.peer_score(ratings[uid], formulas.poc_passes(p.mu, p.eval_count, hp.poc_floor))
+    scores = {uid: formulas.peer_score(p.mu, ratings[uid], formulas.poc_passes(p.mu, p.eval_count, hp.poc_floor))
               for uid, p in peers.items()}
     unhelpful = {uid for uid, p in peers.items()
                  if not formulas.last_update_helped(p.loss_score, median_loss_score, hp.help_share)}

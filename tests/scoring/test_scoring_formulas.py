@@ -9,7 +9,8 @@ import pytest
 from scipy.stats import rankdata
 
 from scoring.formulas import (MU_MAX, MU_MIN, competition_ranks, last_update_helped, loss_delta, normalise_weights,
-                              peer_score, penalise, poc_no_work, poc_update, smooth_weights, sync_score, top_g)
+                              peer_score, penalise, poc_no_work, poc_passes, poc_update, smooth_weights, sync_score,
+                              top_g)
 
 
 # ------------------------------------------------------------- proof of computation
@@ -108,38 +109,52 @@ def test_sync_score_non_finite_peer_value_fails_and_bad_inputs_raise():
 
 
 # ---------------------------------------------------------------- peer score
-def test_peer_score_is_the_product_when_both_positive():
-    assert peer_score(0.5, 4.0) == 2.0
-    assert peer_score(0.05, 3.0) == pytest.approx(0.15)
+@pytest.mark.parametrize("mu, evaluations, passed", [(0.0, 0, False), (0.4, 0, False), (0.0, 1, True),
+                                                     (-0.25, 3, True), (-0.2501, 3, False), (0.31, 20, True),
+                                                     (MU_MIN, 20, False), (math.nan, 5, False)])
+def test_proof_of_computation_passes_once_evaluated_and_at_or_above_the_floor(mu, evaluations, passed):
+    assert poc_passes(mu, evaluations, floor=-0.25) is passed
 
 
-@pytest.mark.parametrize("mu, rating", [(-0.5, -4.0), (-0.05, -20.0), (0.5, -4.0), (-0.5, 4.0), (0.0, 5.0),
-                                        (0.3, 0.0), (0.0, 0.0)])
-def test_peer_score_never_positive_unless_both_factors_are(mu, rating):
-    assert peer_score(mu, rating) <= 0
-    assert peer_score(mu, rating) == min(mu, rating)
+def test_a_peer_that_does_no_work_fails_the_proof_after_six_evaluations():
+    # μ_n = −(1 − 0.95ⁿ): −0.2262 after 5 no-work verdicts (still passes −0.25), −0.2649 after 6
+    mu, passing = 0.0, []
+    for n in range(1, 9):
+        mu = poc_no_work(mu, 0.95)
+        passing.append(poc_passes(mu, n, -0.25))
+    assert mu == pytest.approx(-(1 - 0.95 ** 8))
+    assert passing == [True] * 5 + [False] * 3
+
+
+@pytest.mark.parametrize("mu, rating, passed, score", [(0.0, 20.8, True, 20.8), (-0.2, 20.8, True, 20.8),
+                                                       (0.0, 20.8, False, 0.0), (-0.3, 20.8, False, -0.3),
+                                                       (0.1, 0.0, True, 0.0), (0.1, -3.5, True, -3.5),
+                                                       (-0.3, -3.5, False, -3.5)])
+def test_peer_score_is_the_rating_when_the_proof_passes_and_never_positive_when_it_fails(mu, rating, passed, score):
+    assert peer_score(mu, rating, passed) == score
 
 
 def test_two_negatives_never_make_a_reward():
     naive = -0.3 * -18.9
-    assert naive > 5                              # what the published formula pays
-    assert peer_score(-0.3, -18.9) < 0
-    weights = normalise_weights({1: peer_score(0.2, 10.0), 2: peer_score(-0.3, -18.9), 3: 0.0}, 2.0)
+    assert naive > 5                              # what the published formula μ·LossRating pays
+    assert peer_score(-0.3, -18.9, poc_passes(-0.3, 10, -0.25)) == -18.9
+    weights = normalise_weights({1: peer_score(0.1, 10.0, True), 2: peer_score(-0.3, -18.9, False), 3: 0.0}, 2.0)
     assert weights[2] == 0.0 and weights[1] == 1.0
 
 
 def test_peer_score_is_monotone_so_a_penalty_never_raises_it():
-    grid = np.linspace(-3, 3, 25)
-    for mu, rating in itertools.product(np.linspace(MU_MIN, MU_MAX, 25), grid):  # μ lives in its bounds
+    def score(mu: float, rating: float) -> float:
+        return peer_score(mu, rating, poc_passes(mu, 5, -0.25))
+    for mu, rating in itertools.product(np.linspace(MU_MIN, MU_MAX, 25), np.linspace(-30, 30, 25)):
         mu, rating = float(mu), float(rating)
-        s = peer_score(mu, rating)
-        assert peer_score(mu + 0.1, rating) >= s
-        assert peer_score(mu, rating + 0.1) >= s
-        assert peer_score(penalise(mu, 0.75), rating) <= s
+        s = score(mu, rating)
+        assert score(min(mu + 0.1, MU_MAX), rating) >= s and score(mu, rating + 0.1) >= s
+        assert score(penalise(mu, 0.75), rating) <= s
 
 
 def test_peer_score_non_finite_gets_no_weight_and_stays_finite():
-    assert peer_score(math.nan, 1.0) == MU_MIN and peer_score(0.5, math.inf) == MU_MIN
+    assert peer_score(math.nan, 1.0, True) == MU_MIN and peer_score(0.5, math.inf, True) == MU_MIN
+    assert peer_score(-0.3, -math.inf, False) == MU_MIN
 
 
 # ------------------------------------------------------------- normalisation
