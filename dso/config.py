@@ -224,9 +224,9 @@ class HParams:
                             "once evaluated and while its PoC mu >= this; below it PeerScore = min(LossRating, 0). "
                             "Negative: honest mu wanders around 0 on current training, a no-work peer sinks "
                             "(docs/scoring.md)", default=-0.25)
-    help_share: float = _doc("a peer is paid only while its last LossScore is > 0 and at least this share of the "
-                             "median LossScore of the window it is scored in (0 = > 0 only: LossScores shrink as "
-                             "training converges; docs/scoring.md)", default=0.0)
+    help_share: float = _doc("a peer is paid only while its last LossScore is > 0 and the mean of its last two "
+                             "LossScores over their windows' medians (each clamped to [-1, 1]) is at least this "
+                             "(docs/scoring.md)", default=0.25)
     weight_smoothing: float = _doc("posted weights = s * this window's + (1 - s) * the last posted, for peers "
                                    "still paid this window (others drop to 0 at once); 1 = no smoothing",
                                    default=0.5)

@@ -107,19 +107,41 @@ def peer_score(mu: float, rating: float, passed: bool) -> float:
     return rating if passed else min(mu, rating, 0.0)
 
 
-def last_update_helped(loss_score: float | None, reference: float | None = None, share: float = 0.0) -> bool:
-    """Whether a peer may be paid: its last evaluated update lowered the loss on random data (LossScore > 0) by
-    at least ``share`` of ``reference`` (the window's median LossScore; None: no reference this window).
+def help_ratio(loss_score: float, median: float | None) -> float:
+    """How much one evaluated update helped, against the others evaluated in the same window: its LossScore over
+    the window's median LossScore, clamped to [−1, 1] (1 = at least the median; bounded, so one lucky window
+    cannot carry many bad ones).  Without a positive median (a cold start, a window where most updates hurt) a
+    LossScore > 0 counts as 1.  A LossScore ≤ 0 or NaN is never above 0."""
+    if not loss_score > 0:
+        return max(-1.0, min(0.0, loss_score / median)) if median is not None and median > 0 and \
+            math.isfinite(median) and math.isfinite(loss_score) else -1.0
+    if median is None or not (median > 0 and math.isfinite(median)):
+        return 1.0
+    return min(1.0, loss_score / median)
 
-    ``None`` (never evaluated) is not held against it — such a peer has μ = 0 and no positive score anyway.
-    NaN fails.  A zero, noise or harmful update — including noise scaled to a harmless step, whose LossScore is
-    about 0 — earns nothing until the peer's next evaluation shows it helping (docs/scoring.md, "Fair, stable
+
+def help_mean(previous: float | None, ratio: float) -> float:
+    """The pay gate's record: the mean of a peer's last two help ratios (``help_ratio``); the first evaluation's
+    ratio alone.  Two evaluations, not one: late in a run LossScores shrink to the size of the evaluation's noise
+    and one low draw of an honest peer is common, two in a row are not; a peer that turns bad (ratio ≈ 0) falls
+    below any share ≥ its last good ratio / 2 at its second bad evaluation."""
+    return ratio if previous is None else (previous + ratio) / 2
+
+
+def last_update_helped(loss_score: float | None, help_record: float | None = None, share: float = 0.0) -> bool:
+    """Whether a peer may be paid: its last evaluated update lowered the loss on random data (LossScore > 0) and
+    its help record (``help_mean``) is at least ``share``.
+
+    ``None`` (never evaluated) is not held against it — such a peer has no proof of computation yet and is not
+    paid anyway.  NaN fails.  A zero, noise or harmful update scores about 0 or below: a peer whose update did
+    not lower the loss earns nothing until its next evaluation shows it helping; noise whose LossScore is
+    slightly above 0 by chance is cut by the record at its second evaluation (docs/scoring.md, "Fair, stable
     weights")."""
     if loss_score is None:
         return True
     if not loss_score > 0:
         return False
-    return reference is None or not reference > 0 or loss_score >= share * reference
+    return help_record is None or help_record >= share
 
 
 def copy_record_bars_pay(copies: int, passes: int) -> bool:

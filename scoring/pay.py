@@ -16,21 +16,34 @@ from scoring.state import PeerState
 Pay = tuple[dict[int, float], dict[int, float], dict[int, float], set[int]]
 
 
-def pay(peers: Mapping[int, PeerState], hp: HParams, previous: Mapping[int, float], unpaid: Iterable[int] = (),
-        median_loss_score: float | None = None) -> Pay:
+def record_evaluation(peer: PeerState, loss_score: float, delta_assigned: float, median: float | None,
+                      hp: HParams) -> None:
+    """What one primary evaluation adds to a peer's record: LossScore and δ_assigned, the proof-of-computation EMA
+    (an update that did not lower the random-data loss counts −1, ``poc_no_work``), the help record against the
+    window's ``median`` LossScore, and the evaluation count.  Shared by the window engine and the replays."""
+    peer.loss_score, peer.delta_assigned = loss_score, delta_assigned
+    peer.mu = (formulas.poc_update(peer.mu, delta_assigned, loss_score, hp.poc_gamma)
+               if formulas.last_update_helped(loss_score) else formulas.poc_no_work(peer.mu, hp.poc_gamma))
+    ratio = formulas.help_ratio(loss_score, median)
+    peer.help_mean, peer.help_ratio = formulas.help_mean(peer.help_ratio, ratio), ratio
+    peer.eval_count += 1
+
+
+def pay(peers: Mapping[int, PeerState], hp: HParams, previous: Mapping[int, float], unpaid: Iterable[int] = ()) -> Pay:
     """``(loss_ratings, scores, weights, unhelpful)`` for the peers in ``peers``.
 
     LossRating = μ_r − z·σ; PeerScore = LossRating while the proof of computation passes (evaluated, μ ≥
     ``hp.poc_floor``), else ``min(μ, LossRating, 0)``; a peer in ``unpaid`` (banned,
     failed a check this window), one whose record of copying bars it (``formulas.copy_record_bars_pay``) or one
-    whose last evaluated update did not lower the random-data loss by at least ``hp.help_share`` of
-    ``median_loss_score`` (the window's median LossScore; returned as ``unhelpful``) scores at most 0; weights =
-    power-normalised scores smoothed with ``previous`` (a peer with no weight this window is posted 0 at once)."""
+    whose last evaluated update did not lower the random-data loss, or whose help record (the mean of its last two
+    LossScores over their windows' medians) is below ``hp.help_share`` (returned as ``unhelpful``) scores at most 0;
+    weights = power-normalised scores smoothed with ``previous`` (a peer with no weight this window is posted 0 at
+    once)."""
     ratings = {uid: ordinal(p.rating, hp.rating_z) for uid, p in peers.items()}
     scores = {uid: formulas.peer_score(p.mu, ratings[uid], formulas.poc_passes(p.mu, p.eval_count, hp.poc_floor))
               for uid, p in peers.items()}
     unhelpful = {uid for uid, p in peers.items()
-                 if not formulas.last_update_helped(p.loss_score, median_loss_score, hp.help_share)}
+                 if not formulas.last_update_helped(p.loss_score, p.help_mean, hp.help_share)}
     barred = {uid for uid, p in peers.items() if formulas.copy_record_bars_pay(p.copies, p.passes)}
     for uid in unhelpful | barred | (set(unpaid) & set(peers)):
         scores[uid] = min(scores[uid], 0.0)

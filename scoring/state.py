@@ -63,6 +63,8 @@ class PeerState:
     last_offence: str = ""               # str(Rejection) of the latest failure
     copies: int = 0                      # windows rejected as a copy (duplicate, near-copy, mix): the pay rule's record
     passes: int = 0                      # windows it took part in and passed every check (issue 17)
+    help_ratio: float | None = None      # last evaluation's LossScore / that window's median, in [−1, 1] (issue 17)
+    help_mean: float | None = None       # mean of its last two help ratios: the pay gate's record (issue 17)
 
     @property
     def rating(self) -> Rating:
@@ -189,11 +191,12 @@ _PEER_FLOATS = ("mu", "rating_mu", "rating_sigma")
 _PEER_OPTIONAL = ("loss_score", "delta_assigned", "sync_score")
 _PEER_INTS = ("eval_count", "last_eval_window", "last_fast_window")
 _PEER_ADDED = ("copies", "passes")  # ints added by issue 17: a state saved before them loads them as 0
+_PEER_RATIOS = ("help_ratio", "help_mean")  # in [−1, 1] or None, added by issue 17: older states load None
 
 
 def _peer_to_dict(p: PeerState) -> dict[str, Any]:
     out: dict[str, Any] = {f.name: getattr(p, f.name) for f in fields(p)}
-    for name in _PEER_FLOATS + _PEER_OPTIONAL:
+    for name in _PEER_FLOATS + _PEER_OPTIONAL + _PEER_RATIOS:
         out[name] = None if out[name] is None else _encode_float(out[name])
     out["offences"] = dict(sorted(p.offences.items()))
     return out
@@ -201,7 +204,7 @@ def _peer_to_dict(p: PeerState) -> dict[str, Any]:
 
 def _peer_from_dict(data: Any, where: str) -> PeerState:
     if isinstance(data, dict):
-        data = {**{name: 0 for name in _PEER_ADDED}, **data}
+        data = {**{name: 0 for name in _PEER_ADDED}, **{name: None for name in _PEER_RATIOS}, **data}
     d = _fields(data, where, {f.name for f in fields(PeerState)})
     peer = PeerState(hotkey=_typed(d["hotkey"], str, f"{where}.hotkey"),
                      last_offence=_typed(d["last_offence"], str, f"{where}.last_offence"))
@@ -214,6 +217,11 @@ def _peer_from_dict(data: Any, where: str) -> PeerState:
         setattr(peer, name, None if d[name] is None else _decode_float(d[name], f"{where}.{name}"))
     for name in _PEER_INTS:
         setattr(peer, name, _int(d[name], f"{where}.{name}"))
+    for name in _PEER_RATIOS:
+        value = None if d[name] is None else _decode_float(d[name], f"{where}.{name}")
+        if value is not None and not -1.0 <= value <= 1.0:
+            raise ValueError(f"{where}.{name}: {value!r} outside [-1, 1]")
+        setattr(peer, name, value)
     for name in _PEER_ADDED:
         if _int(d[name], f"{where}.{name}") < 0:
             raise ValueError(f"{where}.{name}: must be >= 0")

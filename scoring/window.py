@@ -46,7 +46,7 @@ from dso.train import evaluate, learning_rate
 from scoring import formulas, selection
 from dso.outer import peer_norms, reference_norms
 from scoring.evaluation import ParameterSnapshot, PeerLosses, evaluate_peer, update_step
-from scoring.pay import pay
+from scoring.pay import pay, record_evaluation
 from scoring.rating import rate_match
 from scoring.state import PeerState, ValidatorState
 from scoring.sync import check_sync_vector, sample_parameters, sync_positions
@@ -167,12 +167,10 @@ def score_window(state: ValidatorState, model: Decoder, codec: Codec, dataset: D
     losses, base_rand = _evaluate(state, model, codec, dataset, hp, window, chosen, payloads, shapes,
                                   _reference(codec, hp, payloads, reference_norms), failures, notes,
                                   data_rng(state, hp, window, eval_seed))
+    finite = [pl.delta_rand for pl in losses.values() if math.isfinite(pl.delta_rand)]
+    median = statistics.median(finite) if finite else None
     for uid, peer_losses in losses.items():
-        peer = state.peers[uid]
-        peer.loss_score, peer.delta_assigned = peer_losses.delta_rand, peer_losses.delta_assigned
-        peer.mu = (formulas.poc_update(peer.mu, peer.delta_assigned, peer.loss_score, hp.poc_gamma)
-                   if formulas.last_update_helped(peer.loss_score) else formulas.poc_no_work(peer.mu, hp.poc_gamma))
-        peer.eval_count += 1
+        record_evaluation(state.peers[uid], peer_losses.delta_rand, peer_losses.delta_assigned, median, hp)
     new_ratings = rate_match({uid: state.peers[uid].rating for uid in losses},
                              {uid: pl.delta_rand for uid, pl in losses.items()}, hp.rating_beta, hp.rating_tau)
     for uid, (mu, sigma) in new_ratings.items():
@@ -183,12 +181,11 @@ def score_window(state: ValidatorState, model: Decoder, codec: Codec, dataset: D
     # nothing for a banned peer, one that failed a check this window, or one whose last evaluated update did not
     # lower the random-data loss — a peer that turns bad loses its weight at its next evaluation, however good
     # its rating (scoring/pay.py, docs/scoring.md "Fair, stable weights"); none of them enters the list below
-    finite = [pl.delta_rand for pl in losses.values() if math.isfinite(pl.delta_rand)]
     checked = [uid for uid in passed if uid not in failures and uid not in banned]
     for uid in checked:
         state.peers[uid].passes += 1
     ratings, scores, weights, unhelpful = pay({uid: state.peers[uid] for uid in active_uids}, hp, state.weights,
-                                              banned | set(failures), statistics.median(finite) if finite else None)
+                                              banned | set(failures))
     # peers whose last update did not help enter the list only when nobody else can (a cold start, where
     # every update of the warm-up may score 0), so the network never stands still for want of a list
     top = (selection.next_top_g(scores, [uid for uid in checked if uid not in unhelpful], hp.topg)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import math
 import statistics
 import sys
 from pathlib import Path
@@ -27,7 +28,7 @@ if __name__ == "__main__":
 from benchmarks.incentives import WIN, seed_figures  # noqa: E402
 from dso.config import HParams  # noqa: E402
 from scoring import formulas  # noqa: E402
-from scoring.pay import pay  # noqa: E402
+from scoring.pay import pay, record_evaluation  # noqa: E402
 from scoring.rating import rate_match  # noqa: E402
 from scoring.state import PeerState  # noqa: E402
 
@@ -53,17 +54,14 @@ def replay(trace: dict, hp: HParams, warmup: int = 5) -> dict:
         rejected = {int(u) for u in row["rejections"]}
         for uid in rejected:
             peers[uid].mu = formulas.penalise(peers[uid].mu, hp.fast_penalty)
+        finite = [v for v in losses.values() if math.isfinite(v)]
+        median = statistics.median(finite) if finite else None
         for uid, loss in losses.items():
-            peer = peers[uid]
-            peer.loss_score, peer.delta_assigned = loss, assigned.get(uid, loss)
-            peer.mu = (formulas.poc_update(peer.mu, peer.delta_assigned, loss, hp.poc_gamma)
-                       if formulas.last_update_helped(loss) else formulas.poc_no_work(peer.mu, hp.poc_gamma))
-            peer.eval_count += 1
+            record_evaluation(peers[uid], loss, assigned.get(uid, loss), median, hp)
         for uid, (mu, sigma) in rate_match({u: peers[u].rating for u in losses}, losses, hp.rating_beta,
                                            hp.rating_tau).items():
             peers[uid].rating_mu, peers[uid].rating_sigma = mu, sigma
-        finite = [v for v in losses.values() if v == v and abs(v) != float("inf")]
-        _, _, posted, unhelpful = pay(peers, hp, posted, rejected, statistics.median(finite) if finite else None)
+        _, _, posted, unhelpful = pay(peers, hp, posted, rejected)
         weights.append(posted)
         drift = max(drift, *(abs(posted.get(int(u), 0.0) - w) for u, w in row["weights"].items()))
         if row["window"] >= warmup:
@@ -77,22 +75,37 @@ def replay(trace: dict, hp: HParams, warmup: int = 5) -> dict:
             "honest_mu": [peers[u].mu for u in honest], "diligent_mu": peers[diligent].mu}
 
 
-def poc_statistics(traces: list[dict]) -> dict:
-    """How often δ_assigned > δ_rand (the PoC sign test) for honest and diligent evaluations, and how often an
-    honest LossScore is ≤ 0, from window 5 on (the figures the calibrated test in test_scoring_pay.py uses)."""
+def poc_statistics(traces: list[dict], warmup: int = 5) -> dict:
+    """From window ``warmup`` on, per role: how often δ_assigned > δ_rand (the PoC sign test), how often the
+    LossScore is ≤ 0, and the LossScores' spread around the window's honest mean (what the calibrated test in
+    tests/scoring/test_scoring_pay.py draws from)."""
     out: dict = {}
     for role in ("honest", "diligent"):
-        signs, nonpositive, n = 0, 0, 0
+        signs, nonpositive, n, relative, gaps = 0, 0, 0, [], []
         for trace in traces:
             mine = {str(u) for u, r in enumerate(trace["roles"], 1) if r == role}
+            honest = {str(u) for u, r in enumerate(trace["roles"], 1) if r == "honest"}
             for row in trace["rows"]:
+                honest_scores = [v for u, v in row["loss_scores"].items() if u in honest]
+                mean = statistics.mean(honest_scores) if honest_scores else 0.0
                 for uid, loss in row["loss_scores"].items():
-                    if uid in mine and row["window"] >= 5:
+                    if uid in mine and row["window"] >= warmup:
                         n += 1
                         signs += row["assigned_deltas"][uid] > loss
                         nonpositive += not loss > 0
-        out[role] = {"evaluations": n, "poc_positive": signs / max(n, 1), "loss_score_nonpositive": nonpositive / max(n, 1)}
+                        if mean > 0:
+                            relative.append(loss / mean)
+                            gaps.append((row["assigned_deltas"][uid] - loss) / mean)
+        out[role] = {"evaluations": n, "poc_positive": signs / max(n, 1),
+                     "loss_score_nonpositive": nonpositive / max(n, 1),
+                     "loss_over_honest_mean": _spread(relative), "poc_gap_over_honest_mean": _spread(gaps)}
     return out
+
+
+def _spread(values: list[float]) -> dict:
+    if len(values) < 2:
+        return {}
+    return {"median": statistics.median(values), "mean": statistics.mean(values), "sd": statistics.stdev(values)}
 
 
 def summary(traces: list[dict], hp: HParams, warmup: int = 5) -> dict:
@@ -135,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     traces = load(args.folder)
     if not traces:
         parser.error(f"no trace-*.json in {args.folder}")
-    print(json.dumps(poc_statistics(traces)))
+    print(json.dumps(poc_statistics(traces, args.warmup)))
     base = dict(lever.split("=", 1) for lever in args.lever)
     grid = ([dict(zip(SWEEP, values)) for values in itertools.product(*SWEEP.values())] if args.sweep else [{}])
     for extra in grid:

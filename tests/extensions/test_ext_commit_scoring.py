@@ -86,6 +86,7 @@ def test_the_third_invalid_update_bans_until_the_hotkey_changes(setup):
     # on the stored state (scoring/pay.py), nobody failing a check: the two others share the weight, uid 1 gets none
     for uid in active:
         state.peers[uid].mu, state.peers[uid].rating_mu, state.peers[uid].rating_sigma = 0.5, 30.0, 1.0
+        state.peers[uid].eval_count = 10  # a record of evaluations: the proof of computation passes
     banned = {uid for uid in active if is_banned(state.peers[uid], hp)}
     assert banned == {1}
     _, scores, weights, _ = pay({uid: state.peers[uid] for uid in active}, hp, {}, banned)

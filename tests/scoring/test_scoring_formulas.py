@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 from scipy.stats import rankdata
 
-from scoring.formulas import (MU_MAX, MU_MIN, competition_ranks, last_update_helped, loss_delta, normalise_weights,
-                              peer_score, penalise, poc_no_work, poc_passes, poc_update, smooth_weights, sync_score,
-                              top_g)
+from scoring.formulas import (MU_MAX, MU_MIN, competition_ranks, help_mean, help_ratio, last_update_helped,
+                              loss_delta, normalise_weights, peer_score, penalise, poc_no_work, poc_passes, poc_update,
+                              smooth_weights, sync_score, top_g)
 
 
 # ------------------------------------------------------------- proof of computation
@@ -198,13 +198,31 @@ def test_only_a_peer_whose_last_update_lowered_the_loss_may_be_paid(loss_score, 
     assert last_update_helped(loss_score) is paid
 
 
-def test_a_peer_must_help_at_least_a_share_of_the_window_median():
-    assert last_update_helped(0.05, reference=0.1, share=0.5)            # exactly half the median
-    assert not last_update_helped(0.0499, reference=0.1, share=0.5)
-    assert not last_update_helped(0.0024, reference=0.042, share=0.5)    # noise scaled to a harmless step
-    assert last_update_helped(0.001, reference=-0.2, share=0.5)          # no positive median: > 0 suffices
-    assert last_update_helped(0.001, reference=None, share=0.5)
-    assert not last_update_helped(-0.001, reference=-0.2, share=0.5)
+def test_a_peer_must_help_at_least_a_share_of_the_window_median_over_two_evaluations():
+    assert last_update_helped(0.001, help_record=0.25, share=0.25)        # exactly the share
+    assert not last_update_helped(0.001, help_record=0.2499, share=0.25)
+    assert not last_update_helped(-0.001, help_record=0.9, share=0.25)     # a harmful update: never
+    assert last_update_helped(0.001, help_record=None, share=0.25)         # no record yet: > 0 suffices
+
+
+@pytest.mark.parametrize("loss_score, median, ratio", [(0.004, 0.008, 0.5), (0.02, 0.008, 1.0), (0.0, 0.008, 0.0),
+                                                       (-0.004, 0.008, -0.5), (-0.1, 0.008, -1.0),
+                                                       (0.003, -0.002, 1.0), (0.003, None, 1.0),
+                                                       (-0.003, None, -1.0), (math.nan, 0.008, -1.0),
+                                                       (0.003, math.nan, 1.0), (-math.inf, 0.008, -1.0)])
+def test_help_ratio_hand_values(loss_score, median, ratio):
+    assert help_ratio(loss_score, median) == ratio
+
+
+def test_an_honest_peer_survives_one_low_draw_and_a_turncoat_is_cut_at_its_second_bad_evaluation():
+    # late in a run an honest LossScore of 0.15 × the median after one of 0.9: mean 0.525, paid
+    assert help_mean(0.9, help_ratio(0.0006, 0.004)) == pytest.approx(0.525)
+    # a turncoat whose noise scores 0.05 × the median by chance: paid once on its good history, then cut
+    first = help_mean(1.0, 0.05)
+    assert first == pytest.approx(0.525) and last_update_helped(0.0002, first, 0.25)
+    second = help_mean(0.05, 0.05)
+    assert second == pytest.approx(0.05) and not last_update_helped(0.0002, second, 0.25)
+    assert help_mean(None, 0.4) == 0.4                                    # first evaluation: its own ratio
 
 
 # ------------------------------------------------------------- smoothing (issue 17)

@@ -134,7 +134,8 @@ def test_penalties_persist_across_windows_and_scores_are_recomputed_from_them(hp
             peer = state.peers[uid]  # update helped
             expected = peer_score(peer.mu, ordinal(peer.rating, hp.rating_z),
                                   poc_passes(peer.mu, peer.eval_count, hp.poc_floor))
-            assert report.scores[uid] == (expected if last_update_helped(peer.loss_score) else min(expected, 0.0))
+            helped = last_update_helped(peer.loss_score, peer.help_mean, hp.help_share)
+            assert report.scores[uid] == (expected if helped else min(expected, 0.0))
     assert state.peers[1].offences == {"missing": 1} and first.rejections[1].startswith("missing")
 
 
@@ -192,8 +193,10 @@ def test_cold_start_top_g_is_the_passing_peers_by_uid(hp, dataset):
     del payloads[3]
     state = ValidatorState.new(secret=SECRET)
     report = run(net, state, 0, payloads)
-    # zero updates prove no work (μ = −0.05 for each evaluated one since issue 17); uid 3 uploaded nothing
-    assert report.scores[3] == 0 and report.scores[5] == report.scores[7] == report.scores[9] < 0
+    # zero updates prove no work (μ = −0.05 for each evaluated one since issue 17), still above the PoC floor after
+    # one verdict, but a LossScore of 0 is not paid: everyone scores 0; uid 3 uploaded nothing
+    assert [state.peers[u].mu for u in (5, 7, 9)] == pytest.approx([-0.05] * 3) and state.peers[3].mu == 0
+    assert report.scores == {3: 0.0, 5: 0.0, 7: 0.0, 9: 0.0}
     assert report.top_g == [5, 7] and state.top_g == [5, 7]
     assert report.weights == {3: 0.0, 5: 0.0, 7: 0.0, 9: 0.0}
 
