@@ -1,4 +1,4 @@
-"""A peer that turns bad loses its weight at its next evaluation (issue 17), in the simulator on a tiny model.
+"""A peer that turns bad loses its weight within two evaluations (issue 17), in the simulator on a tiny model.
 
 (Fair pay between equal peers and more for more work are tested on outcomes calibrated on the default model,
 tests/scoring/test_scoring_pay.py, and measured by the ``incentives`` benchmark: on this tiny model the
@@ -12,14 +12,15 @@ HONEST = 4
 SWITCH = 8          # the best-paid honest peer uploads noise from this window on
 
 
-def test_the_best_paid_peer_turning_to_noise_is_paid_nothing_from_its_next_evaluation(stdlib_corpus, tmp_path):
+def test_the_best_paid_peer_turning_to_noise_is_paid_nothing_from_its_second_bad_evaluation(stdlib_corpus, tmp_path):
     from dso.config import HParams, ModelConfig
 
     hp = HParams(model=ModelConfig(d_model=32, n_layers=1, n_heads=2, ffn_hidden=64, seq_len=32), seed=1)
     hp.batch_size, hp.assigned_sequences, hp.micro_batch, hp.chunk, hp.topk = 8, 16, 8, 16, 8
     ds = Dataset.from_config(str(stdlib_corpus), str(tmp_path), 32, hp.seed, 0.02)
-    # |S_t| = 6 ≥ 4: every peer is evaluated every window.  (seed 1: with the default seed every honest μ of this
-    # tiny model sinks below 0 by window 7 — its PoC signal is noise — and nobody is paid; docs/scoring.md)
+    # |S_t| = 6 ≥ 4: every peer is evaluated every window.  Its first noise window is paid only if the noise happens to
+    # lower the loss (LossScore > 0) and its two-evaluation help record still holds its last honest window; from its
+    # second on the record is noise alone (docs/scoring.md "Fair, stable weights")
     net = SimNet(hp, ds, ["honest"] * HONEST)
     turncoat: list[int] = []
 
@@ -30,5 +31,7 @@ def test_the_best_paid_peer_turning_to_noise_is_paid_nothing_from_its_next_evalu
     records = net.run(SWITCH + 4, turn)
     uid = turncoat[0]
     assert records[SWITCH - 1].weights[uid] >= 0.25, records[SWITCH - 1].weights   # at least a fair share
-    for record in records[SWITCH:]:
+    first = records[SWITCH]
+    assert first.weights[uid] == 0.0 or first.loss_scores[uid] > 0, (first.loss_scores, first.weights)
+    for record in records[SWITCH + 1:]:
         assert record.weights[uid] == 0.0, (record.window, record.weights)
