@@ -218,10 +218,10 @@ def _peer_from_dict(data: Any, where: str) -> PeerState:
     for name in _PEER_INTS:
         setattr(peer, name, _int(d[name], f"{where}.{name}"))
     for name in _PEER_RATIOS:
-        value = None if d[name] is None else _decode_float(d[name], f"{where}.{name}")
-        if value is not None and not -1.0 <= value <= 1.0:
-            raise ValueError(f"{where}.{name}: {value!r} outside [-1, 1]")
-        setattr(peer, name, value)
+        ratio = None if d[name] is None else _decode_float(d[name], f"{where}.{name}")
+        if ratio is not None and not -1.0 <= ratio <= 1.0:
+            raise ValueError(f"{where}.{name}: {ratio!r} outside [-1, 1]")
+        setattr(peer, name, ratio)
     for name in _PEER_ADDED:
         if _int(d[name], f"{where}.{name}") < 0:
             raise ValueError(f"{where}.{name}: must be >= 0")
