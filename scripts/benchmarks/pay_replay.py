@@ -134,7 +134,7 @@ def _line(levers: dict, s: dict) -> str:
             f"the recorded weights {s['drift_from_recorded']:.2g}")
 
 
-SWEEP = {"poc_floor": ["-0.15", "-0.2", "-0.25", "-0.3"], "help_share": ["0.0", "0.1", "0.25"],
+SWEEP = {"poc_floor": ["-0.15", "-0.2", "-0.25", "-0.3"], "help_share": ["0.0", "0.1", "0.2", "0.3"],
          "weight_power": ["0.7", "1.0"]}
 
 
