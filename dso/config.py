@@ -225,8 +225,8 @@ class HParams:
                             "Negative: honest mu wanders around 0 on current training, a no-work peer sinks "
                             "(docs/scoring.md)", default=-0.25)
     help_share: float = _doc("a peer is paid only while its last LossScore is > 0 and the mean of its last two "
-                             "LossScores over their windows' medians (each clamped to [-1, 1]) is at least this "
-                             "(docs/scoring.md)", default=0.2)
+                             "LossScores over their windows' medians (each at most 1; -1 if it did not lower the "
+                             "loss) is >= this (docs/scoring.md)", default=0.2)
     weight_smoothing: float = _doc("posted weights = s * this window's + (1 - s) * the last posted, for peers "
                                    "still paid this window (others drop to 0 at once); 1 = no smoothing",
                                    default=0.5)

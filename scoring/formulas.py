@@ -109,12 +109,13 @@ def peer_score(mu: float, rating: float, passed: bool) -> float:
 
 def help_ratio(loss_score: float, median: float | None) -> float:
     """How much one evaluated update helped, against the others evaluated in the same window: its LossScore over
-    the window's median LossScore, clamped to [−1, 1] (1 = at least the median; bounded, so one lucky window
-    cannot carry many bad ones).  Without a positive median (a cold start, a window where most updates hurt) a
-    LossScore > 0 counts as 1.  A LossScore ≤ 0 or NaN is never above 0."""
+    the window's median LossScore, at most 1 (1 = at least the median; bounded, so one lucky window cannot carry
+    many bad ones).  Without a positive median (a cold start, a window where most updates hurt) a LossScore > 0
+    counts as 1.  An update that did not lower the loss (LossScore ≤ 0, NaN) counts −1, as in the proof of
+    computation (``poc_no_work``): with the two-evaluation mean it also cuts the next evaluation's pay, so a miner
+    that skips the work in some evaluations and does it in others is paid only after two good ones in a row."""
     if not loss_score > 0:
-        return max(-1.0, min(0.0, loss_score / median)) if median is not None and median > 0 and \
-            math.isfinite(median) and math.isfinite(loss_score) else -1.0
+        return -1.0
     if median is None or not (median > 0 and math.isfinite(median)):
         return 1.0
     return min(1.0, loss_score / median)

@@ -205,8 +205,8 @@ def test_a_peer_must_help_at_least_a_share_of_the_window_median_over_two_evaluat
     assert last_update_helped(0.001, help_record=None, share=0.25)         # no record yet: > 0 suffices
 
 
-@pytest.mark.parametrize("loss_score, median, ratio", [(0.004, 0.008, 0.5), (0.02, 0.008, 1.0), (0.0, 0.008, 0.0),
-                                                       (-0.004, 0.008, -0.5), (-0.1, 0.008, -1.0),
+@pytest.mark.parametrize("loss_score, median, ratio", [(0.004, 0.008, 0.5), (0.02, 0.008, 1.0), (0.0, 0.008, -1.0),
+                                                       (-0.004, 0.008, -1.0), (-0.1, 0.008, -1.0),
                                                        (0.003, -0.002, 1.0), (0.003, None, 1.0),
                                                        (-0.003, None, -1.0), (math.nan, 0.008, -1.0),
                                                        (0.003, math.nan, 1.0), (-math.inf, 0.008, -1.0)])
@@ -223,6 +223,8 @@ def test_an_honest_peer_survives_one_low_draw_and_a_turncoat_is_cut_at_its_secon
     second = help_mean(0.05, 0.05)
     assert second == pytest.approx(0.05) and not last_update_helped(0.0002, second, 0.25)
     assert help_mean(None, 0.4) == 0.4                                    # first evaluation: its own ratio
+    # a miner that uploads zeros in one evaluation (−1) and works in the next is not paid for that one either
+    assert help_mean(help_ratio(0.0, 0.004), help_ratio(0.005, 0.004)) == 0.0
 
 
 # ------------------------------------------------------------- smoothing (issue 17)
