@@ -86,7 +86,7 @@ class Miner:
                      self.inner.step_count)
         self.encode_seconds = ENCODE_SECONDS
         self.report, self.ahead_steps = InnerReport(), 0
-        self.step_seconds = 0.0  # mean inner step of the last window: a step that would overrun a deadline waits
+        self.step_seconds = 0.0  # a full inner step, as the last window measured it: bounds the next deadline
         self.follower = Follower(ctx)
         self.model_window = -1   # the model is θ_{model_window}; -1 = not synchronised yet
         self.run_checked = -1    # the window in which we last asked whether the leader still runs our run
@@ -230,7 +230,9 @@ class Miner:
                                 else None, deadline=self.deadline(t), clock=time.time,
                                 step_seconds=self.step_seconds)
         self.report = ahead.then(rest)
-        self.step_seconds = self.report.seconds / self.report.steps if self.report.steps else self.step_seconds
+        if self.report.sequences:  # a full step's time, from the time per sequence (the last step may be short)
+            self.step_seconds = self.report.seconds / self.report.sequences * (
+                self.sequences if gradient_mode else hp.batch_size)
         if self.report.steps == 0 and self.report.stopped == "deadline":
             # the deadline passed before the first step (a miner that just caught up): one step still beats a
             # zero update, which every such miner would send alike — if it can be uploaded before the put window
