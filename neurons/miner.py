@@ -90,6 +90,7 @@ class Miner:
         self.follower = Follower(ctx)
         self.model_window = -1   # the model is θ_{model_window}; -1 = not synchronised yet
         self.run_checked = -1    # the window in which we last asked whether the leader still runs our run
+        self.worked = -1         # the last window we trained (and uploaded) for
         # steps of window model_window taken while its θ was on its way: then the model holds the local
         # weights and the inner loop's anchor is θ_{model_window}
         self.ahead: Ahead | None = None
@@ -119,7 +120,9 @@ class Miner:
                 self.run_checked = t
                 self.follow_leaders_run()
             following = self.follows(t)
-            if self.model_window < 0 or (following and self.model_window < t):
+            if following and self.finishes_previous(t):
+                t = t - 1
+            elif self.model_window < 0 or (following and self.model_window < t):
                 self.catch_up(t)
             if ctx.hp.commit_reveal and self.model_window == t - 1 and \
                     time.time() < ctx.clock.put_window(t - 1).close - 1:
@@ -175,6 +178,7 @@ class Miner:
 
     def work(self, t: int) -> None:
         ctx = self.ctx
+        self.worked = t
         put = ctx.clock.put_window(t)
         started = time.time()
         up0, down0 = ctx.own.client.bytes_up, ctx.own.client.bytes_down
@@ -247,6 +251,16 @@ class Miner:
         done = data[:self.report.sequences]
         self.trained = (done.shape[0] * (done.shape[1] - 1), max(1, ctx.dataset.target_bytes(done)))  # tokens, bytes
         return self.feedback.step(self.privacy.release(grads), t, ctx.uid), loss
+
+    def finishes_previous(self, t: int) -> bool:
+        """Whether to work on window t-1 although window t has begun: θ_{t-1} came late (its bundle landed, or a
+        step taken ahead ended, after window t began), nothing was uploaded for t-1 yet and its put window still
+        takes an upload — finishing it keeps the steps taken ahead, where skipping it wastes them."""
+        return self.model_window == t - 1 > self.worked and self.can_still_upload(t - 1)
+
+    def can_still_upload(self, t: int) -> bool:
+        """Whether compressing and uploading window t's update, started now, ends inside its put window."""
+        return time.time() + self.encode_seconds < self.ctx.clock.put_window(t).close - UPLOAD_MARGIN
 
     def step_fits(self, t: int) -> bool:
         """Whether one more inner step (as long as the last window's mean) ends in time to upload in window t."""
