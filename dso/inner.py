@@ -4,7 +4,7 @@ Mode ``steps`` (DiLoCo / SparseLoCo style): from an *anchor* — the network's �
 own weights when it keeps training through the put window — take up to
 ``H = min(inner.steps_max, len(assignment) // batch_size, the caller's limit)`` optimiser steps,
 step i on sequences ``[i·B, (i+1)·B)`` of the peer's assignment, and stop at the deadline: when a full
-step would overrun it, a last step on the whole micro-batches that still fit (a window's time is used,
+step would overrun it, a last step on the quarters of the batch that still fit (a window's time is used,
 not left idle for up to a step), else none.  The pseudo-gradient is ``anchor − θ_local``.
 
 Mode ``gradient`` (the Gauntlet paper's): one gradient of the first B assigned sequences at the
@@ -32,6 +32,7 @@ from dso.model import Decoder
 from dso.train import compute_gradients, mixed_precision
 
 STATE_PREFIX = "inner."
+SHORT_STEP_PARTS = 4  # a step shortened by the deadline takes whole quarters of the batch
 _STATE_KEYS = {"adamw": {"exp_avg": "param", "exp_avg_sq": "param", "step": "scalar"},
                "sgd": {"momentum_buffer": "param"}}
 
@@ -164,7 +165,7 @@ class InnerLoop:
         ``deadline`` is in ``clock`` units; a step is started only if the time per sequence so far says it
         ends before the deadline (before the first one: ``step_seconds`` per full step, what a step took
         before, 0 = only the deadline must not have passed).  When a full step would overrun, the last
-        step of the call is shortened to the whole micro-batches that still fit (``fitting_batch``).
+        step of the call is shortened to the quarters of the batch that still fit (``fitting_batch``).
         ``interrupt`` is asked before every step (steps mode): True stops training (``stopped =
         "interrupted"``), e.g. when the network's next θ has arrived."""
         batch = batch_size or self.hp.batch_size
@@ -210,14 +211,15 @@ class InnerLoop:
 
     def fitting_batch(self, room: float, per_sequence: float, batch: int) -> int:
         """Sequences of the next step that end within ``room`` seconds at ``per_sequence`` each: the whole
-        batch, else as many whole micro-batches as fit (a shortened last step uses the time a full one would
-        leave idle), else 0.  No time left (``room`` < 0) is 0 even at an unknown speed."""
+        batch, else as many quarters of it as fit (a shortened last step uses the time a full one would
+        leave idle; a quarter keeps its gradient from being a handful of sequences), else 0.  No time left
+        (``room`` < 0) is 0 even at an unknown speed."""
         if room < 0:
             return 0
         if per_sequence * batch <= room:
             return batch
-        micro = self.hp.micro_batch
-        fits = int(room // (per_sequence * micro)) * micro
+        granule = max(1, batch // SHORT_STEP_PARTS)
+        fits = int(room // (per_sequence * granule)) * granule
         return fits if 0 < fits < batch else 0
 
     def _step(self, batch: torch.Tensor, lr: float) -> float:

@@ -91,16 +91,16 @@ def test_bounds_assignment_limit_and_deadline():
     loop.start()
     clock = StepClock(loop)
     r = loop.train(0, _data(40), deadline=2.5, clock=clock)
-    # full steps start at t = 0, 1 (1 + mean step 1 <= 2.5); at t = 2 a full step would end at 3 > 2.5, one
-    # micro-batch (2 of the 4 sequences, 0.5) still fits: a shortened last step on sequences 8-9
+    # full steps start at t = 0, 1 (1 + mean step 1 <= 2.5); at t = 2 a full step would end at 3 > 2.5, two
+    # quarters of it (2 of the 4 sequences, 0.5) still fit: a shortened last step on sequences 8-9
     assert (r.steps, r.sequences, r.stopped, r.seconds) == (3, 10, "deadline", 2.5)
     clock.now = 10.0
     r = loop.train(0, _data(40), deadline=9.0, clock=clock)
     assert (r.steps, r.stopped) == (0, "deadline")
     assert loop.step_count == 2 + 3 + 3
-    # a known step duration bounds the first step too: at 10 with steps of 1, a deadline of 10.4 allows none,
-    # 10.5 a half step
-    assert loop.train(0, _data(40), deadline=10.4, clock=clock, step_seconds=1.0).steps == 0
+    # a known step duration bounds the first step too: at 10 with steps of 1, a deadline of 10.2 allows none
+    # (a quarter step takes 0.25), 10.5 a half step
+    assert loop.train(0, _data(40), deadline=10.2, clock=clock, step_seconds=1.0).steps == 0
     r = loop.train(0, _data(40), deadline=10.5, clock=clock, step_seconds=1.0)
     assert (r.steps, r.sequences) == (1, 2)
     assert loop.train(0, _data(40), deadline=10.6, clock=clock).steps == 1  # without it the first step goes
@@ -127,12 +127,14 @@ def test_a_shortened_last_step_is_adamw_on_the_sequences_it_took():
 
 
 def test_fitting_batch():
-    loop = InnerLoop(build_model(_hp().model, 1), _hp())  # batch 4, micro-batch 2
-    assert loop.fitting_batch(1.0, 0.25, 4) == 4      # a full step fits exactly
-    assert loop.fitting_batch(0.9, 0.25, 4) == 2      # one micro-batch fits
-    assert loop.fitting_batch(0.4, 0.25, 4) == 0      # not even one
-    assert loop.fitting_batch(0.0, 0.0, 4) == 4       # unknown speed, deadline not passed: a full step
-    assert loop.fitting_batch(-0.1, 0.0, 4) == 0      # deadline passed
+    loop = InnerLoop(build_model(_hp().model, 1), _hp())
+    assert loop.fitting_batch(4.0, 0.25, 16) == 16    # a full step of 16 at 0.25 s per sequence fits exactly
+    assert loop.fitting_batch(3.9, 0.25, 16) == 12    # three quarters of it fit
+    assert loop.fitting_batch(1.0, 0.25, 16) == 4     # one quarter
+    assert loop.fitting_batch(0.9, 0.25, 16) == 0     # not even one
+    assert loop.fitting_batch(0.0, 0.0, 16) == 16     # unknown speed, deadline not passed: a full step
+    assert loop.fitting_batch(-0.1, 0.0, 16) == 0     # deadline passed
+    assert loop.fitting_batch(0.3, 0.25, 3) == 1      # batches under 4 shorten by single sequences
 
 
 def test_rebase_keeps_every_step():
