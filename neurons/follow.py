@@ -11,9 +11,6 @@ from __future__ import annotations
 import logging
 import time
 
-import torch
-
-from dso.outer import OuterState
 from dso.rejections import Reason, Rejection
 from neurons.catchup import apply_bundle
 from neurons.context import NodeContext
@@ -62,14 +59,11 @@ class Follower:
         """Apply window t's bundle to the model: (applied, a summary for the log)."""
         return self.apply(t, self.bundle(t, until))
 
-    def apply(self, t: int, got: Bundle | Rejection, model: torch.nn.Module | None = None,
-              outer: OuterState | None = None) -> tuple[bool, str]:
-        """Apply a bundle of window t (θ_t → θ_{t+1}) to the model and outer state (default: the node's own):
-        (applied, a summary for the log)."""
+    def apply(self, t: int, got: Bundle | Rejection) -> tuple[bool, str]:
+        """Apply a bundle of window t (θ_t → θ_{t+1}) to the model: (applied, a summary for the log)."""
         if isinstance(got, Rejection):
             return False, f"no bundle of window {t} yet ({got.reason.value})"
-        bad = apply_bundle(self.ctx.model if model is None else model, self.ctx.codec, self.ctx.hp, got,
-                           self.ctx.outer if outer is None else outer, self.ctx.device)
+        bad = apply_bundle(self.ctx.model, self.ctx.codec, self.ctx.hp, got, self.ctx.outer, self.ctx.device)
         if bad is not None:
             log.warning("window %d: %s; catching up from a checkpoint", t, bad.detail)
             self.diverged = True

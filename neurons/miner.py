@@ -25,7 +25,6 @@ subclass it to model other miners.
 """
 from __future__ import annotations
 
-import copy
 import logging
 import time
 from typing import Any
@@ -38,9 +37,9 @@ from dso.config import Config
 from dso.config_sources import parse_args
 from dso.inner import Ahead, InnerLoop, InnerReport
 from dso.model import model_hash, state_hash, sync_sample_count
+from dso.rejections import Rejection
 from dso.train import bits_per_byte
 from neurons import reveal
-from neurons.background_apply import BackgroundApply
 from neurons.catchup import sync_to
 from neurons.context import NodeContext, build_context
 from neurons.follow import Follower
@@ -49,6 +48,7 @@ from neurons.lifecycle import Fatal, run_main
 from neurons.persist import load_tensors, save_tensors
 from scoring.sync import sample_parameters, sync_positions
 from storage import keys
+from storage.aggregate import Bundle
 from storage.cleanup import cleanup
 from storage.client import StorageError
 from storage.wire import PayloadMeta, encode_payload
@@ -79,7 +79,6 @@ class Miner:
             raise Fatal(f"--neuron.train_sequences {self.sequences} exceeds the {hp.assigned_sequences} sequences "
                         "the protocol assigns per window (hparams.assigned_sequences)")
         self.inner = InnerLoop(ctx.model, hp)
-        self.scratch = copy.deepcopy(ctx.model)  # where the next θ is computed while the inner loop trains
         self.inner_file = ctx.state_dir / "inner_state.safetensors"
         saved = load_tensors(self.inner_file)
         if saved is not None and self.inner.load_state(saved):
@@ -323,29 +322,22 @@ class Miner:
         steps taken onto θ_{t+1}: local ← θ_{t+1} + (local − θ_t).  Without a bundle they are dropped."""
         ctx, hp, nxt = self.ctx, self.ctx.hp, t + 1
         data = ctx.dataset.training_batch(ctx.uid, nxt, hp.assigned_sequences, self.sequences)
-        # the bundle is applied to a copy of θ_t on its own thread while the steps go on (neurons/background_apply.py)
-        pending = BackgroundApply(self.scratch, lambda model, outer, got: self.follower.apply(t, got, model, outer))
+        found: list[Bundle | Rejection] = []
 
-        def ready() -> bool:
-            if not pending.started:
-                got = self.follower.arrived(t)
-                if got is not None:
-                    pending.start(got, self.inner.anchor, ctx.outer)
-            return pending.done() or time.time() >= until or bool(ctx.stop())
+        def arrived() -> bool:
+            got = self.follower.arrived(t)
+            if got is not None:
+                found.append(got)
+            return got is not None or time.time() >= until or bool(ctx.stop())
 
         self.inner.start(None)  # the anchor is θ_t until the bundle says what θ_{t+1} is
         report = self.inner.train(nxt, data, batch_size=hp.batch_size, deadline=self.deadline(nxt), clock=time.time,
-                                  interrupt=ready, step_seconds=self.step_seconds)
-        if not pending.started:  # trained all it may: wait for the bundle as before
-            pending.start(self.follower.bundle(t, until), self.inner.anchor, ctx.outer)
-        applied, summary = pending.result()
+                                  interrupt=arrived, step_seconds=self.step_seconds)
+        got = found[0] if found else self.follower.bundle(t, until)  # trained all it may: wait as before
         local = self.inner.local_weights() if report.steps else None
-        if not applied:
-            self.inner.restore_anchor()  # θ_t, and the outer state untouched: the apply worked on copies
-            return applied, summary
-        self.inner.set_weights(pending.theta_next())  # θ_{t+1}
-        ctx.outer = pending.outer
-        if local is not None:
+        self.inner.restore_anchor()  # θ_t: the bundle applies to it
+        applied, summary = self.follower.apply(t, got)
+        if applied and local is not None:
             self.inner.rebase_local(local)
             self.ahead = Ahead(nxt, report)
             summary += f"; {report.steps} steps of window {nxt} taken while waiting for it"
