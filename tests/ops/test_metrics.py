@@ -35,7 +35,8 @@ def value(metrics: NodeMetrics, name: str, **labels: str) -> float | None:
 def validator_record(window: int, **changes) -> dict:
     record = {"role": "validator", "uid": 0, "time": 1_700_000_000.0 + window, "window": window, "val_loss": 3.2,
               "val_bits_per_byte": 1.37,
-              "aggregated": [1, 2], "seconds": 1.5, "timings": {"gather": 0.4, "engine": 0.9, "cpu": 1.2, "bundle_after_close": 2.1},
+              "aggregated": [1, 2], "seconds": 1.5,
+              "timings": {"gather": 0.4, "engine": 0.9, "cpu": 1.2, "bundle_after_close": 2.1},
               "rejections": {"3": "too_late", "4": "malformed"}, "weights": {"1": 0.75, "2": 0.25, "3": 0.0},
               "scores": {"1": 0.6, "2": 0.2, "3": -0.1}, "mu": {"1": 0.3, "2": 0.1, "3": -0.2},
               "loss_ratings": {"1": 2.0, "2": 1.0, "3": -1.0}, "bytes_up": 1000, "bytes_down": 5000,
