@@ -189,9 +189,9 @@ class InnerLoop:
             if interrupt is not None and interrupt():
                 report.stopped = "interrupted"
                 break
-            size = batch if deadline is None else self.fitting_batch(
-                deadline - clock(), (clock() - start) / report.sequences if report.sequences else step_seconds / batch,
-                batch)
+            now = clock()
+            per_sequence = (now - start) / report.sequences if report.sequences else step_seconds / batch
+            size = batch if deadline is None else self.fitting_batch(deadline - now, per_sequence, batch)
             if size == 0:
                 report.stopped = "deadline"
                 break
