@@ -10,18 +10,15 @@ upload update + sync samples in the put window → while the leader aggregates w
 from θ_t, looking for the leader's bundle between steps; apply it to θ_t as every node does → θ_{t+1}, and
 rebase the steps taken onto it (local ← θ_{t+1} + (local − θ_t)); window t+1 goes on from there until its
 deadline.  When behind (new, restarted, or diverged) it catches up from the leader's checkpoint and
-aggregates.  The error-feedback buffer and the inner optimiser's state are saved
-every window and survive restarts.  With ``hparams.commit_reveal`` the put window carries only a
-commitment and the update follows in the reveal window (neurons/reveal.py);
-with ``hparams.dp`` the gradient is clipped and noised first, and the miner
-stops uploading for good once another round would exceed its ε budget (the
-accountant's state is on disk).  ``python neurons/miner.py --help`` lists every flag.
+aggregates.  The error-feedback buffer and the inner optimiser's state are saved every window and survive
+restarts.  With ``hparams.commit_reveal`` the put window carries only a commitment and the update follows in
+the reveal window (neurons/reveal.py); with ``hparams.dp`` the gradient is clipped and noised first, and the
+miner stops uploading for good once another round would exceed its ε budget (neurons/miner_privacy.py).
+``python neurons/miner.py --help`` lists every flag.
 
-A window is three steps, :meth:`Miner.train`, :meth:`Miner.upload` and
-:meth:`Miner.follow` (which trains ahead: :meth:`Miner.train_ahead`); what goes into the upload is
-:meth:`Miner.payload`.
-This module holds only the honest implementation; experiments (``sim/``)
-subclass it to model other miners.
+A window is three steps, :meth:`Miner.train`, :meth:`Miner.upload` and :meth:`Miner.follow` (which trains
+ahead: :meth:`Miner.train_ahead`); what goes into the upload is :meth:`Miner.payload`.  This module holds only
+the honest implementation; experiments (``sim/``) subclass it to model other miners.
 """
 from __future__ import annotations
 
@@ -94,15 +91,6 @@ class Miner:
         # steps of window model_window taken while its θ was on its way: then the model holds the local
         # weights and the inner loop's anchor is θ_{model_window}
         self.ahead: Ahead | None = None
-
-    @property
-    def budget_spent(self) -> bool:
-        """The privacy budget stopped this miner for good (neurons/miner_privacy.py)."""
-        return self.privacy.stopped
-
-    @budget_spent.setter
-    def budget_spent(self, stopped: bool) -> None:
-        self.privacy.stopped = stopped
 
     # ----------------------------------------------------------------- loop
     def run(self) -> int:
@@ -255,15 +243,12 @@ class Miner:
     def finishes_previous(self, t: int) -> bool:
         """Whether to work on window t-1 although window t has begun: θ_{t-1} came late (its bundle landed, or a
         step taken ahead ended, after window t began), nothing was uploaded for t-1 yet and its put window still
-        takes an upload — finishing it keeps the steps taken ahead, where skipping it wastes them."""
-        return self.model_window == t - 1 > self.worked and self.can_still_upload(t - 1)
-
-    def can_still_upload(self, t: int) -> bool:
-        """Whether compressing and uploading window t's update, started now, ends inside its put window."""
-        return time.time() + self.encode_seconds < self.ctx.clock.put_window(t).close - UPLOAD_MARGIN
+        takes an upload (its training deadline, which leaves the upload its time, has not passed) — finishing it
+        keeps the steps taken ahead, where skipping it wastes them."""
+        return self.model_window == t - 1 > self.worked and time.time() < self.deadline(t - 1)
 
     def step_fits(self, t: int) -> bool:
-        """Whether one more inner step (as long as the last window's mean) ends in time to upload in window t."""
+        """Whether one more full inner step (as the last window measured it) ends in time to upload in window t."""
         return time.time() + self.step_seconds < self.ctx.clock.put_window(t).close - UPLOAD_MARGIN
 
     def theta_hash(self) -> str:
@@ -345,7 +330,7 @@ class Miner:
 
     def trains_ahead(self, t: int) -> bool:
         """Whether to train window t before its θ is known: in steps mode, while the privacy budget allows."""
-        if self.ctx.hp.inner.mode != "steps" or self.budget_spent:
+        if self.ctx.hp.inner.mode != "steps" or self.privacy.stopped:
             return False
         return self.privacy.spent() is None
 

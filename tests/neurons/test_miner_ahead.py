@@ -140,7 +140,7 @@ def test_paper_mode_does_not_train_ahead(tmp_path):
     assert not miner.trains_ahead(1)
     miner.ctx.hp.inner.mode = "steps"
     assert miner.trains_ahead(1)
-    miner.budget_spent = True
+    miner.privacy.stopped = True
     assert not miner.trains_ahead(1)
 
 
