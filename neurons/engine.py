@@ -124,6 +124,7 @@ def run_window(state: ValidatorState, model: torch.nn.Module, codec: Codec, data
     return; ``state`` is updated all-or-nothing."""
     t, payloads = inputs.window, inputs.payloads
     updates = {u: p.update for u, p in payloads.items()}
+    uids = sorted(updates)
     step = hp.eval_scale * learning_rate(hp, t)
 
     # 1. the aggregate: θ_t → θ_{t+1}, published at once
@@ -140,9 +141,10 @@ def run_window(state: ValidatorState, model: torch.nn.Module, codec: Codec, data
         rejections = dict(inputs.rejections)
         gains = assigned_gains(model, codec, dataset, hp, t, step, updates)
         previous = _previous_update(codec, inputs.previous_aggregate, t)
-        # every update decoded once: copy detection and the contributions both read these rows
-        rows = decoded_rows(codec, [updates[u] for u in sorted(updates)] + ([] if previous is None else [previous]),
-                            device) if updates else torch.zeros(0)
+        # every update decoded once (sorted uids, then the previous aggregate): copy detection and the
+        # contributions both read these rows
+        rows = decoded_rows(codec, [updates[u] for u in uids] + ([] if previous is None else [previous]),
+                            device) if uids else torch.zeros(0)
         rejections.update(find_copies(codec, updates, seen_times(payloads), gains, previous, t,
                                       thresholds_for(hp.inner.mode), device=device, rows=rows))
         # 3. score window t at θ_t
@@ -156,7 +158,7 @@ def run_window(state: ValidatorState, model: torch.nn.Module, codec: Codec, data
     del theta_t, theta_next
 
     # 4. contributions and the provenance record
-    contributions = _contributions(codec, rows[:len(updates)], sorted(updates), aggregation.delta, report)
+    contributions = _contributions(codec, rows[:len(uids)], uids, aggregation.delta, report)
     record = make_record(t, aggregation.hash_before, aggregation.hash_after,
                          [{"uid": u, "score": report.scores.get(u, 0.0), "weight": report.weights.get(u, 0.0),
                            "contribution": contributions[u].score} for u in aggregation.used],
