@@ -3,8 +3,9 @@
 Mode ``steps`` (DiLoCo / SparseLoCo style): from an *anchor* — the network's θ_t, or the miner's
 own weights when it keeps training through the put window — take up to
 ``H = min(inner.steps_max, len(assignment) // batch_size, the caller's limit)`` optimiser steps,
-step i on sequences ``[i·B, (i+1)·B)`` of the peer's assignment, and stop early when the next step
-would not finish before the deadline.  The pseudo-gradient is ``anchor − θ_local``.
+step i on sequences ``[i·B, (i+1)·B)`` of the peer's assignment, and stop at the deadline: when a full
+step would overrun it, a last step on the quarters of the batch that still fit (a window's time is used,
+not left idle for up to a step), else none.  The pseudo-gradient is ``anchor − θ_local``.
 
 Mode ``gradient`` (the Gauntlet paper's): one gradient of the first B assigned sequences at the
 anchor; the update is that gradient and the weights do not move.
@@ -31,6 +32,7 @@ from dso.model import Decoder
 from dso.train import compute_gradients, mixed_precision
 
 STATE_PREFIX = "inner."
+SHORT_STEP_PARTS = 4  # a step shortened by the deadline takes whole quarters of the batch
 _STATE_KEYS = {"adamw": {"exp_avg": "param", "exp_avg_sq": "param", "step": "scalar"},
                "sgd": {"momentum_buffer": "param"}}
 
@@ -160,11 +162,12 @@ class InnerLoop:
               step_seconds: float = 0.0) -> InnerReport:
         """Train on ``assignment`` (the peer's sequences for the window, in order) until a bound is hit.
 
-        ``deadline`` is in ``clock`` units; a step is started only if the mean duration of the
-        steps so far says it ends before the deadline (the first one: ``step_seconds``, what a step
-        took before, 0 = only the deadline must not have passed).  ``interrupt`` is asked before every
-        step (steps mode): True stops training (``stopped = "interrupted"``), e.g. when the network's
-        next θ has arrived."""
+        ``deadline`` is in ``clock`` units; a step is started only if the time per sequence so far says it
+        ends before the deadline (before the first one: ``step_seconds`` per full step, what a step took
+        before, 0 = only the deadline must not have passed).  When a full step would overrun, the last
+        step of the call is shortened to the quarters of the batch that still fit (``fitting_batch``).
+        ``interrupt`` is asked before every step (steps mode): True stops training (``stopped =
+        "interrupted"``), e.g. when the network's next θ has arrived."""
         batch = batch_size or self.hp.batch_size
         report = InnerReport()
         if self.cfg.mode == "gradient":
@@ -182,23 +185,42 @@ class InnerLoop:
             limits.append((max_steps, "limit"))
         bound, report.stopped = min(limits, key=lambda x: x[0])
         start = clock()
-        for i in range(bound):
+        for _ in range(bound):
             if interrupt is not None and interrupt():
                 report.stopped = "interrupted"
                 break
             now = clock()
-            if deadline is not None and now + ((now - start) / i if i else step_seconds) > deadline:
+            per_sequence = (now - start) / report.sequences if report.sequences else step_seconds / batch
+            size = batch if deadline is None else self.fitting_batch(deadline - now, per_sequence, batch)
+            if size == 0:
                 report.stopped = "deadline"
                 break
-            loss = self._step(assignment[i * batch:(i + 1) * batch], inner_lr(self.cfg, window, self.step_count))
+            done = report.sequences
+            loss = self._step(assignment[done:done + size], inner_lr(self.cfg, window, self.step_count))
             if not math.isfinite(loss):
                 report.stopped = "non_finite"
                 break
             report.steps += 1
-            report.sequences += batch
+            report.sequences += size
             report.losses.append(loss)
+            if size < batch:  # the window's last, shortened step
+                report.stopped = "deadline"
+                break
         report.seconds = clock() - start
         return report
+
+    def fitting_batch(self, room: float, per_sequence: float, batch: int) -> int:
+        """Sequences of the next step that end within ``room`` seconds at ``per_sequence`` each: the whole
+        batch, else as many quarters of it as fit (a shortened last step uses the time a full one would
+        leave idle; a quarter keeps its gradient from being a handful of sequences), else 0.  No time left
+        (``room`` < 0) is 0 even at an unknown speed."""
+        if room < 0:
+            return 0
+        if per_sequence * batch <= room:
+            return batch
+        granule = max(1, batch // SHORT_STEP_PARTS)
+        fits = int(room // (per_sequence * granule)) * granule
+        return fits if 0 < fits < batch else 0
 
     def _step(self, batch: torch.Tensor, lr: float) -> float:
         """One optimiser step on ``batch`` (gradient accumulation over micro-batches); a non-finite

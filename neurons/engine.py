@@ -124,6 +124,7 @@ def run_window(state: ValidatorState, model: torch.nn.Module, codec: Codec, data
     return; ``state`` is updated all-or-nothing."""
     t, payloads = inputs.window, inputs.payloads
     updates = {u: p.update for u, p in payloads.items()}
+    uids = sorted(updates)
     step = hp.eval_scale * learning_rate(hp, t)
 
     # 1. the aggregate: θ_t → θ_{t+1}, published at once
@@ -139,9 +140,13 @@ def run_window(state: ValidatorState, model: torch.nn.Module, codec: Codec, data
         # 2. copies, at θ_t
         rejections = dict(inputs.rejections)
         gains = assigned_gains(model, codec, dataset, hp, t, step, updates)
-        rejections.update(find_copies(codec, updates, seen_times(payloads), gains,
-                                      _previous_update(codec, inputs.previous_aggregate, t), t,
-                                      thresholds_for(hp.inner.mode), device=device))
+        previous = _previous_update(codec, inputs.previous_aggregate, t)
+        # every update decoded once (sorted uids, then the previous aggregate): copy detection and the
+        # contributions both read these rows
+        rows = decoded_rows(codec, [updates[u] for u in uids] + ([] if previous is None else [previous]),
+                            device) if uids else torch.zeros(0)
+        rejections.update(find_copies(codec, updates, seen_times(payloads), gains, previous, t,
+                                      thresholds_for(hp.inner.mode), device=device, rows=rows))
         # 3. score window t at θ_t
         scored = {u: (p.update, p.sync_values) for u, p in payloads.items() if u not in rejections}
         report = score_window(state, model, codec, dataset, hp, t, scored, rejections, inputs.active,
@@ -153,7 +158,7 @@ def run_window(state: ValidatorState, model: torch.nn.Module, codec: Codec, data
     del theta_t, theta_next
 
     # 4. contributions and the provenance record
-    contributions = _contributions(codec, updates, aggregation.delta, report, device)
+    contributions = _contributions(codec, rows[:len(uids)], uids, aggregation.delta, report)
     record = make_record(t, aggregation.hash_before, aggregation.hash_after,
                          [{"uid": u, "score": report.scores.get(u, 0.0), "weight": report.weights.get(u, 0.0),
                            "contribution": contributions[u].score} for u in aggregation.used],
@@ -174,12 +179,10 @@ def _previous_update(codec: Codec, delta: Mapping[str, torch.Tensor] | None, win
     return codec.compress({n: delta[n].detach().float().cpu() for n in codec.shapes}, window)
 
 
-def _contributions(codec: Codec, updates: Mapping[int, object], delta: Mapping[str, torch.Tensor],
-                   report: WindowReport, device: str | torch.device) -> dict[int, Contribution]:
-    """ZIP-400 contribution of every peer whose update was read this window."""
-    uids = sorted(updates)
+def _contributions(codec: Codec, rows: torch.Tensor, uids: Sequence[int], delta: Mapping[str, torch.Tensor],
+                   report: WindowReport) -> dict[int, Contribution]:
+    """ZIP-400 contribution of every peer whose update was read this window (``rows``: their decoded rows)."""
     if not uids:
         return {}
-    rows = decoded_rows(codec, [updates[u] for u in uids], device)
     aggregate = torch.cat([delta[n].reshape(-1) for n in codec.shapes])
     return round_contributions(dict(zip(uids, rows)), aggregate, report.mu, report.loss_scores)

@@ -10,18 +10,15 @@ upload update + sync samples in the put window → while the leader aggregates w
 from θ_t, looking for the leader's bundle between steps; apply it to θ_t as every node does → θ_{t+1}, and
 rebase the steps taken onto it (local ← θ_{t+1} + (local − θ_t)); window t+1 goes on from there until its
 deadline.  When behind (new, restarted, or diverged) it catches up from the leader's checkpoint and
-aggregates.  The error-feedback buffer and the inner optimiser's state are saved
-every window and survive restarts.  With ``hparams.commit_reveal`` the put window carries only a
-commitment and the update follows in the reveal window (neurons/reveal.py);
-with ``hparams.dp`` the gradient is clipped and noised first, and the miner
-stops uploading for good once another round would exceed its ε budget (the
-accountant's state is on disk).  ``python neurons/miner.py --help`` lists every flag.
+aggregates.  The error-feedback buffer and the inner optimiser's state are saved every window and survive
+restarts.  With ``hparams.commit_reveal`` the put window carries only a commitment and the update follows in
+the reveal window (neurons/reveal.py); with ``hparams.dp`` the gradient is clipped and noised first, and the
+miner stops uploading for good once another round would exceed its ε budget (neurons/miner_privacy.py).
+``python neurons/miner.py --help`` lists every flag.
 
-A window is three steps, :meth:`Miner.train`, :meth:`Miner.upload` and
-:meth:`Miner.follow` (which trains ahead: :meth:`Miner.train_ahead`); what goes into the upload is
-:meth:`Miner.payload`.
-This module holds only the honest implementation; experiments (``sim/``)
-subclass it to model other miners.
+A window is three steps, :meth:`Miner.train`, :meth:`Miner.upload` and :meth:`Miner.follow` (which trains
+ahead: :meth:`Miner.train_ahead`); what goes into the upload is :meth:`Miner.payload`.  This module holds only
+the honest implementation; experiments (``sim/``) subclass it to model other miners.
 """
 from __future__ import annotations
 
@@ -86,22 +83,14 @@ class Miner:
                      self.inner.step_count)
         self.encode_seconds = ENCODE_SECONDS
         self.report, self.ahead_steps = InnerReport(), 0
-        self.step_seconds = 0.0  # mean inner step of the last window: a step that would overrun a deadline waits
+        self.step_seconds = 0.0  # a full inner step, as the last window measured it: bounds the next deadline
         self.follower = Follower(ctx)
         self.model_window = -1   # the model is θ_{model_window}; -1 = not synchronised yet
         self.run_checked = -1    # the window in which we last asked whether the leader still runs our run
+        self.worked = -1         # the last window we trained (and uploaded) for
         # steps of window model_window taken while its θ was on its way: then the model holds the local
         # weights and the inner loop's anchor is θ_{model_window}
         self.ahead: Ahead | None = None
-
-    @property
-    def budget_spent(self) -> bool:
-        """The privacy budget stopped this miner for good (neurons/miner_privacy.py)."""
-        return self.privacy.stopped
-
-    @budget_spent.setter
-    def budget_spent(self, stopped: bool) -> None:
-        self.privacy.stopped = stopped
 
     # ----------------------------------------------------------------- loop
     def run(self) -> int:
@@ -119,7 +108,9 @@ class Miner:
                 self.run_checked = t
                 self.follow_leaders_run()
             following = self.follows(t)
-            if self.model_window < 0 or (following and self.model_window < t):
+            if following and self.finishes_previous(t):
+                t = t - 1
+            elif self.model_window < 0 or (following and self.model_window < t):
                 self.catch_up(t)
             if ctx.hp.commit_reveal and self.model_window == t - 1 and \
                     time.time() < ctx.clock.put_window(t - 1).close - 1:
@@ -175,6 +166,7 @@ class Miner:
 
     def work(self, t: int) -> None:
         ctx = self.ctx
+        self.worked = t
         put = ctx.clock.put_window(t)
         started = time.time()
         up0, down0 = ctx.own.client.bytes_up, ctx.own.client.bytes_down
@@ -230,7 +222,9 @@ class Miner:
                                 else None, deadline=self.deadline(t), clock=time.time,
                                 step_seconds=self.step_seconds)
         self.report = ahead.then(rest)
-        self.step_seconds = self.report.seconds / self.report.steps if self.report.steps else self.step_seconds
+        if self.report.sequences:  # a full step's time, from the time per sequence (the last step may be short)
+            self.step_seconds = self.report.seconds / self.report.sequences * (
+                self.sequences if gradient_mode else hp.batch_size)
         if self.report.steps == 0 and self.report.stopped == "deadline":
             # the deadline passed before the first step (a miner that just caught up): one step still beats a
             # zero update, which every such miner would send alike — if it can be uploaded before the put window
@@ -246,8 +240,15 @@ class Miner:
         self.trained = (done.shape[0] * (done.shape[1] - 1), max(1, ctx.dataset.target_bytes(done)))  # tokens, bytes
         return self.feedback.step(self.privacy.release(grads), t, ctx.uid), loss
 
+    def finishes_previous(self, t: int) -> bool:
+        """Whether to work on window t-1 although window t has begun: θ_{t-1} came late (its bundle landed, or a
+        step taken ahead ended, after window t began), nothing was uploaded for t-1 yet and its put window still
+        takes an upload (its training deadline, which leaves the upload its time, has not passed) — finishing it
+        keeps the steps taken ahead, where skipping it wastes them."""
+        return self.model_window == t - 1 > self.worked and time.time() < self.deadline(t - 1)
+
     def step_fits(self, t: int) -> bool:
-        """Whether one more inner step (as long as the last window's mean) ends in time to upload in window t."""
+        """Whether one more full inner step (as the last window measured it) ends in time to upload in window t."""
         return time.time() + self.step_seconds < self.ctx.clock.put_window(t).close - UPLOAD_MARGIN
 
     def theta_hash(self) -> str:
@@ -329,7 +330,7 @@ class Miner:
 
     def trains_ahead(self, t: int) -> bool:
         """Whether to train window t before its θ is known: in steps mode, while the privacy budget allows."""
-        if self.ctx.hp.inner.mode != "steps" or self.budget_spent:
+        if self.ctx.hp.inner.mode != "steps" or self.privacy.stopped:
             return False
         return self.privacy.spent() is None
 

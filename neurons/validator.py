@@ -96,6 +96,7 @@ class Validator:
         self.gather_seconds: dict[int, float] = {}  # uid → seconds the last gather spent on it (for the metrics)
         self.look: Look | None = None  # what the last look at the close of the uploads saw (storage/look.py)
         self.previous_delta: dict | None = None       # the last aggregate Δ (a replay of it is a copy)
+        self.bundle_published: float | None = None   # when this window's bundle went out (unix time)
 
     # ----------------------------------------------------------------- loop
     def leading(self, window: int | None = None) -> bool:
@@ -262,7 +263,8 @@ class Validator:
         ctx.chain.begin_window(t)
         sent, received = ctx.own.client.bytes_up, ctx.own.client.bytes_down
         timings: dict[str, float] = {}
-        mark = time.perf_counter()
+        mark, cpu = time.perf_counter(), time.process_time()
+        self.bundle_published = None
         active = ctx.peers.miners()
         got = self.gather(t, sorted(active))
         timings["gather"] = round(time.perf_counter() - mark, 3)
@@ -281,6 +283,12 @@ class Validator:
         self.publish_window(t, outcome, t + LIST_LEAD)
         val_loss = evaluate(ctx.model, self.val_batch, ctx.hp.micro_batch, ctx.device)
         self.save()
+        # what the window cost this process in CPU, and how long after the uploads closed the bundle every other
+        # node waits for was out (docs/operations.md): a validator short of CPU shows it here first
+        timings["cpu"] = round(time.process_time() - cpu, 3)
+        if self.bundle_published is not None:
+            timings["bundle_after_close"] = round(
+                self.bundle_published - ctx.clock.uploads_close(t, ctx.hp.commit_reveal), 3)
         line = self.window_line(t, outcome, val_loss, started, timings)
         line["val_bits_per_byte"] = bits_per_byte(val_loss, self.val_tokens, self.val_bytes)
         line["leading"] = self.leading(t)
@@ -317,6 +325,7 @@ class Validator:
         data = encode_bundle(ctx.codec, agg.window, agg.used, agg.payloads, agg.hash_before, agg.hash_after,
                              hp.protocol_version, hp.digest(), agg.outer_before, agg.outer_after)
         put_bundle(ctx.own.client, ctx.own.bucket, data, agg.window, hp.protocol_version, ctx.run)
+        self.bundle_published = time.time()
 
     def publish_window(self, t: int, outcome: WindowOutcome, announce: int) -> None:
         ctx, hp, v = self.ctx, self.ctx.hp, self.ctx.hp.protocol_version

@@ -202,14 +202,15 @@ def _resolve_group(group: list[int], updates: Mapping[int, Update], times: Mappi
 
 def find_copies(codec: Codec, updates: Mapping[int, Update], times: Mapping[int, float], author_gain: AuthorGain,
                 previous: Update | None = None, window: int = 0, thresholds: NearCopyThresholds = DEFAULT_THRESHOLDS,
-                device: str | torch.device = "cpu") -> dict[int, Rejection]:
+                device: str | torch.device = "cpu", rows: torch.Tensor | None = None) -> dict[int, Rejection]:
     """uid → DUPLICATE rejection for every near-copy but its author, every mix and every copy of the
     previous aggregate.
 
     ``times``: uid → when the validator first saw the upload (equal values: seen together; a peer's own
     LastModified must not be used).  ``author_gain(tied, update, group) -> {uid: gain}`` scores the tied
     members of a group (see :func:`assigned_gains`).  ``previous``: the previous window's aggregate,
-    compressed by the run's codec (None at the first window); ``window``: the codec's window."""
+    compressed by the run's codec (None at the first window); ``window``: the codec's window.  ``rows``: the
+    updates' :func:`decoded_rows` (sorted uids, then ``previous``) when the caller has them already."""
     uids = sorted(updates)
     if not uids:
         return {}
@@ -222,7 +223,8 @@ def find_copies(codec: Codec, updates: Mapping[int, Update], times: Mapping[int,
             out.update(_resolve_group(group, updates, times, author_gain))
         return out
     extra = [previous] if previous is not None else []
-    rows = decoded_rows(codec, [updates[u] for u in uids] + extra, device)
+    if rows is None:
+        rows = decoded_rows(codec, [updates[u] for u in uids] + extra, device)
     G = gram(rows)
     C = cosines(G)
     prev = len(uids) if extra else None

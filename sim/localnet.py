@@ -31,13 +31,14 @@ from storage.engines import DEFAULT_ENGINE, Engine, start_engine
 
 ROOT = Path(__file__).resolve().parents[1]
 VALIDATOR_STAKES = (1000.0, 400.0, 200.0, 100.0)
-# On one shared machine the validator (one process, every peer's work) must not be starved by miners that train
-# all the time: nice 3 weighs half of nice 0.  Not more: a node's nice also ranks it against everything else on
-# the machine (every node has its own autogroup, dso/processes.py), and a network niced far down stalls on a
-# loaded machine.  The diligent miner is an honest miner with more compute: every miner trains its whole
-# window, so on one machine "more compute" is a larger CPU share, twice a baseline miner's (docs/training.md).
-MINER_NICE = 3
-DILIGENT_NICE = 0
+# On one shared machine the validator (one process, every peer's work: 5-7 s of CPU per window) must not be
+# starved by miners that train all the time: nice 6 weighs about a quarter of nice 0, and at 3 / 0 the validator
+# overran every other window.  Not more: a node's nice also ranks it against everything else on the machine
+# (every node has its own autogroup, dso/processes.py), and a network niced far down stalls on a loaded machine.
+# The diligent miner is an honest miner with more compute: every miner trains its whole window, so on one
+# machine "more compute" is a larger CPU share, twice a baseline miner's (docs/training.md).
+MINER_NICE = 6
+DILIGENT_NICE = 3
 STOP_SECONDS = 10.0  # a node stops within its grace time (neurons/lifecycle.py); then it is killed
 Progress = Callable[[str], None]
 
@@ -153,6 +154,10 @@ class LocalNet:
             # paper mode: the baseline takes one batch, this one two (with inner steps every honest miner trains
             # on its assignment for the whole window; the diligent one has more CPU: node_nice)
             cmd += ["--neuron.train_sequences", str(min(2 * self.hp.batch_size, self.hp.assigned_sequences))]
+        if node.behaviour in ("late", "hider") and self.hp.inner.mode == "steps":
+            # its upload is judged late whatever it holds: one valid batch is enough to show that, and leaves the
+            # CPU of the one machine to the miners and the validator whose timing the run measures
+            cmd += ["--neuron.train_sequences", str(self.hp.batch_size)]
         if node.metrics_port:
             cmd += ["--neuron.metrics_port", str(node.metrics_port)]
         return cmd + node.extra_args

@@ -60,7 +60,7 @@ class AdversarialMiner(Miner):
 
     def upload(self, t: int, own: CompressedUpdate | None, put: PutWindow) -> bool:
         plan = self.plan(t)
-        if not plan.upload or (self.budget_spent and plan.train):
+        if not plan.upload or (self.privacy.stopped and plan.train):
             return False
         if not plan.late and time.time() >= put.close - UPLOAD_MARGIN:
             return False

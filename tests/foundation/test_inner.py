@@ -32,14 +32,15 @@ def _params(model) -> dict[str, torch.Tensor]:
 
 
 class StepClock:
-    """A fake clock that advances one unit per inner step (and not otherwise)."""
+    """A fake clock that advances one unit per full inner step of ``hp.batch_size`` sequences, in proportion
+    for a shorter one (and not otherwise)."""
 
     def __init__(self, loop: InnerLoop):
         self.now = 0.0
         step = loop._step
 
         def timed(batch, lr):
-            self.now += 1.0
+            self.now += batch.shape[0] / loop.hp.batch_size
             return step(batch, lr)
         loop._step = timed
 
@@ -90,15 +91,50 @@ def test_bounds_assignment_limit_and_deadline():
     loop.start()
     clock = StepClock(loop)
     r = loop.train(0, _data(40), deadline=2.5, clock=clock)
-    # steps start at t = 0, 1 (1 + mean step 1 <= 2.5); at t = 2 the next would end at 3 > 2.5
-    assert (r.steps, r.stopped, r.seconds) == (2, "deadline", 2.0)
+    # full steps start at t = 0, 1 (1 + mean step 1 <= 2.5); at t = 2 a full step would end at 3 > 2.5, two
+    # quarters of it (2 of the 4 sequences, 0.5) still fit: a shortened last step on sequences 8-9
+    assert (r.steps, r.sequences, r.stopped, r.seconds) == (3, 10, "deadline", 2.5)
     clock.now = 10.0
     r = loop.train(0, _data(40), deadline=9.0, clock=clock)
     assert (r.steps, r.stopped) == (0, "deadline")
-    assert loop.step_count == 2 + 3 + 2
-    # a known step duration bounds the first step too: at 10 with steps of 1, a deadline of 10.5 allows none
-    assert loop.train(0, _data(40), deadline=10.5, clock=clock, step_seconds=1.0).steps == 0
-    assert loop.train(0, _data(40), deadline=10.5, clock=clock).steps == 1  # without it the first step goes
+    assert loop.step_count == 2 + 3 + 3
+    # a known step duration bounds the first step too: at 10 with steps of 1, a deadline of 10.2 allows none
+    # (a quarter step takes 0.25), 10.5 a half step
+    assert loop.train(0, _data(40), deadline=10.2, clock=clock, step_seconds=1.0).steps == 0
+    r = loop.train(0, _data(40), deadline=10.5, clock=clock, step_seconds=1.0)
+    assert (r.steps, r.sequences) == (1, 2)
+    assert loop.train(0, _data(40), deadline=10.6, clock=clock).steps == 1  # without it the first step goes
+
+
+def test_a_shortened_last_step_is_adamw_on_the_sequences_it_took():
+    """The deadline's shortened step trains on the next whole micro-batches of the assignment, exactly as a
+    step with that batch would: a plain AdamW step on sequences [8, 10) after two full steps."""
+    hp = _hp(steps_max=8, warmup_steps=0)
+    model = build_model(hp.model, 3)
+    reference = copy.deepcopy(model)
+    loop = InnerLoop(model, hp)
+    loop.start()
+    clock = StepClock(loop)
+    data = _data(40, seed=5)
+    r = loop.train(0, data, deadline=2.6, clock=clock)
+    assert (r.steps, r.sequences, r.stopped) == (3, 10, "deadline")
+    twin = InnerLoop(reference, hp)
+    twin.start()
+    for rows in (data[0:4], data[4:8], data[8:10]):
+        twin._step(rows, hp.inner.lr)
+    for (n, p), q in zip(model.named_parameters(), reference.parameters()):
+        assert torch.equal(p, q), n
+
+
+def test_fitting_batch():
+    loop = InnerLoop(build_model(_hp().model, 1), _hp())
+    assert loop.fitting_batch(4.0, 0.25, 16) == 16    # a full step of 16 at 0.25 s per sequence fits exactly
+    assert loop.fitting_batch(3.9, 0.25, 16) == 12    # three quarters of it fit
+    assert loop.fitting_batch(1.0, 0.25, 16) == 4     # one quarter
+    assert loop.fitting_batch(0.9, 0.25, 16) == 0     # not even one
+    assert loop.fitting_batch(0.0, 0.0, 16) == 16     # unknown speed, deadline not passed: a full step
+    assert loop.fitting_batch(-0.1, 0.0, 16) == 0     # deadline passed
+    assert loop.fitting_batch(0.3, 0.25, 3) == 1      # batches under 4 shorten by single sequences
 
 
 def test_rebase_keeps_every_step():

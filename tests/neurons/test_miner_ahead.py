@@ -140,7 +140,7 @@ def test_paper_mode_does_not_train_ahead(tmp_path):
     assert not miner.trains_ahead(1)
     miner.ctx.hp.inner.mode = "steps"
     assert miner.trains_ahead(1)
-    miner.budget_spent = True
+    miner.privacy.stopped = True
     assert not miner.trains_ahead(1)
 
 
@@ -166,3 +166,16 @@ def test_a_late_miner_takes_one_step_only_if_it_can_still_upload_it(tmp_path):
     miner.ctx.clock = ClosingClock(left=10.0)
     own, _ = miner.train(0)         # there is time for one: one step beats a zero update
     assert own is not None and miner.report.steps == 1 and miner.inner.step_count == 1
+
+
+def test_a_miner_whose_theta_came_late_finishes_that_window_while_its_put_window_allows(tmp_path):
+    miner, _ = make_miner(tmp_path, after=0)
+    miner.model_window, miner.encode_seconds = 4, 1.0   # θ_4 arrived once window 5 had begun
+    miner.ctx.clock = ClosingClock(left=5.0)
+    assert miner.finishes_previous(5)                    # put window 4 closes in 5 s: finish window 4
+    assert not miner.finishes_previous(6)                # only the window just before
+    miner.ctx.clock = ClosingClock(left=1.2)
+    assert not miner.finishes_previous(5)                # 1 s to encode + the margin no longer fit
+    miner.ctx.clock = ClosingClock(left=5.0)
+    miner.worked = 4
+    assert not miner.finishes_previous(5)                # window 4 was already uploaded: never twice

@@ -35,7 +35,8 @@ def value(metrics: NodeMetrics, name: str, **labels: str) -> float | None:
 def validator_record(window: int, **changes) -> dict:
     record = {"role": "validator", "uid": 0, "time": 1_700_000_000.0 + window, "window": window, "val_loss": 3.2,
               "val_bits_per_byte": 1.37,
-              "aggregated": [1, 2], "seconds": 1.5, "timings": {"gather": 0.4, "engine": 0.9},
+              "aggregated": [1, 2], "seconds": 1.5,
+              "timings": {"gather": 0.4, "engine": 0.9, "cpu": 1.2, "bundle_after_close": 2.1},
               "rejections": {"3": "too_late", "4": "malformed"}, "weights": {"1": 0.75, "2": 0.25, "3": 0.0},
               "scores": {"1": 0.6, "2": 0.2, "3": -0.1}, "mu": {"1": 0.3, "2": 0.1, "3": -0.2},
               "loss_ratings": {"1": 2.0, "2": 1.0, "3": -1.0}, "bytes_up": 1000, "bytes_down": 5000,
@@ -55,6 +56,8 @@ def test_validator_records_become_metrics():
     assert value(m, "dso_rejections_total", reason="too_late", uid="3") == 1
     assert value(m, "dso_utilisation_ratio") == pytest.approx(1.5 / 6.0)
     assert value(m, "dso_step_seconds", step="engine") == 0.9 and value(m, "dso_step_seconds", step="total") == 1.5
+    assert value(m, "dso_step_seconds", step="cpu") == 1.2
+    assert value(m, "dso_step_seconds", step="bundle_after_close") == 2.1
     assert value(m, "dso_gather_peer_seconds", uid="3") == 8.0
     assert value(m, "dso_gather_seconds_bucket", le="0.05") == 1 and value(m, "dso_gather_seconds_count") == 3
     assert value(m, "dso_aggregated_peers") == 2
