@@ -143,6 +143,9 @@ class OuterConfig:
             raise ConfigError(f"{prefix}.momentum: must be in [0, 1), got {self.momentum}")
 
 
+HELP_MEMORY_MAX = 64  # the longest help record a run may keep (scoring/state.py refuses longer ones)
+
+
 @dataclass
 class HParams:
     """Protocol hyper-parameters: identical on every node of a run."""
@@ -224,9 +227,10 @@ class HParams:
                             "once evaluated and while its PoC mu >= this; below it PeerScore = min(LossRating, 0). "
                             "Negative: honest mu wanders around 0 on current training, a no-work peer sinks "
                             "(docs/scoring.md)", default=-0.25)
-    help_share: float = _doc("a peer is paid only while its last LossScore is > 0 and the mean of its last two "
-                             "LossScores over their windows' medians (each at most 1; -1 if it did not lower the "
-                             "loss) is >= this (docs/scoring.md)", default=0.2)
+    help_share: float = _doc("help gate: a peer is not paid while its last two LossScores over their windows' "
+                             "medians are both below this (docs/scoring.md)", default=0.2)
+    help_memory: int = _doc("help gate: the evaluations a peer's help record keeps; it is not paid while 2 of them "
+                            "did not lower the loss (docs/scoring.md)", default=3)
     weight_smoothing: float = _doc("posted weights = s * this window's + (1 - s) * the last posted, for peers "
                                    "still paid this window (others drop to 0 at once); 1 = no smoothing",
                                    default=0.5)
@@ -277,6 +281,8 @@ class HParams:
         if not -1 < self.poc_floor <= 0 or not 0 < self.weight_smoothing <= 1 or not 0 <= self.help_share <= 1:
             raise ConfigError(f"{prefix}: poc_floor must be in (-1, 0], weight_smoothing in (0, 1], help_share in "
                               "[0, 1]")
+        if not 2 <= self.help_memory <= HELP_MEMORY_MAX:
+            raise ConfigError(f"{prefix}.help_memory: must be in [2, {HELP_MEMORY_MAX}]")
         if self.sync_samples_per_tensor < 1:
             raise ConfigError(f"{prefix}.sync_samples_per_tensor: must be >= 1 (every tensor checked each window)")
 

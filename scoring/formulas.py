@@ -8,7 +8,7 @@ such a value means, and none of them raises on it.
 from __future__ import annotations
 
 import math
-from typing import Mapping
+from typing import Mapping, Sequence
 
 
 def sign(x: float) -> float:
@@ -109,11 +109,9 @@ def peer_score(mu: float, rating: float, passed: bool) -> float:
 
 def help_ratio(loss_score: float, median: float | None) -> float:
     """How much one evaluated update helped, against the others evaluated in the same window: its LossScore over
-    the window's median LossScore, at most 1 (1 = at least the median; bounded, so one lucky window cannot carry
-    many bad ones).  Without a positive median (a cold start, a window where most updates hurt) a LossScore > 0
-    counts as 1.  An update that did not lower the loss (LossScore ≤ 0, NaN) counts −1, as in the proof of
-    computation (``poc_no_work``): with the two-evaluation mean it also cuts the next evaluation's pay, so a miner
-    that skips the work in some evaluations and does it in others is paid only after two good ones in a row."""
+    the window's median LossScore, at most 1 (1 = at least the median); −1 for an update that did not lower the
+    loss (LossScore ≤ 0, NaN: no work, as in ``poc_no_work``).  Without a positive median (a cold start, a
+    window where most updates hurt) a LossScore > 0 counts as 1."""
     if not loss_score > 0:
         return -1.0
     if median is None or not (median > 0 and math.isfinite(median)):
@@ -121,28 +119,30 @@ def help_ratio(loss_score: float, median: float | None) -> float:
     return min(1.0, loss_score / median)
 
 
-def help_mean(previous: float | None, ratio: float) -> float:
-    """The pay gate's record: the mean of a peer's last two help ratios (``help_ratio``); the first evaluation's
-    ratio alone.  Two evaluations, not one: late in a run LossScores shrink to the size of the evaluation's noise
-    and one low draw of an honest peer is common, two in a row are not; a peer that turns bad (ratio ≈ 0) falls
-    below any share ≥ its last good ratio / 2 at its second bad evaluation."""
-    return ratio if previous is None else (previous + ratio) / 2
+NO_WORK_LIMIT = 2  # evaluations without work in the help record that cut a peer's pay (``helped_recently``)
 
 
-def last_update_helped(loss_score: float | None, help_record: float | None = None, share: float = 0.0) -> bool:
-    """Whether a peer may be paid: its last evaluated update lowered the loss on random data (LossScore > 0) and
-    its help record (``help_mean``) is at least ``share``.
+def helped_recently(ratios: Sequence[float], share: float) -> bool:
+    """The help gate of the pay rule, on a peer's record of help ratios (``help_ratio``, oldest first, the last
+    ``help_memory`` evaluations): paid unless its last two ratios are both below ``share`` (its only one, after a
+    single evaluation), or ``NO_WORK_LIMIT`` of the record's evaluations did no work.  No record: not held
+    against it (it has no proof of computation yet and is not paid anyway).
 
-    ``None`` (never evaluated) is not held against it — such a peer has no proof of computation yet and is not
-    paid anyway.  NaN fails.  A zero, noise or harmful update scores about 0 or below: a peer whose update did
-    not lower the loss earns nothing until its next evaluation shows it helping; noise whose LossScore is
-    slightly above 0 by chance is cut by the record at its second evaluation (docs/scoring.md, "Fair, stable
-    weights")."""
-    if loss_score is None:
+    Two ratios, not one: an honest LossScore is about as noisy as it is large late in a run, so one honest
+    evaluation in 20–25 scores ≤ 0, two in a row rarely; a peer that turns bad (noise scores ≈ 0 × the median)
+    is cut at its second bad evaluation.  The no-work count is for a miner that does the work in some windows
+    only (the ``gamer``): half its evaluations show none, an honest peer's seldom two in a few
+    (docs/scoring.md, "Fair, stable weights")."""
+    if not ratios:
         return True
-    if not loss_score > 0:
-        return False
-    return help_record is None or help_record >= share
+    return max(ratios[-2:]) >= share and sum(r < 0 for r in ratios) < NO_WORK_LIMIT
+
+
+def last_update_helped(loss_score: float | None) -> bool:
+    """Whether a peer's last evaluated update lowered the loss on random data (LossScore > 0); ``None`` (never
+    evaluated) is not held against it, NaN fails.  Such an update earns a proof-of-computation credit, and only
+    such a peer enters the next top-G list while others can (its pay is the help gate's, ``helped_recently``)."""
+    return loss_score is None or loss_score > 0
 
 
 def copy_record_bars_pay(copies: int, passes: int) -> bool:

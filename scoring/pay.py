@@ -20,12 +20,11 @@ def record_evaluation(peer: PeerState, loss_score: float, delta_assigned: float,
                       hp: HParams) -> None:
     """What one primary evaluation adds to a peer's record: LossScore and δ_assigned, the proof-of-computation EMA
     (an update that did not lower the random-data loss counts −1, ``poc_no_work``), the help record against the
-    window's ``median`` LossScore, and the evaluation count.  Shared by the window engine and the replays."""
+    window's ``median`` LossScore (the last ``hp.help_memory`` ratios), and the evaluation count.  Shared by the window engine and the replays."""
     peer.loss_score, peer.delta_assigned = loss_score, delta_assigned
     peer.mu = (formulas.poc_update(peer.mu, delta_assigned, loss_score, hp.poc_gamma)
                if formulas.last_update_helped(loss_score) else formulas.poc_no_work(peer.mu, hp.poc_gamma))
-    ratio = formulas.help_ratio(loss_score, median)
-    peer.help_mean, peer.help_ratio = formulas.help_mean(peer.help_ratio, ratio), ratio
+    peer.help_ratios = [*peer.help_ratios, formulas.help_ratio(loss_score, median)][-hp.help_memory:]
     peer.eval_count += 1
 
 
@@ -33,20 +32,21 @@ def pay(peers: Mapping[int, PeerState], hp: HParams, previous: Mapping[int, floa
     """``(loss_ratings, scores, weights, unhelpful)`` for the peers in ``peers``.
 
     LossRating = μ_r − z·σ; PeerScore = LossRating while the proof of computation passes (evaluated, μ ≥
-    ``hp.poc_floor``), else ``min(μ, LossRating, 0)``; a peer in ``unpaid`` (banned,
-    failed a check this window), one whose record of copying bars it (``formulas.copy_record_bars_pay``) or one
-    whose last evaluated update did not lower the random-data loss, or whose help record (the mean of its last two
-    LossScores over their windows' medians) is below ``hp.help_share`` (returned as ``unhelpful``) scores at most 0;
-    weights = power-normalised scores smoothed with ``previous`` (a peer with no weight this window is posted 0 at
-    once)."""
+    ``hp.poc_floor``), else ``min(μ, LossRating, 0)``; a peer in ``unpaid`` (banned, failed a check this window),
+    one whose record of copying bars it (``formulas.copy_record_bars_pay``) or one cut by its help record
+    (``formulas.helped_recently``) scores at most 0; weights = power-normalised
+    scores smoothed with ``previous`` (a peer with no weight this window is posted 0 at once).  ``unhelpful``:
+    the peers cut by the help gate and those whose last evaluated update did not lower the loss — they stay
+    out of the next top-G list while others can fill it."""
     ratings = {uid: ordinal(p.rating, hp.rating_z) for uid, p in peers.items()}
     scores = {uid: formulas.peer_score(p.mu, ratings[uid], formulas.poc_passes(p.mu, p.eval_count, hp.poc_floor))
               for uid, p in peers.items()}
-    unhelpful = {uid for uid, p in peers.items()
-                 if not formulas.last_update_helped(p.loss_score, p.help_mean, hp.help_share)}
+    unhelped = {uid for uid, p in peers.items()
+                if not formulas.helped_recently(p.help_ratios, hp.help_share)}
     barred = {uid for uid, p in peers.items() if formulas.copy_record_bars_pay(p.copies, p.passes)}
-    for uid in unhelpful | barred | (set(unpaid) & set(peers)):
+    for uid in unhelped | barred | (set(unpaid) & set(peers)):
         scores[uid] = min(scores[uid], 0.0)
     weights = formulas.smooth_weights(previous, formulas.normalise_weights(scores, hp.weight_power),
                                       hp.weight_smoothing)
+    unhelpful = unhelped | {uid for uid, p in peers.items() if not formulas.last_update_helped(p.loss_score)}
     return ratings, scores, weights, unhelpful

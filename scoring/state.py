@@ -26,6 +26,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from dso.atomic import atomic_write
+from dso.config import HELP_MEMORY_MAX
 from scoring.formulas import MU_MAX, MU_MIN
 from scoring.rating import RATING_MU_BOUND, SIGMA_MAX, SIGMA_MIN, Rating, initial_rating, ordinal
 
@@ -63,8 +64,8 @@ class PeerState:
     last_offence: str = ""               # str(Rejection) of the latest failure
     copies: int = 0                      # windows rejected as a copy (duplicate, near-copy, mix): the pay rule's record
     passes: int = 0                      # windows it took part in and passed every check (issue 17)
-    help_ratio: float | None = None      # last evaluation's LossScore / that window's median, in [−1, 1] (issue 17)
-    help_mean: float | None = None       # mean of its last two help ratios: the pay gate's record (issue 17)
+    help_ratios: list[float] = field(default_factory=list)  # the last evaluations' help ratios, oldest first,
+    #                                   each in [−1, 1]: the pay gate's record (scoring/formulas.py, issue 17)
 
     @property
     def rating(self) -> Rating:
@@ -191,20 +192,30 @@ _PEER_FLOATS = ("mu", "rating_mu", "rating_sigma")
 _PEER_OPTIONAL = ("loss_score", "delta_assigned", "sync_score")
 _PEER_INTS = ("eval_count", "last_eval_window", "last_fast_window")
 _PEER_ADDED = ("copies", "passes")  # ints added by issue 17: a state saved before them loads them as 0
-_PEER_RATIOS = ("help_ratio", "help_mean")  # in [−1, 1] or None, added by issue 17: older states load None
 
 
 def _peer_to_dict(p: PeerState) -> dict[str, Any]:
     out: dict[str, Any] = {f.name: getattr(p, f.name) for f in fields(p)}
-    for name in _PEER_FLOATS + _PEER_OPTIONAL + _PEER_RATIOS:
+    for name in _PEER_FLOATS + _PEER_OPTIONAL:
         out[name] = None if out[name] is None else _encode_float(out[name])
+    out["help_ratios"] = [_encode_float(r) for r in p.help_ratios]
     out["offences"] = dict(sorted(p.offences.items()))
     return out
 
 
+def _help_ratios(data: Any, where: str) -> list[float]:
+    ratios = [_decode_float(r, f"{where}[{i}]") for i, r in enumerate(_typed(data, list, where))]
+    if len(ratios) > HELP_MEMORY_MAX:
+        raise ValueError(f"{where}: {len(ratios)} entries, at most {HELP_MEMORY_MAX}")
+    for i, ratio in enumerate(ratios):
+        if not -1.0 <= ratio <= 1.0:
+            raise ValueError(f"{where}[{i}]: {ratio!r} outside [-1, 1]")
+    return ratios
+
+
 def _peer_from_dict(data: Any, where: str) -> PeerState:
     if isinstance(data, dict):
-        data = {**{name: 0 for name in _PEER_ADDED}, **{name: None for name in _PEER_RATIOS}, **data}
+        data = {**{name: 0 for name in _PEER_ADDED}, "help_ratios": [], **data}  # fields issue 17 added
     d = _fields(data, where, {f.name for f in fields(PeerState)})
     peer = PeerState(hotkey=_typed(d["hotkey"], str, f"{where}.hotkey"),
                      last_offence=_typed(d["last_offence"], str, f"{where}.last_offence"))
@@ -217,11 +228,7 @@ def _peer_from_dict(data: Any, where: str) -> PeerState:
         setattr(peer, name, None if d[name] is None else _decode_float(d[name], f"{where}.{name}"))
     for name in _PEER_INTS:
         setattr(peer, name, _int(d[name], f"{where}.{name}"))
-    for name in _PEER_RATIOS:
-        ratio = None if d[name] is None else _decode_float(d[name], f"{where}.{name}")
-        if ratio is not None and not -1.0 <= ratio <= 1.0:
-            raise ValueError(f"{where}.{name}: {ratio!r} outside [-1, 1]")
-        setattr(peer, name, ratio)
+    peer.help_ratios = _help_ratios(d["help_ratios"], f"{where}.help_ratios")
     for name in _PEER_ADDED:
         if _int(d[name], f"{where}.{name}") < 0:
             raise ValueError(f"{where}.{name}: must be >= 0")

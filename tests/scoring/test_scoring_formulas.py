@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from scipy.stats import rankdata
 
-from scoring.formulas import (MU_MAX, MU_MIN, competition_ranks, help_mean, help_ratio, last_update_helped,
+from scoring.formulas import (MU_MAX, MU_MIN, competition_ranks, help_ratio, helped_recently, last_update_helped,
                               loss_delta, normalise_weights, peer_score, penalise, poc_no_work, poc_passes, poc_update,
                               smooth_weights, sync_score, top_g)
 
@@ -198,11 +198,16 @@ def test_only_a_peer_whose_last_update_lowered_the_loss_may_be_paid(loss_score, 
     assert last_update_helped(loss_score) is paid
 
 
-def test_a_peer_must_help_at_least_a_share_of_the_window_median_over_two_evaluations():
-    assert last_update_helped(0.001, help_record=0.25, share=0.25)        # exactly the share
-    assert not last_update_helped(0.001, help_record=0.2499, share=0.25)
-    assert not last_update_helped(-0.001, help_record=0.9, share=0.25)     # a harmful update: never
-    assert last_update_helped(0.001, help_record=None, share=0.25)         # no record yet: > 0 suffices
+@pytest.mark.parametrize("ratios, paid", [([0.9, 0.2], True),          # exactly the share
+                                          ([0.9, 0.1999, 0.05], False),  # the last two below it: cut
+                                          ([0.9, -1.0], True),           # one update that did no work: paid
+                                          ([0.8, -1.0, 0.9], True),
+                                          ([-1.0, 0.9, -1.0], False),    # two of three did no work: cut
+                                          ([0.1], False),                # one evaluation: its own ratio
+                                          ([-1.0], False),
+                                          ([], True)])                   # never evaluated: not held against it
+def test_the_help_gate_reads_the_last_two_ratios_and_the_no_work_count(ratios, paid):
+    assert helped_recently(ratios, share=0.2) is paid
 
 
 @pytest.mark.parametrize("loss_score, median, ratio", [(0.004, 0.008, 0.5), (0.02, 0.008, 1.0), (0.0, 0.008, -1.0),
@@ -215,16 +220,14 @@ def test_help_ratio_hand_values(loss_score, median, ratio):
 
 
 def test_an_honest_peer_survives_one_low_draw_and_a_turncoat_is_cut_at_its_second_bad_evaluation():
-    # late in a run an honest LossScore of 0.15 × the median after one of 0.9: mean 0.525, paid
-    assert help_mean(0.9, help_ratio(0.0006, 0.004)) == pytest.approx(0.525)
-    # a turncoat whose noise scores 0.05 × the median by chance: paid once on its good history, then cut
-    first = help_mean(1.0, 0.05)
-    assert first == pytest.approx(0.525) and last_update_helped(0.0002, first, 0.25)
-    second = help_mean(0.05, 0.05)
-    assert second == pytest.approx(0.05) and not last_update_helped(0.0002, second, 0.25)
-    assert help_mean(None, 0.4) == 0.4                                    # first evaluation: its own ratio
-    # a miner that uploads zeros in one evaluation (−1) and works in the next is not paid for that one either
-    assert help_mean(help_ratio(0.0, 0.004), help_ratio(0.005, 0.004)) == 0.0
+    low = help_ratio(-0.0001, 0.004)                          # late in a run: an honest LossScore ≤ 0
+    assert low == -1.0 and helped_recently([0.9, 1.0, low], 0.2)
+    assert not helped_recently([1.0, low, help_ratio(0.0006, 0.004)], 0.2)   # then 0.15 × the median: cut
+    noise = help_ratio(0.0002, 0.004)                         # noise scoring 0.05 × the median by chance
+    assert noise == pytest.approx(0.05)
+    assert helped_recently([1.0, 1.0, noise], 0.2) and not helped_recently([1.0, noise, noise], 0.2)
+    # noise that scores above the share once is still cut if it did no work in two of three evaluations
+    assert not helped_recently([help_ratio(-1e-4, 0.004), help_ratio(-1e-5, 0.004), 0.3], 0.2)
 
 
 # ------------------------------------------------------------- smoothing (issue 17)

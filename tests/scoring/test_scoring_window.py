@@ -13,7 +13,7 @@ from dso.rejections import Reason, Rejection
 from dso.train import evaluate, learning_rate
 from scoring import ValidatorState, WindowAlreadyScored, load, plan_fast_set, score_window
 from scoring.evaluation import ParameterSnapshot, evaluate_peer, update_signs
-from scoring.formulas import last_update_helped, peer_score, poc_passes, poc_update
+from scoring.formulas import helped_recently, peer_score, poc_passes, poc_update
 from scoring.rating import ordinal
 
 SECRET = "5e" * 16
@@ -130,11 +130,11 @@ def test_penalties_persist_across_windows_and_scores_are_recomputed_from_them(hp
         else:
             assert mu == previous
         previous = mu
-        for uid in (0, 1):  # the run's rule: LossRating μ − z·σ while μ passes its floor, nothing unless the last
-            peer = state.peers[uid]  # update helped
+        for uid in (0, 1):  # the run's rule: LossRating μ − z·σ while μ passes its floor, nothing unless one of
+            peer = state.peers[uid]  # its last two updates helped
             expected = peer_score(peer.mu, ordinal(peer.rating, hp.rating_z),
                                   poc_passes(peer.mu, peer.eval_count, hp.poc_floor))
-            helped = last_update_helped(peer.loss_score, peer.help_mean, hp.help_share)
+            helped = helped_recently(peer.help_ratios, hp.help_share)
             assert report.scores[uid] == (expected if helped else min(expected, 0.0))
     assert state.peers[1].offences == {"missing": 1} and first.rejections[1].startswith("missing")
 
