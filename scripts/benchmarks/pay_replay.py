@@ -61,14 +61,14 @@ def replay(trace: dict, hp: HParams, warmup: int = 5) -> dict:
         for uid, (mu, sigma) in rate_match({u: peers[u].rating for u in losses}, losses, hp.rating_beta,
                                            hp.rating_tau).items():
             peers[uid].rating_mu, peers[uid].rating_sigma = mu, sigma
-        _, _, posted, unhelpful = pay(peers, hp, posted, rejected)
+        _, _, posted, _ = pay(peers, hp, posted, rejected)
         weights.append(posted)
         drift = max(drift, *(abs(posted.get(int(u), 0.0) - w) for u, w in row["weights"].items()))
         if row["window"] >= warmup:
             for uid in honest:
                 seen += 1
                 poc_cut += not formulas.poc_passes(peers[uid].mu, peers[uid].eval_count, hp.poc_floor)
-                help_cut += uid in unhelpful
+                help_cut += not formulas.helped_recently(peers[uid].help_ratios, hp.help_share)
     diligent = next(u for u, r in zip(uids, roles) if r == "diligent")
     return {**seed_figures(weights, honest, diligent), "poc_cut": poc_cut / max(seen, 1),
             "help_cut": help_cut / max(seen, 1), "drift_from_recorded": drift,

@@ -18,9 +18,9 @@ def test_the_best_paid_peer_turning_to_noise_is_paid_nothing_from_its_second_bad
     hp = HParams(model=ModelConfig(d_model=32, n_layers=1, n_heads=2, ffn_hidden=64, seq_len=32), seed=1)
     hp.batch_size, hp.assigned_sequences, hp.micro_batch, hp.chunk, hp.topk = 8, 16, 8, 16, 8
     ds = Dataset.from_config(str(stdlib_corpus), str(tmp_path), 32, hp.seed, 0.02)
-    # |S_t| = 6 ≥ 4: every peer is evaluated every window.  Its first noise window is paid only if the noise happens to
-    # lower the loss (LossScore > 0) and its two-evaluation help record still holds its last honest window; from its
-    # second on the record is noise alone (docs/scoring.md "Fair, stable weights")
+    # |S_t| = 6 ≥ 4: every peer is evaluated every window.  Its first noise window is still paid (its help record
+    # holds its last honest evaluation); from its second on its last two ratios are noise's, ≈ 0, and two of its
+    # last three evaluations may show no work (docs/scoring.md "Fair, stable weights")
     net = SimNet(hp, ds, ["honest"] * HONEST)
     turncoat: list[int] = []
 
@@ -31,7 +31,5 @@ def test_the_best_paid_peer_turning_to_noise_is_paid_nothing_from_its_second_bad
     records = net.run(SWITCH + 4, turn)
     uid = turncoat[0]
     assert records[SWITCH - 1].weights[uid] >= 0.25, records[SWITCH - 1].weights   # at least a fair share
-    first = records[SWITCH]
-    assert first.weights[uid] == 0.0 or first.loss_scores[uid] > 0, (first.loss_scores, first.weights)
     for record in records[SWITCH + 1:]:
         assert record.weights[uid] == 0.0, (record.window, record.weights)
