@@ -20,7 +20,8 @@ def record_evaluation(peer: PeerState, loss_score: float, delta_assigned: float,
                       hp: HParams) -> None:
     """What one primary evaluation adds to a peer's record: LossScore and δ_assigned, the proof-of-computation EMA
     (an update that did not lower the random-data loss counts −1, ``poc_no_work``), the help record against the
-    window's ``median`` LossScore (the last ``hp.help_memory`` ratios), and the evaluation count.  Shared by the window engine and the replays."""
+    window's ``median`` LossScore (the last ``hp.help_memory`` ratios), and the evaluation count.  Shared by the
+    window engine and the replays."""
     peer.loss_score, peer.delta_assigned = loss_score, delta_assigned
     peer.mu = (formulas.poc_update(peer.mu, delta_assigned, loss_score, hp.poc_gamma)
                if formulas.last_update_helped(loss_score) else formulas.poc_no_work(peer.mu, hp.poc_gamma))

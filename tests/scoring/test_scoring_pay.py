@@ -1,5 +1,6 @@
 """The pay rule (scoring/pay.py) on scripted evaluation outcomes: equal work earns equal pay, more work more,
-and a peer that turns bad loses its weight within two evaluations, rarely four (issue 17, docs/scoring.md "Fair, stable weights").
+and a peer that turns bad loses its weight within two evaluations, rarely four (issue 17, docs/scoring.md "Fair,
+stable weights").
 
 The outcomes are drawn like those of the recorded default-model simulator run on current training (seed 1, windows
 5–19; scripts/benchmarks/pay_replay.py prints these figures from a trace): honest LossScores 0.46 × their mean
