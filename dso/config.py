@@ -143,6 +143,9 @@ class OuterConfig:
             raise ConfigError(f"{prefix}.momentum: must be in [0, 1), got {self.momentum}")
 
 
+HELP_MEMORY_MAX = 64  # the longest help record a run may keep (scoring/state.py refuses longer ones)
+
+
 @dataclass
 class HParams:
     """Protocol hyper-parameters: identical on every node of a run."""
@@ -184,7 +187,8 @@ class HParams:
     fast_peers: int = _doc("|F_t|: peers given fast checks per window (top-G always in)", default=32)
     eval_sequences: int = _doc("sequences of D_rand / D_assigned used per loss (noise of the PoC test)", default=8)
     topg: int = _doc("G: peers aggregated per window", default=15)
-    weight_power: float = _doc("c of the power normalisation of scores", default=2.0)
+    weight_power: float = _doc("c of the power normalisation of scores (< 1: the rating already rewards quality "
+                               "steeply; docs/scoring.md, issue 17)", default=0.7)
     windows_per_weights: int = _doc("post weights every this many windows", default=1)
     checkpoint_every: int = _doc("validator checkpoints every this many windows", default=5)
     # --- DSO extensions
@@ -212,6 +216,24 @@ class HParams:
     sync_samples_per_tensor: int = _doc("SyncScore samples per parameter tensor, so every tensor is checked each "
                                         "window at any model size; sync_samples is the floor of the total",
                                         default=1)
+    # --- issue 17: fair, stable weights (docs/scoring.md, "Fair, stable weights")
+    rating_beta: float = _doc("OpenSkill Plackett-Luce beta: the spread of one match's result around a peer's "
+                              "skill (larger = each match moves the rating less)", default=25 / 6)
+    rating_tau: float = _doc("OpenSkill tau: added to sigma before every match, so the rating keeps "
+                             "learning (larger = shorter horizon, faster reaction, noisier)", default=25 / 300)
+    rating_z: float = _doc("LossRating = rating mu - z * sigma (a lower confidence bound; 3 is the library's "
+                           "ordinal; 0.5 keeps honest peers' ratings well above 0 — docs/scoring.md)", default=0.5)
+    poc_floor: float = _doc("proof of computation as a pass/fail gate: a peer is paid (PeerScore = LossRating) only "
+                            "once evaluated and while its PoC mu >= this; below it PeerScore = min(LossRating, 0). "
+                            "Negative: honest mu wanders around 0 on current training, a no-work peer sinks "
+                            "(docs/scoring.md)", default=-0.25)
+    help_share: float = _doc("help gate: a peer is not paid while its last two LossScores over their windows' "
+                             "medians are both below this (docs/scoring.md)", default=0.2)
+    help_memory: int = _doc("help gate: the evaluations a peer's help record keeps; it is not paid while 2 of them "
+                            "did not lower the loss (docs/scoring.md)", default=3)
+    weight_smoothing: float = _doc("posted weights = s * this window's + (1 - s) * the last posted, for peers "
+                                   "still paid this window (others drop to 0 at once); 1 = no smoothing",
+                                   default=0.5)
     # --- issue 13: codec domain, inner loop, outer step (docs/codec.md, docs/training.md)
     dct: bool = _doc("codec: DCT each chunk before top-k; false = top-k of raw parameter chunks", default=True)
     inner: InnerConfig = field(default_factory=InnerConfig)
@@ -254,6 +276,13 @@ class HParams:
             raise ConfigError(f"{prefix}: krum_f, krum_m, warmup_windows, weight_decay must be >= 0")
         if not self.eval_max_gap_factor >= 1:  # issue 17
             raise ConfigError(f"{prefix}.eval_max_gap_factor: must be >= 1, got {self.eval_max_gap_factor}")
+        if not (self.rating_beta > 0 and self.rating_tau >= 0 and self.rating_z >= 0):  # issue 17
+            raise ConfigError(f"{prefix}: rating_beta must be > 0, rating_tau and rating_z >= 0")
+        if not -1 < self.poc_floor <= 0 or not 0 < self.weight_smoothing <= 1 or not 0 <= self.help_share <= 1:
+            raise ConfigError(f"{prefix}: poc_floor must be in (-1, 0], weight_smoothing in (0, 1], help_share in "
+                              "[0, 1]")
+        if not 2 <= self.help_memory <= HELP_MEMORY_MAX:
+            raise ConfigError(f"{prefix}.help_memory: must be in [2, {HELP_MEMORY_MAX}]")
         if self.sync_samples_per_tensor < 1:
             raise ConfigError(f"{prefix}.sync_samples_per_tensor: must be >= 1 (every tensor checked each window)")
 

@@ -24,7 +24,7 @@ MAX_UID = 65535  # uids are u16 on chain; the metagraph bounds them further by t
 ROLES = ("miner", "validator")
 # the step label's values (cpu: the window's CPU seconds; bundle_after_close: when the validator's bundle
 # went out, after the uploads closed)
-STEPS = ("train", "gather", "engine", "total", "cpu", "bundle_after_close")
+STEPS = ("train", "gather", "engine", "total", "cpu", "bundle_after_close", "upload", "wait", "apply")
 GATHER_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0)
 _SHORT_CODE = re.compile(r"[a-z][a-z0-9_]{0,31}")
 WindowSeconds = Callable[[int], Optional[float]]
@@ -80,9 +80,9 @@ class NodeMetrics:
             self.aggregated = Gauge("dso_aggregated_peers", "Peers in the window's aggregate", registry=r)
             self.peer = {key: Gauge(name, doc, ["uid"], registry=r) for key, name, doc in (
                 ("weights", "dso_peer_weight_ratio", "Weight of each peer (sums to 1)"),
-                ("scores", "dso_peer_score", "PeerScore = μ · LossRating"),
+                ("scores", "dso_peer_score", "PeerScore = LossRating while the PoC μ passes its floor"),
                 ("mu", "dso_peer_mu", "Proof-of-computation EMA μ"),
-                ("loss_ratings", "dso_peer_loss_rating", "OpenSkill LossRating (ordinal μ − 3σ)"))}
+                ("loss_ratings", "dso_peer_loss_rating", "OpenSkill LossRating (μ − z·σ, z = hparams.rating_z)"))}
         self._shown: dict[str, set[str]] = {}  # per-uid gauge → uids it shows now
         self._server: Any = None
 

@@ -83,6 +83,7 @@ class Miner:
                      self.inner.step_count)
         self.encode_seconds = ENCODE_SECONDS
         self.report, self.ahead_steps = InnerReport(), 0
+        self.timings: dict[str, float] = {}  # the window's steps other than training (its JSON record)
         self.step_seconds = 0.0  # a full inner step, as the last window measured it: bounds the next deadline
         self.follower = Follower(ctx)
         self.model_window = -1   # the model is θ_{model_window}; -1 = not synchronised yet
@@ -170,7 +171,8 @@ class Miner:
         put = ctx.clock.put_window(t)
         started = time.time()
         up0, down0 = ctx.own.client.bytes_up, ctx.own.client.bytes_down
-        self.report, self.ahead_steps = InnerReport(), 0
+        self.report, self.ahead_steps, self.timings = InnerReport(), 0, {}
+        cpu = time.process_time()
         own, loss = self.train(t)
         self.drop_ahead()  # a train() that did not use the steps taken ahead (nothing to upload): θ_t again
         trained = time.time()
@@ -178,6 +180,7 @@ class Miner:
             return
         up_started = time.time()
         uploaded = self.upload(t, own, put)
+        self.timings["upload"] = round(time.time() - up_started, 3)
         if uploaded:  # the next deadline leaves this much (plus the compression, inside t_train) for the upload
             self.encode_seconds = min(ENCODE_SECONDS + time.time() - up_started, ctx.hp.put_window_seconds)
         applied = self.follow(t)
@@ -190,6 +193,7 @@ class Miner:
                   "t_train": round(trained - started, 3), "t_total": round(time.time() - started, 3),
                   "inner_steps": self.report.steps, "inner_stopped": self.report.stopped,
                   "ahead_steps": self.ahead_steps,
+                  "timings": {**self.timings, "cpu": round(time.process_time() - cpu, 3)},
                   "utilisation": self.utilisation(),
                   "model_window": self.model_window, "model_hash": self.theta_hash(), "aggregated": applied,
                   "tokens": 0 if own is None else self.trained[0],
@@ -318,10 +322,13 @@ class Miner:
         self.inner.start(None)  # the anchor is θ_t until the bundle says what θ_{t+1} is
         report = self.inner.train(nxt, data, batch_size=hp.batch_size, deadline=self.deadline(nxt), clock=time.time,
                                   interrupt=arrived, step_seconds=self.step_seconds)
+        waiting = time.time()
         got = found[0] if found else self.follower.bundle(t, until)  # trained all it may: wait as before
+        applying = time.time()
         local = self.inner.local_weights() if report.steps else None
         self.inner.restore_anchor()  # θ_t: the bundle applies to it
         applied, summary = self.follower.apply(t, got)
+        self.timings.update(wait=round(applying - waiting, 3), apply=round(time.time() - applying, 3))
         if applied and local is not None:
             self.inner.rebase_local(local)
             self.ahead = Ahead(nxt, report)

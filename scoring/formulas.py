@@ -8,7 +8,7 @@ such a value means, and none of them raises on it.
 from __future__ import annotations
 
 import math
-from typing import Mapping
+from typing import Mapping, Sequence
 
 
 def sign(x: float) -> float:
@@ -50,6 +50,14 @@ def poc_update(mu: float, delta_assigned: float, delta_rand: float, gamma: float
     return bound_mu(gamma * bound_mu(mu) + (1.0 - gamma) * step)
 
 
+def poc_no_work(mu: float, gamma: float) -> float:
+    """The proof-of-computation step for an evaluated update that did not lower the random-data loss at all
+    (δ_rand ≤ 0: zeros, noise, harm): it proves no useful work, so it counts as −1 (``γ·μ − (1−γ)``), where
+    ``poc_update`` would give a zero update (equal deltas) a free decay (issue 17: a miner that uploads zeros
+    when it does not expect evaluation)."""
+    return bound_mu(gamma * bound_mu(mu) - (1.0 - gamma))
+
+
 def penalise(mu: float, phi: float) -> float:
     """The fast-check penalty, ``max(MU_MIN, μ − (1−φ)·|μ|)``: equals ``φ·μ`` for μ ≥ 0 and never raises μ.
 
@@ -75,19 +83,77 @@ def sync_score(validator_values: list[float], peer_values: list[float], lr: floa
     return total / (lr * len(validator_values))
 
 
-def peer_score(mu: float, rating: float) -> float:
-    """Sign-safe ``PeerScore = μ·LossRating``.
+def poc_passes(mu: float, evaluations: int, floor: float) -> bool:
+    """Whether a peer's proof-of-computation record lets it be paid: evaluated at least once and ``μ ≥ floor``.
 
-    Positive only when *both* factors are positive (then it is their product).
-    Otherwise it is ``min(μ, rating)`` ≤ 0: two negatives never multiply into a
-    reward, and the value is non-decreasing in μ and in the rating, so a penalty
-    (which lowers μ) can never raise a peer's score — ``−|μ·rating|`` would
-    (μ > 0, rating < 0: shrinking μ brings the product closer to zero)."""
+    μ is an EMA of ±1 verdicts (``poc_update``, ``poc_no_work``), so the gate looks at many evaluations, not one:
+    an honest μ wanders around 0 when the sign test is weak (positive in ~52 % of honest evaluations on current
+    training), while a peer that does no work sinks by ``1 − γⁿ`` after n evaluations.  Never evaluated: no
+    record yet, no pay (its rating is still the prior's).  NaN fails (docs/scoring.md, "Fair, stable weights")."""
+    return evaluations > 0 and mu >= floor
+
+
+def peer_score(mu: float, rating: float, passed: bool) -> float:
+    """PeerScore: the LossRating when the proof of computation passes (``passed``, from ``poc_passes``), else
+    ``min(μ, rating, 0)``.
+
+    The gate decides whether a peer is paid, the rating how much: μ no longer multiplies the rating, because an
+    honest μ is mostly noise around 0 and would pay equal peers unequally.  A peer that failed on its record (μ
+    below the floor, so μ < 0) scores below 0, so it never enters the top-G list as a neutral newcomer; one not
+    evaluated yet (μ = 0) scores 0.  Non-decreasing in μ and in the rating (a penalty can only lower the score).
+    Non-finite inputs give ``MU_MIN`` (no weight)."""
     if not (math.isfinite(mu) and math.isfinite(rating)):
         return MU_MIN  # no weight; finite, so every score stays a number (the inputs are bounded anyway)
-    if mu > 0 and rating > 0:
-        return mu * rating
-    return min(mu, rating)
+    return rating if passed else min(mu, rating, 0.0)
+
+
+def help_ratio(loss_score: float, median: float | None) -> float:
+    """How much one evaluated update helped, against the others evaluated in the same window: its LossScore over
+    the window's median LossScore, at most 1 (1 = at least the median); −1 for an update that did not lower the
+    loss (LossScore ≤ 0, NaN: no work, as in ``poc_no_work``).  Without a positive median (a cold start, a
+    window where most updates hurt) a LossScore > 0 counts as 1."""
+    if not loss_score > 0:
+        return -1.0
+    if median is None or not (median > 0 and math.isfinite(median)):
+        return 1.0
+    return min(1.0, loss_score / median)
+
+
+NO_WORK_LIMIT = 2  # evaluations without work in the help record that cut a peer's pay (``helped_recently``)
+
+
+def helped_recently(ratios: Sequence[float], share: float) -> bool:
+    """The help gate of the pay rule, on a peer's record of help ratios (``help_ratio``, oldest first, the last
+    ``help_memory`` evaluations): paid unless its last two ratios are both below ``share`` (its only one, after a
+    single evaluation), or ``NO_WORK_LIMIT`` of the record's evaluations did no work.  No record: not held
+    against it (it has no proof of computation yet and is not paid anyway).
+
+    Two ratios, not one: an honest LossScore is about as noisy as it is large late in a run, so one honest
+    evaluation in 20–25 scores ≤ 0, two in a row rarely; a peer that turns bad (noise scores ≈ 0 × the median)
+    is cut at its second bad evaluation.  The no-work count is for a miner that does the work in some windows
+    only (the ``gamer``): half its evaluations show none, an honest peer's seldom two in a few
+    (docs/scoring.md, "Fair, stable weights")."""
+    if not ratios:
+        return True
+    return max(ratios[-2:]) >= share and sum(r < 0 for r in ratios) < NO_WORK_LIMIT
+
+
+def last_update_helped(loss_score: float | None) -> bool:
+    """Whether a peer's last evaluated update lowered the loss on random data (LossScore > 0); ``None`` (never
+    evaluated) is not held against it, NaN fails.  Such an update earns a proof-of-computation credit, and only
+    such a peer enters the next top-G list while others can (its pay is the help gate's, ``helped_recently``)."""
+    return loss_score is None or loss_score > 0
+
+
+def copy_record_bars_pay(copies: int, passes: int) -> bool:
+    """Whether a peer's record of copying bars it from pay: it was rejected as a copy in at least as many windows
+    as it passed every check (and at least once).
+
+    Copy detection decides each window on its own and can miss, or keep a copy over its author by a noisy
+    proof-of-computation tie-break; a copier that slips through now and then must not be paid for those
+    windows, while the author it copies — which keeps its update in most windows — must not lose its pay
+    (docs/scoring.md, "Fair, stable weights")."""
+    return copies > 0 and copies >= passes
 
 
 def normalise_weights(scores: Mapping[int, float], power: float) -> dict[int, float]:
@@ -103,6 +169,27 @@ def normalise_weights(scores: Mapping[int, float], power: float) -> dict[int, fl
     if total <= 0 or not math.isfinite(total):
         return {uid: 0.0 for uid in raised}
     return {uid: v / total for uid, v in raised.items()}
+
+
+def smooth_weights(previous: Mapping[int, float], current: Mapping[int, float], rate: float) -> dict[int, float]:
+    """Posted weights as an EMA of each window's weights: ``rate·current + (1 − rate)·previous``, renormalised.
+
+    Only peers with a positive weight this window keep their history: a peer whose current weight is 0 (its
+    score fell to 0 or below, it was banned, it left) is posted 0 at once, so smoothing never delays a drop to
+    nothing.  ``rate = 1`` is no smoothing.  All-zero current weights stay all zero (nothing is posted)."""
+    if not 0 < rate <= 1:
+        raise ValueError(f"smoothing rate must be in (0, 1], got {rate}")
+    mixed = {uid: (rate * w + (1.0 - rate) * _share(previous.get(uid, 0.0)) if w > 0 else 0.0)
+             for uid, w in sorted(current.items())}
+    total = math.fsum(mixed.values())
+    if total <= 0 or not math.isfinite(total):
+        return {uid: 0.0 for uid in mixed}
+    return {uid: v / total for uid, v in mixed.items()}
+
+
+def _share(w: float) -> float:
+    """A previous weight as a share in [0, 1] (NaN → 0)."""
+    return min(1.0, max(0.0, w)) if w == w else 0.0
 
 
 def top_g(scores: Mapping[int, float], g: int) -> list[int]:

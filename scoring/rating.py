@@ -3,21 +3,25 @@
 Ratings live in the validator state as plain ``(mu, sigma)`` floats; an
 OpenSkill rating object is built only for the duration of one match.  The
 library's ``rate`` returns *new* objects, whose ``mu``/``sigma`` we read back.
-Model parameters are the library defaults (μ₀ = 25, σ₀ = 25/3, β = 25/6,
-τ = 25/300), so a peer that was never rated has ordinal μ₀ − 3σ₀ = 0.
+The prior is the library's (μ₀ = 25, σ₀ = 25/3); β (performance noise) and τ (the dynamics
+that keep σ from collapsing: the rating's horizon) are run hyper-parameters (``hparams.rating_beta``,
+``hparams.rating_tau``; the library defaults are 25/6 and 25/300).  The LossRating is the ordinal
+μ − z·σ with ``hparams.rating_z`` (the library's z = 3 gives a fresh peer exactly 0).
 """
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 from typing import Mapping
 
 from openskill.models import PlackettLuce
 
 from scoring.formulas import competition_ranks
 
-ORDINAL_Z = 3.0  # LossRating = μ − 3σ (design §6.1)
+ORDINAL_Z = 3.0  # the library's ordinal μ − 3σ (design §6.1)
+LIBRARY_BETA, LIBRARY_TAU = 25 / 6, 25 / 300  # the library's defaults (scale of μ₀ = 25)
 
-_MODEL = PlackettLuce()
+_MODEL = PlackettLuce()  # the prior (μ₀, σ₀) of every model below
 # Bounds of a stored rating (docs/scoring.md, "Bounds"): far outside anything a run reaches (a peer that
 # wins every match moves μ by well under σ₀ per match, and σ shrinks), but they make the rating, the
 # LossRating and the PeerScore finite and bounded by construction, whatever the library returns.
@@ -31,12 +35,22 @@ def initial_rating() -> Rating:
     return (_MODEL.mu, _MODEL.sigma)
 
 
-def ordinal(rating: Rating) -> float:
+@lru_cache(maxsize=8)
+def model(beta: float = LIBRARY_BETA, tau: float = LIBRARY_TAU) -> PlackettLuce:
+    """The Plackett–Luce model with the library's prior and this β, τ."""
+    if not (beta > 0 and tau >= 0 and math.isfinite(beta) and math.isfinite(tau)):
+        raise ValueError(f"rating model needs beta > 0 and tau >= 0, got {beta}, {tau}")
+    return PlackettLuce(mu=_MODEL.mu, sigma=_MODEL.sigma, beta=beta, tau=tau)
+
+
+def ordinal(rating: Rating, z: float = ORDINAL_Z) -> float:
+    """The LossRating ``μ − z·σ``: a lower confidence bound on the peer's rating."""
     mu, sigma = rating
-    return mu - ORDINAL_Z * sigma
+    return mu - z * sigma
 
 
-def rate_match(ratings: Mapping[int, Rating], loss_scores: Mapping[int, float]) -> dict[int, Rating]:
+def rate_match(ratings: Mapping[int, Rating], loss_scores: Mapping[int, float], beta: float = LIBRARY_BETA,
+               tau: float = LIBRARY_TAU) -> dict[int, Rating]:
     """New ratings of every peer in ``loss_scores`` after one match ranked by LossScore (higher = better).
 
     Equal LossScores are a draw between those peers; NaN ranks last.  A match
@@ -47,8 +61,9 @@ def rate_match(ratings: Mapping[int, Rating], loss_scores: Mapping[int, float]) 
     if len(uids) < 2:
         return current
     ranks = competition_ranks({uid: loss_scores[uid] for uid in uids})
-    teams = [[_MODEL.rating(mu=current[uid][0], sigma=current[uid][1])] for uid in uids]
-    new_teams = _MODEL.rate(teams, ranks=[float(ranks[uid]) for uid in uids])
+    match = model(beta, tau)
+    teams = [[match.rating(mu=current[uid][0], sigma=current[uid][1])] for uid in uids]
+    new_teams = match.rate(teams, ranks=[float(ranks[uid]) for uid in uids])
     out: dict[int, Rating] = {}
     for uid, team in zip(uids, new_teams):
         mu, sigma = float(team[0].mu), float(team[0].sigma)

@@ -26,6 +26,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from dso.atomic import atomic_write
+from dso.config import HELP_MEMORY_MAX
 from scoring.formulas import MU_MAX, MU_MIN
 from scoring.rating import RATING_MU_BOUND, SIGMA_MAX, SIGMA_MIN, Rating, initial_rating, ordinal
 
@@ -61,6 +62,10 @@ class PeerState:
     last_fast_window: int = -1
     offences: dict[str, int] = field(default_factory=dict)  # category → count
     last_offence: str = ""               # str(Rejection) of the latest failure
+    copies: int = 0                      # windows rejected as a copy (duplicate, near-copy, mix): the pay rule's record
+    passes: int = 0                      # windows it took part in and passed every check (issue 17)
+    help_ratios: list[float] = field(default_factory=list)  # the last evaluations' help ratios, oldest first,
+    #                                   each in [−1, 1]: the pay gate's record (scoring/formulas.py, issue 17)
 
     @property
     def rating(self) -> Rating:
@@ -68,6 +73,7 @@ class PeerState:
 
     @property
     def loss_rating(self) -> float:
+        """The library's ordinal μ − 3σ; the weights use ``ordinal(rating, hp.rating_z)`` (scoring/window.py)."""
         return ordinal(self.rating)
 
 
@@ -185,17 +191,31 @@ def _weight(value: Any, where: str) -> float:
 _PEER_FLOATS = ("mu", "rating_mu", "rating_sigma")
 _PEER_OPTIONAL = ("loss_score", "delta_assigned", "sync_score")
 _PEER_INTS = ("eval_count", "last_eval_window", "last_fast_window")
+_PEER_ADDED = ("copies", "passes")  # ints added by issue 17: a state saved before them loads them as 0
 
 
 def _peer_to_dict(p: PeerState) -> dict[str, Any]:
     out: dict[str, Any] = {f.name: getattr(p, f.name) for f in fields(p)}
     for name in _PEER_FLOATS + _PEER_OPTIONAL:
         out[name] = None if out[name] is None else _encode_float(out[name])
+    out["help_ratios"] = [_encode_float(r) for r in p.help_ratios]
     out["offences"] = dict(sorted(p.offences.items()))
     return out
 
 
+def _help_ratios(data: Any, where: str) -> list[float]:
+    ratios = [_decode_float(r, f"{where}[{i}]") for i, r in enumerate(_typed(data, list, where))]
+    if len(ratios) > HELP_MEMORY_MAX:
+        raise ValueError(f"{where}: {len(ratios)} entries, at most {HELP_MEMORY_MAX}")
+    for i, ratio in enumerate(ratios):
+        if not -1.0 <= ratio <= 1.0:
+            raise ValueError(f"{where}[{i}]: {ratio!r} outside [-1, 1]")
+    return ratios
+
+
 def _peer_from_dict(data: Any, where: str) -> PeerState:
+    if isinstance(data, dict):
+        data = {**{name: 0 for name in _PEER_ADDED}, "help_ratios": [], **data}  # fields issue 17 added
     d = _fields(data, where, {f.name for f in fields(PeerState)})
     peer = PeerState(hotkey=_typed(d["hotkey"], str, f"{where}.hotkey"),
                      last_offence=_typed(d["last_offence"], str, f"{where}.last_offence"))
@@ -208,6 +228,11 @@ def _peer_from_dict(data: Any, where: str) -> PeerState:
         setattr(peer, name, None if d[name] is None else _decode_float(d[name], f"{where}.{name}"))
     for name in _PEER_INTS:
         setattr(peer, name, _int(d[name], f"{where}.{name}"))
+    peer.help_ratios = _help_ratios(d["help_ratios"], f"{where}.help_ratios")
+    for name in _PEER_ADDED:
+        if _int(d[name], f"{where}.{name}") < 0:
+            raise ValueError(f"{where}.{name}: must be >= 0")
+        setattr(peer, name, d[name])
     for name, low, high in (("mu", MU_MIN, MU_MAX), ("rating_mu", -RATING_MU_BOUND, RATING_MU_BOUND),
                             ("rating_sigma", SIGMA_MIN, SIGMA_MAX)):
         if not low <= getattr(peer, name) <= high:

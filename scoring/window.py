@@ -12,8 +12,8 @@ returns a :class:`WindowReport`.  Order, as in the paper's Algorithm 1:
 2. S_t ⊆ peers that passed, drawn the same way: ``L(θ_t, D_rand)`` once, then per peer three
    forward passes, in place; LossScore = δ_rand; μ gets the proof-of-computation
    update; one OpenSkill match over S_t updates the ratings.
-3. Sign-safe PeerScores for the active peers → power-normalised weights →
-   next top-G list.
+3. Sign-safe PeerScores for the active peers → power-normalised weights, smoothed
+   with the last posted ones (``hp.weight_smoothing``) → next top-G list.
 
 With ``hp.commit_reveal`` on, penalties follow the ZIP-407 table mapped onto μ
 (:func:`penalty_multiplier`, docs/extensions.md §2): a commit-reveal offence, a
@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import copy
 import math
+import statistics
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
@@ -45,6 +46,7 @@ from dso.train import evaluate, learning_rate
 from scoring import formulas, selection
 from dso.outer import peer_norms, reference_norms
 from scoring.evaluation import ParameterSnapshot, PeerLosses, evaluate_peer, update_step
+from scoring.pay import pay, record_evaluation
 from scoring.rating import rate_match
 from scoring.state import PeerState, ValidatorState
 from scoring.sync import check_sync_vector, sample_parameters, sync_positions
@@ -165,24 +167,29 @@ def score_window(state: ValidatorState, model: Decoder, codec: Codec, dataset: D
     losses, base_rand = _evaluate(state, model, codec, dataset, hp, window, chosen, payloads, shapes,
                                   _reference(codec, hp, payloads, reference_norms), failures, notes,
                                   data_rng(state, hp, window, eval_seed))
+    finite = [pl.delta_rand for pl in losses.values() if math.isfinite(pl.delta_rand)]
+    median = statistics.median(finite) if finite else None
     for uid, peer_losses in losses.items():
-        peer = state.peers[uid]
-        peer.loss_score, peer.delta_assigned = peer_losses.delta_rand, peer_losses.delta_assigned
-        peer.mu = formulas.poc_update(peer.mu, peer.delta_assigned, peer.loss_score, hp.poc_gamma)
-        peer.eval_count += 1
+        record_evaluation(state.peers[uid], peer_losses.delta_rand, peer_losses.delta_assigned, median, hp)
     new_ratings = rate_match({uid: state.peers[uid].rating for uid in losses},
-                             {uid: pl.delta_rand for uid, pl in losses.items()})
+                             {uid: pl.delta_rand for uid, pl in losses.items()}, hp.rating_beta, hp.rating_tau)
     for uid, (mu, sigma) in new_ratings.items():
         state.peers[uid].rating_mu, state.peers[uid].rating_sigma = mu, sigma
 
     # --- 3. scores, weights, next top-G
-    scores = {uid: formulas.peer_score(state.peers[uid].mu, state.peers[uid].loss_rating) for uid in active_uids}
     banned |= {uid for uid in active_uids if is_banned(state.peers[uid], hp)}  # (an evaluation may ban too)
-    for uid in banned:  # no weight, whatever μ and the rating do later; kept out of the list below
-        scores[uid] = min(scores[uid], 0.0)
-    weights = formulas.normalise_weights(scores, hp.weight_power)
-    top = selection.next_top_g(scores, [uid for uid in passed if uid not in failures and uid not in banned],
-                               hp.topg)
+    # nothing for a banned peer, one that failed a check this window, or one whose last evaluated update did not
+    # lower the random-data loss — a peer that turns bad loses its weight at its next evaluation, however good
+    # its rating (scoring/pay.py, docs/scoring.md "Fair, stable weights"); none of them enters the list below
+    checked = [uid for uid in passed if uid not in failures and uid not in banned]
+    for uid in checked:
+        state.peers[uid].passes += 1
+    ratings, scores, weights, unhelpful = pay({uid: state.peers[uid] for uid in active_uids}, hp, state.weights,
+                                              banned | set(failures))
+    # peers whose last update did not help enter the list only when nobody else can (a cold start, where
+    # every update of the warm-up may score 0), so the network never stands still for want of a list
+    top = (selection.next_top_g(scores, [uid for uid in checked if uid not in unhelpful], hp.topg)
+           or selection.next_top_g(scores, checked, hp.topg))
     state.window, state.fast, state.evaluated = window, fast, sorted(losses)
     state.top_g, state.weights = top, weights
     committed.__dict__.update(state.__dict__)
@@ -192,7 +199,7 @@ def score_window(state: ValidatorState, model: Decoder, codec: Codec, dataset: D
         loss_scores={uid: pl.delta_rand for uid, pl in sorted(losses.items())},
         assigned_deltas={uid: pl.delta_assigned for uid, pl in sorted(losses.items())},
         base_rand_loss=base_rand, mu={uid: state.peers[uid].mu for uid in active_uids},
-        loss_ratings={uid: state.peers[uid].loss_rating for uid in active_uids},
+        loss_ratings=ratings,
         scores=scores, weights=weights, top_g=top, notes=notes)
 
 
@@ -264,6 +271,8 @@ def is_banned(peer: PeerState, hp: HParams) -> bool:
 def _penalise(peer: PeerState, failure: Rejection, hp: HParams) -> None:
     """One penalty (the caller guarantees at most one per peer per window); never raises μ."""
     peer.mu = formulas.penalise(peer.mu, penalty_multiplier(failure, peer, hp))
+    if failure.reason is Reason.DUPLICATE:  # the record the pay rule reads (scoring/pay.py); μ moves by the table
+        peer.copies += 1
     peer.offences[failure.category] = peer.offences.get(failure.category, 0) + 1
     if hp.commit_reveal and is_invalid_update(failure.reason):
         peer.offences[INVALID] = peer.offences.get(INVALID, 0) + 1

@@ -238,7 +238,7 @@ def figures(report: dict) -> dict[str, Any]:
     fig.tight_layout()
     out["val_loss"] = fig
 
-    for key, ylabel in (("weights", "weight share"), ("ratings", "LossRating (ordinal μ−3σ)")):
+    for key, ylabel in (("weights", "weight share"), ("ratings", "LossRating (μ − z·σ)")):
         fig, ax = plt.subplots(figsize=(8, 4.5))
         seen = set()
         for r in report["peers"]:

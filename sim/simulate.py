@@ -114,7 +114,7 @@ def plot_figure2(records: list[dict], names: dict[str, str], path: Path) -> None
         ax.grid(alpha=0.3)
         ax.legend()
     axes[0].set(xlabel="window", ylabel="LossScore − mean of the window", title="LossScore per window (δ_rand)")
-    axes[1].set(xlabel="window", ylabel="LossRating (ordinal μ−3σ)", title="LossRating per window")
+    axes[1].set(xlabel="window", ylabel="LossRating (μ − z·σ)", title="LossRating per window")
     fig.suptitle("Baseline, 2× data and desynchronised (shaded: paused; it stays 3 windows behind afterwards)")
     fig.tight_layout()
     fig.savefig(path, dpi=120)

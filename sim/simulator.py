@@ -69,6 +69,7 @@ class WindowRecord:
     seconds: float
     evaluated: list[int] = field(default_factory=list)   # S_t
     trained: list[int] = field(default_factory=list)     # peers that trained this window
+    assigned_deltas: dict[int, float] = field(default_factory=dict)  # δ_assigned of S_t (replays of the pay rule)
 
     def to_dict(self) -> dict:
         return {k: ({str(u): v for u, v in val.items()} if isinstance(val, dict) else val)
@@ -244,7 +245,7 @@ class SimNet:
         return WindowRecord(t, evaluate(self.model, self.val, hp.micro_batch, self.device), report.loss_scores,
                             report.loss_ratings, report.mu, report.scores, report.weights, agg.used,
                             {u: r.reason.value for u, r in outcome.rejections.items()}, time.perf_counter() - started,
-                            list(report.evaluated), sorted(self.trained))
+                            list(report.evaluated), sorted(self.trained), dict(report.assigned_deltas))
 
     def run(self, windows: int, on_window: Callable[[WindowRecord], None] | None = None) -> list[WindowRecord]:
         records = []

@@ -221,6 +221,9 @@ def test_data_section_growth_and_generated_corpus(tmp_path):
 def test_incentive_figures_by_hand():
     assert incentives.max_min_ratio([0.1, 0.2, 0.4]) == pytest.approx(4.0)
     assert incentives.max_min_ratio([0.0, 0.3]) == pytest.approx(0.3 / incentives.ZERO_SHARE)  # nothing: huge
+    assert incentives.max_min_ratio([0.0, 0.0]) == pytest.approx(1 / incentives.ZERO_SHARE)   # nobody paid: worst
+    assert incentives.windows_to_lose([0.3, 0.2, 0.02, 0.005, 0.0], switch=1) == 3   # windows 1, 2 still ≥ 1 %
+    assert incentives.windows_to_lose([0.3, 0.005], switch=1) == 1 and incentives.windows_to_lose([0.3, 0.2], 1) is None
     assert incentives.over_mean(0.3, [0.1, 0.2]) == pytest.approx(2.0)
     weights = [{1: 0.5, 2: 0.5, 3: 0.0}, {1: 0.1, 2: 0.3, 3: 0.6}]
     got = incentives.seed_figures(weights, honest=[1, 2], diligent=3, smooth=2)

@@ -20,9 +20,13 @@ the future randomness) among ``GAMER["honest"]`` honest peers, |S_t| = 2, tiny m
 schedule and the old round robin: its final and cumulative (mean over windows) weight share per seed, next
 to an honest peer's mean, and the share of windows it trained in.
 
+``turncoat``: the price of stable weights.  Among ``TURNCOAT["honest"]`` honest peers, the best-paid one turns to
+noise at window ``switch`` (tiny model); ``windows_to_lose`` = windows it is still paid at least ``LOST`` of the weight,
+counting the switch window (1: its first bad window already pays it less than 1 %).
+
 ``python scripts/benchmarks/incentives.py --lever eval_peers=2 --lever rating=7,0.1 --seeds 4`` runs the
-same measurement with other settings (levers: any ``hparams`` key, ``rating=β,τ`` for the OpenSkill model,
-which is not a hyper-parameter); it is how the numbers in docs/scoring.md were measured.
+same measurement with other settings (levers: any ``hparams`` key; ``rating=β,τ`` is short for
+``rating_beta=β --lever rating_tau=τ``); it is how the numbers in docs/scoring.md were measured.
 """
 from __future__ import annotations
 
@@ -30,6 +34,7 @@ import argparse
 import json
 import statistics
 import sys
+from concurrent.futures import as_completed
 from pathlib import Path
 
 if __name__ == "__main__":
@@ -42,6 +47,9 @@ FULL = {"seeds": 10, "windows": 20, "honest": 4, "tiny": False}
 QUICK = {"seeds": 2, "windows": 3, "honest": 2, "tiny": True}
 GAMER = {"seeds": 10, "windows": 40, "honest": 6, "eval_peers": 2}
 GAMER_QUICK = {"seeds": 1, "windows": 4, "honest": 6, "eval_peers": 2}
+TURNCOAT = {"seeds": 10, "windows": 20, "honest": 4, "switch": 10}
+TURNCOAT_QUICK = {"seeds": 1, "windows": 6, "honest": 3, "switch": 3}
+LOST = 0.01  # a turncoat has lost its weight once its share is below this
 ZERO_SHARE = 1e-6
 WIN = 1.5
 SMOOTH = 5
@@ -49,7 +57,10 @@ SMOOTH = 5
 
 # ---------------------------------------------------------------- formulas
 def max_min_ratio(shares: list[float]) -> float:
-    """Largest over smallest share (a zero share counts as ZERO_SHARE)."""
+    """Largest over smallest share (a zero share counts as ZERO_SHARE; nobody paid at all counts as the worst,
+    1 / ZERO_SHARE, not as equality)."""
+    if not max(shares) > 0:
+        return 1.0 / ZERO_SHARE
     return max(shares) / max(min(shares), ZERO_SHARE)
 
 
@@ -93,8 +104,10 @@ def _quartiles(values: list[float]) -> list[float]:
 
 
 # ------------------------------------------------------------------ runs
-def run_seed(seed: int, windows: int, honest: int, tiny: bool, levers: dict | None = None) -> dict:
-    """In a worker: one simulated run; per-window weights and the per-seed figures."""
+def run_seed(seed: int, windows: int, honest: int, tiny: bool, levers: dict | None = None,
+             trace_dir: str | None = None) -> dict:
+    """In a worker: one simulated run; per-window weights and the per-seed figures.  ``trace_dir``: also write the
+    run's per-window records there (``trace-<seed>.json``, what scripts/benchmarks/pay_replay.py replays)."""
     from benchmarks.common import default_dataset, setup_worker
     setup_worker()
     from dso.config import HParams, ModelConfig, set_key
@@ -104,20 +117,44 @@ def run_seed(seed: int, windows: int, honest: int, tiny: bool, levers: dict | No
     if tiny:
         hp.model = ModelConfig(d_model=32, n_layers=1, n_heads=2, ffn_hidden=64, seq_len=32)
         hp.batch_size, hp.assigned_sequences, hp.micro_batch, hp.chunk, hp.topk = 8, 16, 8, 16, 8
-    levers = dict(levers or {})
-    rating = levers.pop("rating", None)
-    if rating is not None:  # the OpenSkill model is not a hyper-parameter: swapped in this worker only
-        from openskill.models import PlackettLuce
-
-        import scoring.rating
-        scoring.rating._MODEL = PlackettLuce(beta=float(rating[0]), tau=float(rating[1]))
-    for key, value in levers.items():
+    for key, value in _hparam_levers(levers).items():
         _set_hparam(hp, key, value, set_key)
     roles = ["honest"] * honest + ["diligent"]
     records = SimNet(hp, default_dataset(hp), roles).run(windows)
     weights = [r.weights for r in records]
     figures = seed_figures(weights, list(range(1, honest + 1)), honest + 1)
-    return {"seed": seed, **figures, "val_loss": records[-1].val_loss, "seconds": sum(r.seconds for r in records)}
+    if trace_dir:
+        Path(trace_dir).mkdir(parents=True, exist_ok=True)
+        trace = {"seed": seed, "roles": roles, "levers": _hparam_levers(levers), "rows": [r.to_dict() for r in records]}
+        (Path(trace_dir) / f"trace-{seed}.json").write_text(json.dumps(trace) + "\n")
+    return {"seed": seed, **figures, "val_loss": records[-1].val_loss, "seconds": sum(r.seconds for r in records),
+            "rejections": rejection_counts(r.rejections for r in records)}
+
+
+def rejection_counts(rows) -> dict[str, int]:
+    """How often each rejection reason was given over a run (the pay rule's gates act on these)."""
+    counts: dict[str, int] = {}
+    for row in rows:
+        for reason in row.values():
+            counts[reason] = counts.get(reason, 0) + 1
+    return dict(sorted(counts.items()))
+
+
+def _collect(futures: list, label: str) -> list[dict]:
+    """The workers' results in submission order, with a line on stderr as each one finishes (long runs)."""
+    for done, future in enumerate(as_completed(futures), 1):
+        row = future.result()
+        print(f"[incentives] {label}: seed {row.get('seed')} done ({done}/{len(futures)})", file=sys.stderr, flush=True)
+    return [f.result() for f in futures]
+
+
+def _hparam_levers(levers: dict | None) -> dict:
+    """Levers as hparams keys: ``rating=(β, τ)`` is shorthand for rating_beta and rating_tau."""
+    out = dict(levers or {})
+    rating = out.pop("rating", None)
+    if rating is not None:
+        out["rating_beta"], out["rating_tau"] = str(rating[0]), str(rating[1])
+    return out
 
 
 def _set_hparam(hp, key: str, value, set_key) -> None:
@@ -151,7 +188,7 @@ def measure_gamer(cfg: dict, workers: int = 2) -> dict:
     with worker_pool(workers) as pool:
         futures = {s: [pool.submit(run_gamer, seed, s, cfg["windows"], cfg["honest"], cfg["eval_peers"])
                        for seed in range(1, cfg["seeds"] + 1)] for s in ("random", "round_robin")}
-        runs = {s: [f.result() for f in fs] for s, fs in futures.items()}
+        runs = {s: _collect(fs, f"gamer {s}") for s, fs in futures.items()}
     out: dict = {**cfg}
     for schedule, rows in runs.items():
         out[schedule] = {"final_mean": statistics.mean(r["final"] for r in rows),
@@ -162,11 +199,55 @@ def measure_gamer(cfg: dict, workers: int = 2) -> dict:
     return out
 
 
-def measure(cfg: dict, levers: dict | None = None, workers: int = 2) -> dict:
+def windows_to_lose(shares: list[float], switch: int, lost: float = LOST) -> int | None:
+    """Windows from ``switch`` (counted) until the share is below ``lost``; None if it never drops below."""
+    for t in range(switch, len(shares)):
+        if shares[t] < lost:
+            return t - switch + 1
+    return None
+
+
+def run_turncoat(seed: int, windows: int, honest: int, switch: int, levers: dict | None = None) -> dict:
+    """In a worker: ``honest`` honest peers (tiny model); the best-paid uploads noise from window ``switch`` on."""
+    from benchmarks.common import default_dataset, setup_worker
+    setup_worker()
+    from dso.config import HParams, ModelConfig, set_key
+    from sim.simulator import SimNet
+
+    hp = HParams(seed=seed, model=ModelConfig(d_model=32, n_layers=1, n_heads=2, ffn_hidden=64, seq_len=32))
+    hp.batch_size, hp.assigned_sequences, hp.micro_batch, hp.chunk, hp.topk = 8, 16, 8, 16, 8
+    for key, value in _hparam_levers(levers).items():
+        _set_hparam(hp, key, value, set_key)
+    net = SimNet(hp, default_dataset(hp), ["honest"] * honest)
+
+    turncoat: list[int] = []
+
+    def turn(record) -> None:
+        if record.window == switch - 1:
+            turncoat.append(max(record.weights, key=lambda uid: (record.weights[uid], -uid), default=1))
+            net.peers[turncoat[0] - 1].behaviour = "noise"
+    records = net.run(windows, turn)
+    shares = [r.weights.get(turncoat[0], 0.0) for r in records]
+    return {"seed": seed, "windows_to_lose": windows_to_lose(shares, switch), "share_before": shares[switch - 1],
+            "shares": shares}
+
+
+def measure_turncoat(cfg: dict, levers: dict | None = None, workers: int = 2) -> dict:
     with worker_pool(workers) as pool:
-        futures = [pool.submit(run_seed, seed, cfg["windows"], cfg["honest"], cfg["tiny"], levers)
+        futures = [pool.submit(run_turncoat, seed, cfg["windows"], cfg["honest"], cfg["switch"], levers)
                    for seed in range(1, cfg["seeds"] + 1)]
-        per_seed = [f.result() for f in futures]
+        rows = _collect(futures, "turncoat")
+    lost = [r["windows_to_lose"] for r in rows]
+    known = [n for n in lost if n is not None]
+    return {**cfg, "windows_to_lose": lost, "median": statistics.median(known) if known else None,
+            "max": max(known) if known else None, "never": sum(n is None for n in lost), "runs": rows}
+
+
+def measure(cfg: dict, levers: dict | None = None, workers: int = 2, trace_dir: str | None = None) -> dict:
+    with worker_pool(workers) as pool:
+        futures = [pool.submit(run_seed, seed, cfg["windows"], cfg["honest"], cfg["tiny"], levers, trace_dir)
+                   for seed in range(1, cfg["seeds"] + 1)]
+        per_seed = _collect(futures, "fairness")
     out = summarise(per_seed)
     out.update({"windows": cfg["windows"], "honest_peers": cfg["honest"], "tiny_model": cfg["tiny"],
                 "levers": {k: list(v) if isinstance(v, tuple) else v for k, v in (levers or {}).items()},
@@ -177,6 +258,7 @@ def measure(cfg: dict, levers: dict | None = None, workers: int = 2) -> dict:
 def run(quick: bool) -> dict:
     out = measure(QUICK if quick else FULL)
     out["gamer"] = measure_gamer(GAMER_QUICK if quick else GAMER)
+    out["turncoat"] = measure_turncoat(TURNCOAT_QUICK if quick else TURNCOAT)
     return out
 
 
@@ -203,6 +285,12 @@ def markdown(result: dict) -> str:
             s = g[schedule]
             lines.append(f"| {schedule} | {s['final_mean']:.4f}, {s['final_max']:.4f} | {s['cumulative_mean']:.4f} | "
                          f"{s['honest_mean_final']:.4f} | {s['trained_share']:.0%} |")
+    c = result.get("turncoat")
+    if c:
+        lines += ["", f"**Turncoat** ({c['seeds']} seeds, {c['honest']} honest peers, the best-paid uploads noise from "
+                  f"window {c['switch']} of {c['windows']}, tiny model): windows it keeps ≥ {LOST:.0%} of the weight, "
+                  f"switch window counted: median {c['median']}, max {c['max']}, never lost in {c['never']} "
+                  f"(per seed {c['windows_to_lose']})"]
     return "\n".join(lines)
 
 
@@ -222,11 +310,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--honest", type=int, default=FULL["honest"])
     parser.add_argument("--tiny", action="store_true", help="the tiny model of the quick mode")
     parser.add_argument("--workers", type=int, default=2, help="worker processes (one torch thread each)")
+    parser.add_argument("--turncoat", action="store_true", help="also measure the turncoat (tiny model)")
+    parser.add_argument("--turncoat-only", action="store_true", help="only the turncoat")
     parser.add_argument("--out", help="write the result as JSON")
+    parser.add_argument("--trace-dir", help="write each seed's per-window records there (for pay_replay.py)")
     args = parser.parse_args(argv)
     cfg = {"seeds": args.seeds, "windows": args.windows, "honest": args.honest, "tiny": args.tiny}
-    result = measure(cfg, dict(args.lever), args.workers)
-    print(markdown(result))
+    if args.turncoat_only:
+        result = {"turncoat": measure_turncoat({**TURNCOAT, "seeds": args.seeds}, dict(args.lever), args.workers)}
+        print(json.dumps({k: v for k, v in result["turncoat"].items() if k != "runs"}))
+    else:
+        result = measure(cfg, dict(args.lever), args.workers, args.trace_dir)
+        if args.turncoat:
+            result["turncoat"] = measure_turncoat({**TURNCOAT, "seeds": args.seeds}, dict(args.lever), args.workers)
+        print(markdown(result))
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
     return 0

@@ -11,7 +11,8 @@ from dso.codec import DeMoCodec
 from dso.model import build_model, parameter_shapes
 from dso.rejections import Reason, Rejection
 from scoring import ValidatorState, score_window
-from scoring.window import penalty_multiplier
+from scoring.pay import pay
+from scoring.window import is_banned, penalty_multiplier
 
 SECRET = "7a" * 16
 PHI = 0.75
@@ -45,6 +46,7 @@ def test_one_window_of_offences_costs_what_the_table_says(setup, commit_reveal):
     state = ValidatorState.new(secret=SECRET)
     for uid in range(1, 9):
         state.peer(uid).mu = 0.4
+    state.weights = {uid: 1 / 8 for uid in range(1, 9)}  # everyone was paid last window: nothing carries over
     report = score(setup, state, 0, {u: Rejection(r, "test") for u, r in OFFENCES.items()}, range(1, 9))
     if commit_reveal:  # φ·(1 − slash): 0.75, 0.75·0.95, 0.75·0.8, 0.75·0.5; format = invalid 0.75·0.8; others φ
         want = {1: 0.3, 2: 0.285, 3: 0.24, 4: 0.15, 5: 0.24, 6: 0.3, 7: 0.3, 8: 0.3}
@@ -58,6 +60,10 @@ def test_one_window_of_offences_costs_what_the_table_says(setup, commit_reveal):
     assert invalid == {uid: counted.get(uid, 0) for uid in range(1, 9)}
     assert state.peers[3].offences["commit"] == 1 and state.peers[5].offences["format"] == 1
     assert sorted(report.rejections) == list(range(1, 9))  # each penalised exactly once
+    # the pay: nobody is paid in a window in which it failed a check, whatever its μ and its last posted weight
+    # (the smoothing keeps no share for it; scoring/pay.py)
+    assert all(w == 0.0 for w in report.weights.values()) and not report.top_g
+    assert [state.peers[uid].copies for uid in range(1, 9)] == [0, 0, 0, 1, 0, 0, 0, 0]
 
 
 def test_the_third_invalid_update_bans_until_the_hotkey_changes(setup):
@@ -76,13 +82,20 @@ def test_the_third_invalid_update_bans_until_the_hotkey_changes(setup):
     assert state.peers[1].offences["invalid"] == 3
     assert state.peers[3].mu == pytest.approx(0.4 * 0.7125 ** 3) and "invalid" not in state.peers[3].offences
 
-    # the banned uid earns again by proof of computation and rating (set by hand): still no weight, no list
+    # the banned uid earns again by proof of computation and rating (set by hand): still no weight.  The pay rule
+    # on the stored state (scoring/pay.py), nobody failing a check: the two others share the weight, uid 1 gets none
     for uid in active:
         state.peers[uid].mu, state.peers[uid].rating_mu, state.peers[uid].rating_sigma = 0.5, 30.0, 1.0
+        state.peers[uid].eval_count = 10  # a record of evaluations: the proof of computation passes
+    banned = {uid for uid in active if is_banned(state.peers[uid], hp)}
+    assert banned == {1}
+    _, scores, weights, _ = pay({uid: state.peers[uid] for uid in active}, hp, {}, banned)
+    assert scores[2] > 0 and weights[2] > 0.4 and weights[3] > 0
+    assert weights[1] == 0.0 and scores[1] <= 0
+    # a window in which nobody uploads: a missing upload fails the fast check, so nobody is paid in it (issue 17)
+    # and nobody enters the list — the banned uid least of all
     report = score(setup, state, 3, {}, active)
-    assert report.scores[2] > 0 and report.weights[2] > 0.4 and report.weights[3] > 0
-    assert report.weights[1] == 0.0 and report.scores[1] <= 0 and 1 not in report.top_g
-    assert set(report.top_g) == {2, 3}
+    assert report.weights == {1: 0.0, 2: 0.0, 3: 0.0} and report.scores[1] <= 0 and not report.top_g
 
     # the uid changes hands: a new hotkey starts clean
     report = score(setup, state, 4, {}, {**active, 1: "hk-new-owner"})

@@ -89,8 +89,10 @@ def test_miner_records_become_metrics():
     assert math.isnan(value(m, "dso_inner_steps"))     # unknown until a record carries it
     record = {"window": 3, "loss": 4.1, "uploaded": True, "bytes_up": 8000, "bytes_down": 16000, "t_train": 1.0,
               "t_total": 3.9, "tokens": 256, "train_bits_per_byte": 1.9, "aggregated": "aggregated 2/2 peers (leader)",
-              "gather_seconds": {"1": 0.02, "2": 0.04}}
+              "gather_seconds": {"1": 0.02, "2": 0.04},
+              "timings": {"upload": 0.6, "wait": 0.3, "apply": 0.8, "cpu": 2.2}}
     m.observe(record)
+    assert [value(m, "dso_step_seconds", step=s) for s in ("upload", "wait", "apply", "cpu")] == [0.6, 0.3, 0.8, 2.2]
     assert value(m, "dso_train_loss_nats_per_token") == pytest.approx(4.1)
     assert value(m, "dso_train_loss_bits_per_byte") == pytest.approx(1.9)
     assert value(m, "dso_utilisation_ratio") == pytest.approx(0.25)

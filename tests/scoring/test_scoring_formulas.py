@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 from scipy.stats import rankdata
 
-from scoring.formulas import (MU_MAX, MU_MIN, competition_ranks, loss_delta, normalise_weights, peer_score,
-                              penalise, poc_update, sync_score, top_g)
+from scoring.formulas import (MU_MAX, MU_MIN, competition_ranks, help_ratio, helped_recently, last_update_helped,
+                              loss_delta, normalise_weights, peer_score, penalise, poc_no_work, poc_passes, poc_update,
+                              smooth_weights, sync_score, top_g)
 
 
 # ------------------------------------------------------------- proof of computation
@@ -21,6 +22,12 @@ def test_poc_update_hand_values():
     mu = poc_update(mu, 0.1, 0.2, 0.95)                   # 0.95·0.0975 − 0.05
     assert mu == pytest.approx(0.042625, abs=1e-15)
     assert poc_update(0.4, 0.1, 0.1, 0.95) == pytest.approx(0.38)   # equal deltas: pure decay
+
+
+def test_an_update_that_does_no_good_counts_against_the_proof():
+    assert poc_no_work(0.4, 0.95) == pytest.approx(0.33)          # 0.95·0.4 − 0.05, where equal deltas give 0.38
+    assert poc_no_work(0.0, 0.95) == pytest.approx(-0.05)
+    assert poc_no_work(MU_MIN, 0.95) == MU_MIN and poc_no_work(math.nan, 0.9) == MU_MIN
 
 
 def test_poc_update_magnitude_does_not_matter_only_sign():
@@ -102,38 +109,52 @@ def test_sync_score_non_finite_peer_value_fails_and_bad_inputs_raise():
 
 
 # ---------------------------------------------------------------- peer score
-def test_peer_score_is_the_product_when_both_positive():
-    assert peer_score(0.5, 4.0) == 2.0
-    assert peer_score(0.05, 3.0) == pytest.approx(0.15)
+@pytest.mark.parametrize("mu, evaluations, passed", [(0.0, 0, False), (0.4, 0, False), (0.0, 1, True),
+                                                     (-0.25, 3, True), (-0.2501, 3, False), (0.31, 20, True),
+                                                     (MU_MIN, 20, False), (math.nan, 5, False)])
+def test_proof_of_computation_passes_once_evaluated_and_at_or_above_the_floor(mu, evaluations, passed):
+    assert poc_passes(mu, evaluations, floor=-0.25) is passed
 
 
-@pytest.mark.parametrize("mu, rating", [(-0.5, -4.0), (-0.05, -20.0), (0.5, -4.0), (-0.5, 4.0), (0.0, 5.0),
-                                        (0.3, 0.0), (0.0, 0.0)])
-def test_peer_score_never_positive_unless_both_factors_are(mu, rating):
-    assert peer_score(mu, rating) <= 0
-    assert peer_score(mu, rating) == min(mu, rating)
+def test_a_peer_that_does_no_work_fails_the_proof_after_six_evaluations():
+    # μ_n = −(1 − 0.95ⁿ): −0.2262 after 5 no-work verdicts (still passes −0.25), −0.2649 after 6
+    mu, passing = 0.0, []
+    for n in range(1, 9):
+        mu = poc_no_work(mu, 0.95)
+        passing.append(poc_passes(mu, n, -0.25))
+    assert mu == pytest.approx(-(1 - 0.95 ** 8))
+    assert passing == [True] * 5 + [False] * 3
+
+
+@pytest.mark.parametrize("mu, rating, passed, score", [(0.0, 20.8, True, 20.8), (-0.2, 20.8, True, 20.8),
+                                                       (0.0, 20.8, False, 0.0), (-0.3, 20.8, False, -0.3),
+                                                       (0.1, 0.0, True, 0.0), (0.1, -3.5, True, -3.5),
+                                                       (-0.3, -3.5, False, -3.5)])
+def test_peer_score_is_the_rating_when_the_proof_passes_and_never_positive_when_it_fails(mu, rating, passed, score):
+    assert peer_score(mu, rating, passed) == score
 
 
 def test_two_negatives_never_make_a_reward():
     naive = -0.3 * -18.9
-    assert naive > 5                              # what the published formula pays
-    assert peer_score(-0.3, -18.9) < 0
-    weights = normalise_weights({1: peer_score(0.2, 10.0), 2: peer_score(-0.3, -18.9), 3: 0.0}, 2.0)
+    assert naive > 5                              # what the published formula μ·LossRating pays
+    assert peer_score(-0.3, -18.9, poc_passes(-0.3, 10, -0.25)) == -18.9
+    weights = normalise_weights({1: peer_score(0.1, 10.0, True), 2: peer_score(-0.3, -18.9, False), 3: 0.0}, 2.0)
     assert weights[2] == 0.0 and weights[1] == 1.0
 
 
 def test_peer_score_is_monotone_so_a_penalty_never_raises_it():
-    grid = np.linspace(-3, 3, 25)
-    for mu, rating in itertools.product(np.linspace(MU_MIN, MU_MAX, 25), grid):  # μ lives in its bounds
+    def score(mu: float, rating: float) -> float:
+        return peer_score(mu, rating, poc_passes(mu, 5, -0.25))
+    for mu, rating in itertools.product(np.linspace(MU_MIN, MU_MAX, 25), np.linspace(-30, 30, 25)):
         mu, rating = float(mu), float(rating)
-        s = peer_score(mu, rating)
-        assert peer_score(mu + 0.1, rating) >= s
-        assert peer_score(mu, rating + 0.1) >= s
-        assert peer_score(penalise(mu, 0.75), rating) <= s
+        s = score(mu, rating)
+        assert score(min(mu + 0.1, MU_MAX), rating) >= s and score(mu, rating + 0.1) >= s
+        assert score(penalise(mu, 0.75), rating) <= s
 
 
 def test_peer_score_non_finite_gets_no_weight_and_stays_finite():
-    assert peer_score(math.nan, 1.0) == MU_MIN and peer_score(0.5, math.inf) == MU_MIN
+    assert peer_score(math.nan, 1.0, True) == MU_MIN and peer_score(0.5, math.inf, True) == MU_MIN
+    assert peer_score(-0.3, -math.inf, False) == MU_MIN
 
 
 # ------------------------------------------------------------- normalisation
@@ -168,6 +189,80 @@ def test_normalise_nobody_to_pay_gives_all_zeros():
     assert normalise_weights({1: 0.4}, 2.0) == {1: 1.0}         # one positive peer takes it all
     assert normalise_weights({1: math.nan, 2: 0.5, 3: 0.0}, 2.0) == {1: 0.0, 2: 1.0, 3: 0.0}
     assert normalise_weights({}, 2.0) == {}
+
+
+# ------------------------------------------------------------- the pay gate (issue 17)
+@pytest.mark.parametrize("loss_score, paid", [(0.003, True), (1e-12, True), (None, True), (0.0, False),
+                                              (-0.002, False), (-math.inf, False), (math.nan, False)])
+def test_only_a_peer_whose_last_update_lowered_the_loss_may_be_paid(loss_score, paid):
+    assert last_update_helped(loss_score) is paid
+
+
+@pytest.mark.parametrize("ratios, paid", [([0.9, 0.2], True),          # exactly the share
+                                          ([0.9, 0.1999, 0.05], False),  # the last two below it: cut
+                                          ([0.9, -1.0], True),           # one update that did no work: paid
+                                          ([0.8, -1.0, 0.9], True),
+                                          ([-1.0, 0.9, -1.0], False),    # two of three did no work: cut
+                                          ([0.1], False),                # one evaluation: its own ratio
+                                          ([-1.0], False),
+                                          ([], True)])                   # never evaluated: not held against it
+def test_the_help_gate_reads_the_last_two_ratios_and_the_no_work_count(ratios, paid):
+    assert helped_recently(ratios, share=0.2) is paid
+
+
+@pytest.mark.parametrize("loss_score, median, ratio", [(0.004, 0.008, 0.5), (0.02, 0.008, 1.0), (0.0, 0.008, -1.0),
+                                                       (-0.004, 0.008, -1.0), (-0.1, 0.008, -1.0),
+                                                       (0.003, -0.002, 1.0), (0.003, None, 1.0),
+                                                       (-0.003, None, -1.0), (math.nan, 0.008, -1.0),
+                                                       (0.003, math.nan, 1.0), (-math.inf, 0.008, -1.0)])
+def test_help_ratio_hand_values(loss_score, median, ratio):
+    assert help_ratio(loss_score, median) == ratio
+
+
+def test_an_honest_peer_survives_one_low_draw_and_a_turncoat_is_cut_at_its_second_bad_evaluation():
+    low = help_ratio(-0.0001, 0.004)                          # late in a run: an honest LossScore ≤ 0
+    assert low == -1.0 and helped_recently([0.9, 1.0, low], 0.2)
+    assert not helped_recently([1.0, low, help_ratio(0.0006, 0.004)], 0.2)   # then 0.15 × the median: cut
+    noise = help_ratio(0.0002, 0.004)                         # noise scoring 0.05 × the median by chance
+    assert noise == pytest.approx(0.05)
+    assert helped_recently([1.0, 1.0, noise], 0.2) and not helped_recently([1.0, noise, noise], 0.2)
+    # noise that scores above the share once is still cut if it did no work in two of three evaluations
+    assert not helped_recently([help_ratio(-1e-4, 0.004), help_ratio(-1e-5, 0.004), 0.3], 0.2)
+
+
+# ------------------------------------------------------------- smoothing (issue 17)
+def test_smooth_weights_hand_values():
+    # 0.5·(0.2, 0.8) + 0.5·(0.5, 0.5) = (0.35, 0.65): sums to 1, nothing to renormalise
+    assert smooth_weights({1: 0.5, 2: 0.5}, {1: 0.2, 2: 0.8}, 0.5) == pytest.approx({1: 0.35, 2: 0.65})
+    # a newcomer has no history: 0.25·(0.5, 0.5) + 0.75·(1, 0) = (0.875, 0.125)
+    assert smooth_weights({1: 1.0}, {1: 0.5, 2: 0.5}, 0.25) == pytest.approx({1: 0.875, 2: 0.125})
+    assert smooth_weights({}, {1: 0.3, 2: 0.7}, 0.4) == pytest.approx({1: 0.3, 2: 0.7})
+
+
+def test_smooth_weights_drops_an_unpaid_peer_at_once_and_renormalises():
+    # peer 3 is not paid this window: 0 at once, not 0.5·0.2; (0.55, 0.35) / 0.9
+    got = smooth_weights({1: 0.5, 2: 0.3, 3: 0.2}, {1: 0.6, 2: 0.4, 3: 0.0}, 0.5)
+    assert got == pytest.approx({1: 0.55 / 0.9, 2: 0.35 / 0.9, 3: 0.0})
+    assert got[3] == 0.0 and math.fsum(got.values()) == pytest.approx(1.0, abs=1e-15)
+    assert smooth_weights({1: 0.5}, {1: 0.0, 2: 0.0}, 0.5) == {1: 0.0, 2: 0.0}   # nobody paid: nothing posted
+    assert 9 not in smooth_weights({9: 1.0}, {1: 1.0}, 0.5)                      # a peer that left is not posted
+
+
+def test_smooth_weights_is_a_geometric_approach_and_rate_one_is_no_smoothing():
+    w = {1: 1.0, 2: 0.0}
+    for expected in ((0.75, 0.25), (0.625, 0.375), (0.5625, 0.4375)):   # 0.5 + 0.5^n · 0.5
+        w = smooth_weights(w, {1: 0.5, 2: 0.5}, 0.5)
+        assert (w[1], w[2]) == pytest.approx(expected, abs=1e-15)
+    assert smooth_weights({1: 0.9, 2: 0.1}, {1: 0.25, 2: 0.75}, 1.0) == {1: 0.25, 2: 0.75}
+    for bad in (0.0, -0.1, 1.5, math.nan):
+        with pytest.raises(ValueError):
+            smooth_weights({}, {1: 1.0}, bad)
+
+
+def test_smooth_weights_ignores_damaged_history():
+    # a NaN or out-of-range previous weight counts as 0 / 1, never poisons the row
+    got = smooth_weights({1: math.nan, 2: 7.0}, {1: 0.5, 2: 0.5}, 0.5)
+    assert got == pytest.approx({1: 0.25 / 1.0, 2: 0.75 / 1.0})
 
 
 # ------------------------------------------------------------------- top-G

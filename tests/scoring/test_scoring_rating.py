@@ -5,16 +5,17 @@ import math
 
 import pytest
 
-from scoring.rating import (RATING_MU_BOUND, SIGMA_MAX, SIGMA_MIN, bound_rating, initial_rating, ordinal,
+from scoring.rating import (RATING_MU_BOUND, SIGMA_MAX, SIGMA_MIN, bound_rating, initial_rating, model, ordinal,
                             rate_match)
 
 BETA, TAU, KAPPA = 25 / 6, 25 / 300, 1e-4
 
 
-def plackett_luce_oracle(ratings: list[tuple[float, float]], ranks: list[int]) -> list[tuple[float, float]]:
+def plackett_luce_oracle(ratings: list[tuple[float, float]], ranks: list[int], beta: float = BETA,
+                         tau: float = TAU) -> list[tuple[float, float]]:
     """Weng & Lin (2011) Algorithm 4, one player per team, distinct ranks, after the τ dynamics step."""
-    var = [s * s + TAU * TAU for _, s in ratings]
-    c = math.sqrt(sum(v + BETA * BETA for v in var))
+    var = [s * s + tau * tau for _, s in ratings]
+    c = math.sqrt(sum(v + beta * beta for v in var))
     e = [math.exp(mu / c) for mu, _ in ratings]
     n = len(ratings)
     sum_q = [sum(e[i] for i in range(n) if ranks[i] >= ranks[q]) for q in range(n)]
@@ -48,6 +49,21 @@ def test_match_matches_weng_lin_oracle():
         assert after[uid][0] == pytest.approx(mu, rel=1e-12)
         assert after[uid][1] == pytest.approx(sigma, rel=1e-12)
     assert after[2][0] > before[2][0] and after[9][0] < before[9][0]
+
+
+@pytest.mark.parametrize("beta, tau", [(7.0, 0.1), (4.0, 1.0)])
+def test_match_with_other_beta_and_tau_matches_the_oracle(beta, tau):
+    before = {4: (25.0, 25 / 3), 9: (27.0, 6.0), 2: (22.0, 7.5)}
+    after = rate_match(before, {4: 0.02, 9: -0.01, 2: 0.05}, beta, tau)
+    for uid, (mu, sigma) in zip([2, 4, 9], plackett_luce_oracle([before[u] for u in (2, 4, 9)], [0, 1, 2], beta, tau)):
+        assert after[uid] == pytest.approx((mu, sigma), rel=1e-12)
+    assert after != rate_match(before, {4: 0.02, 9: -0.01, 2: 0.05})   # the parameters are used
+    with pytest.raises(ValueError):
+        model(0.0, 0.1)
+
+
+def test_ordinal_takes_z():
+    assert ordinal((25.0, 5.0)) == 10.0 and ordinal((25.0, 5.0), 1.0) == 20.0 and ordinal((25.0, 5.0), 0.0) == 25.0
 
 
 def test_winner_rating_rises_loser_falls_from_fresh():

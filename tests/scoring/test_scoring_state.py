@@ -16,7 +16,8 @@ def sample_state() -> ValidatorState:
     state.peers[3] = PeerState(hotkey="5Fhot", mu=0.1 + 0.2, rating_mu=27.123456789012345, rating_sigma=7.9,
                                loss_score=-math.inf, delta_assigned=1e-300, sync_score=math.inf, eval_count=4,
                                last_eval_window=40, last_fast_window=41, offences={"sync": 2, "timing": 1},
-                               last_offence="too_late: 12 s after close")
+                               last_offence="too_late: 12 s after close", copies=2, passes=7,
+                               help_ratios=[-1.0, 0.375])
     state.peers[11] = PeerState(mu=-0.049999999999999996)
     state.top_g, state.evaluated, state.fast = [3], [3, 11], [3, 11]
     state.weights = {3: 1 / 3, 11: 2 / 3}
@@ -73,6 +74,10 @@ def test_save_is_atomic_and_leaves_no_temp_files(tmp_path, monkeypatch):
     (lambda d: d["peers"]["3"].update(mu="lots"), "peers.3.mu"),
     (lambda d: d["peers"]["3"].update(mu="inf"), "finite"),
     (lambda d: d["peers"]["3"].update(eval_count=True), "eval_count"),
+    (lambda d: d["peers"]["3"].update(copies=-1), "peers.3.copies"),
+    (lambda d: d["peers"]["3"].update(passes="2"), "peers.3.passes"),
+    (lambda d: d["peers"]["3"].update(help_ratios=[0.5, 1.5]), "peers.3.help_ratios.1."),
+    (lambda d: d["peers"]["3"].update(help_ratios=["nan"]), "peers.3.help_ratios.0."),
     (lambda d: d["peers"]["3"].update(rating_sigma=0.0), "rating_sigma"),
     (lambda d: d["peers"]["3"]["offences"].update(bribery=1), "bribery"),
     (lambda d: d["peers"].update({"x": d["peers"]["3"]}), "not a uid"),
@@ -144,3 +149,15 @@ def test_standing_orders_peers_by_last_weight_then_mu_then_uid():
         state.peers[uid] = PeerState(mu=mu)
     state.weights = {3: 0.6, 1: 0.4}
     assert state.standing() == [3, 1, 2, 4, 5]
+
+
+def test_a_state_saved_before_the_copy_record_loads_with_an_empty_record(tmp_path):
+    data = sample_state().to_dict()
+    for peer in data["peers"].values():
+        del peer["copies"], peer["passes"], peer["help_ratios"]
+    path = tmp_path / "state.json"
+    path.write_text(json.dumps(data))
+    again = load(path, run_digest="abc123")
+    assert (again.peers[3].copies, again.peers[3].passes) == (0, 0)
+    assert again.peers[3].help_ratios == []   # no help record yet
+    assert again.peers[3].mu == 0.1 + 0.2

@@ -13,7 +13,8 @@ from dso.rejections import Reason, Rejection
 from dso.train import evaluate, learning_rate
 from scoring import ValidatorState, WindowAlreadyScored, load, plan_fast_set, score_window
 from scoring.evaluation import ParameterSnapshot, evaluate_peer, update_signs
-from scoring.formulas import peer_score, poc_update
+from scoring.formulas import helped_recently, peer_score, poc_passes, poc_update
+from scoring.rating import ordinal
 
 SECRET = "5e" * 16
 
@@ -129,8 +130,12 @@ def test_penalties_persist_across_windows_and_scores_are_recomputed_from_them(hp
         else:
             assert mu == previous
         previous = mu
-        for uid in (0, 1):
-            assert report.scores[uid] == peer_score(state.peers[uid].mu, state.peers[uid].loss_rating)
+        for uid in (0, 1):  # the run's rule: LossRating μ − z·σ while μ passes its floor, nothing unless one of
+            peer = state.peers[uid]  # its last two updates helped
+            expected = peer_score(peer.mu, ordinal(peer.rating, hp.rating_z),
+                                  poc_passes(peer.mu, peer.eval_count, hp.poc_floor))
+            helped = helped_recently(peer.help_ratios, hp.help_share)
+            assert report.scores[uid] == (expected if helped else min(expected, 0.0))
     assert state.peers[1].offences == {"missing": 1} and first.rejections[1].startswith("missing")
 
 
@@ -188,7 +193,10 @@ def test_cold_start_top_g_is_the_passing_peers_by_uid(hp, dataset):
     del payloads[3]
     state = ValidatorState.new(secret=SECRET)
     report = run(net, state, 0, payloads)
-    assert all(s == 0 for s in report.scores.values())
+    # zero updates prove no work (μ = −0.05 for each evaluated one since issue 17), still above the PoC floor after
+    # one verdict, but a LossScore of 0 is not paid: everyone scores 0; uid 3 uploaded nothing
+    assert [state.peers[u].mu for u in (5, 7, 9)] == pytest.approx([-0.05] * 3) and state.peers[3].mu == 0
+    assert report.scores == {3: 0.0, 5: 0.0, 7: 0.0, 9: 0.0}
     assert report.top_g == [5, 7] and state.top_g == [5, 7]
     assert report.weights == {3: 0.0, 5: 0.0, 7: 0.0, 9: 0.0}
 

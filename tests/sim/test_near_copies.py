@@ -43,9 +43,12 @@ def test_each_new_attacker_gets_at_most_one_percent_and_honest_peers_keep_95(rec
 
 def test_disguised_copies_are_rejected_as_copies(records):
     uid = {role: ROLES.index(role) + 1 for role in ATTACKERS}
-    # with 2-bit values (the codec default since issue 13) the recompressed mix lands closer to the threshold:
-    # measured caught in 12 of 14 windows, and never paid (the test above)
-    assert sum(r.rejections.get(uid["mixer"]) == "duplicate" for r in records) >= len(records) - 2
+    # with 2-bit values (the codec default since issue 13) the recompressed mix lands close to the threshold
+    # (cosine 0.865–0.95 against mix = 0.9; an honest peer's own best mix reaches 0.84 in this mode), so how often
+    # it is caught depends on the trajectory: 9 of 14 windows here, 8–12 with seeds 1–3 (the rule before
+    # issue 17's pay rule: 12 here, 9–13).  It is never paid (the test above): a peer caught as a copy in at
+    # least as many windows as it passed gets nothing in the windows it slips through (scoring/pay.py)
+    assert sum(r.rejections.get(uid["mixer"]) == "duplicate" for r in records) >= len(records) // 2
     assert all(r.rejections.get(uid["replayer"]) == "duplicate" for r in records[1:])  # nothing to replay at t=0
     assert all(r.rejections.get(uid["hider"]) == "too_late" for r in records)
     # noisycopy, scaledcopy and backdater copy uid 1: one group of four, seen together at the close, so in each
