@@ -5,7 +5,9 @@ own weights when it keeps training through the put window — take up to
 ``H = min(inner.steps_max, len(assignment) // batch_size, the caller's limit)`` optimiser steps,
 step i on sequences ``[i·B, (i+1)·B)`` of the peer's assignment, and stop at the deadline: when a full
 step would overrun it, a last step on the quarters of the batch that still fit (a window's time is used,
-not left idle for up to a step), else none.  The pseudo-gradient is ``anchor − θ_local``.
+not left idle for up to a step), else none; a step that runs past the deadline anyway (the machine got
+slower mid-step) ends at the next micro-batch, on the sequences it has seen.  The pseudo-gradient is
+``anchor − θ_local``.
 
 Mode ``gradient`` (the Gauntlet paper's): one gradient of the first B assigned sequences at the
 anchor; the update is that gradient and the weights do not move.
@@ -196,7 +198,9 @@ class InnerLoop:
                 report.stopped = "deadline"
                 break
             done = report.sequences
-            loss = self._step(assignment[done:done + size], inner_lr(self.cfg, window, self.step_count))
+            overran = None if deadline is None else (lambda: clock() >= deadline)
+            loss, size = self._step(assignment[done:done + size], inner_lr(self.cfg, window, self.step_count),
+                                    overran)
             if not math.isfinite(loss):
                 report.stopped = "non_finite"
                 break
@@ -222,19 +226,28 @@ class InnerLoop:
         fits = int(room // (per_sequence * granule)) * granule
         return fits if 0 < fits < batch else 0
 
-    def _step(self, batch: torch.Tensor, lr: float) -> float:
-        """One optimiser step on ``batch`` (gradient accumulation over micro-batches); a non-finite
-        loss or gradient leaves the weights untouched."""
+    def _step(self, batch: torch.Tensor, lr: float,
+              overran: Callable[[], bool] | None = None) -> tuple[float, int]:
+        """One optimiser step on ``batch`` (gradient accumulation over micro-batches) → (mean loss, sequences
+        used).  ``overran`` is asked after each micro-batch but the last: True ends the step there, on the
+        sequences seen so far (their mean gradient).  A non-finite loss or gradient leaves the weights
+        untouched."""
         self.model.zero_grad(set_to_none=True)
         device = next(iter(self.params.values())).device
-        total, n = 0.0, batch.shape[0]
-        for s in range(0, n, self.hp.micro_batch):
-            part = batch[s:s + self.hp.micro_batch].to(device)
+        total, n, seen = 0.0, batch.shape[0], 0
+        while seen < n and not (seen and overran is not None and overran()):
+            part = batch[seen:seen + self.hp.micro_batch].to(device)
             with mixed_precision(part.device):  # bf16 forward on CUDA; weights, grads and AdamW state stay fp32
                 loss = self.model.loss(part) * (part.shape[0] / n)
             loss.backward()  # type: ignore[no-untyped-call]  # torch leaves Tensor.backward unannotated
             total += loss.item()
+            seen += part.shape[0]
         params = list(self.params.values())
+        if seen < n:  # cut short: the terms were weighted for n sequences, the mean is over `seen`
+            total *= n / seen
+            for p in params:
+                if p.grad is not None:
+                    p.grad.mul_(n / seen)
         norm = torch.nn.utils.clip_grad_norm_(params, self.cfg.clip_norm if self.cfg.clip_norm > 0 else math.inf)
         if math.isfinite(total) and bool(torch.isfinite(norm)):
             assert self.optimizer is not None  # steps mode builds one
@@ -245,7 +258,7 @@ class InnerLoop:
         else:
             total = math.nan
         self.model.zero_grad(set_to_none=True)
-        return total
+        return total, seen
 
     @torch.no_grad()
     def pseudo_gradient(self) -> dict[str, torch.Tensor]:

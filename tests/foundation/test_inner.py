@@ -39,9 +39,9 @@ class StepClock:
         self.now = 0.0
         step = loop._step
 
-        def timed(batch, lr):
+        def timed(batch, lr, overran=None):
             self.now += batch.shape[0] / loop.hp.batch_size
-            return step(batch, lr)
+            return step(batch, lr, overran)
         loop._step = timed
 
     def __call__(self) -> float:
@@ -124,6 +124,35 @@ def test_a_shortened_last_step_is_adamw_on_the_sequences_it_took():
         twin._step(rows, hp.inner.lr)
     for (n, p), q in zip(model.named_parameters(), reference.parameters()):
         assert torch.equal(p, q), n
+
+
+def test_a_step_that_runs_past_the_deadline_ends_at_the_next_micro_batch():
+    """The machine slowed down mid-step: the first micro-batch ends after the deadline, so the step is taken on
+    the sequences seen (their mean gradient) — exactly a plain step on sequences [0, 2) — and the call stops."""
+    hp = _hp(steps_max=8, warmup_steps=0)                 # batch 4, micro-batches of 2
+    model = build_model(hp.model, 3)
+    reference = copy.deepcopy(model)
+    loop = InnerLoop(model, hp)
+    loop.start()
+    now = [0.0]
+    forward = model.loss
+
+    def slow_loss(part):                                   # every micro-batch takes 1 s: a step takes 2
+        now[0] += 1.0
+        return forward(part)
+    model.loss = slow_loss
+    data = _data(40, seed=7)
+    r = loop.train(0, data, deadline=0.5, clock=lambda: now[0], step_seconds=0.4)  # predicted to fit
+    assert (r.steps, r.sequences, r.stopped) == (1, 2, "deadline")
+    twin = InnerLoop(reference, hp)
+    twin.start()
+    loss, used = twin._step(data[0:2], hp.inner.lr)
+    assert used == 2 and r.losses[0] == pytest.approx(loss, rel=1e-6)
+    for (n, p), q in zip(model.named_parameters(), reference.parameters()):
+        assert torch.equal(p, q), n                       # the rescale by 4/2 is exact
+    now[0] = 0.0                                           # no deadline: the whole batch, as before
+    assert loop._step(data[4:8], hp.inner.lr, lambda: True)[1] == 2
+    assert loop._step(data[4:8], hp.inner.lr)[1] == 4
 
 
 def test_fitting_batch():
