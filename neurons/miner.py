@@ -54,6 +54,7 @@ log = logging.getLogger("dso.miner")
 UPLOAD_MARGIN = 0.5     # an upload started later than this before the put window closes would land late
 BUNDLE_MARGIN = 3.0     # how long past the validator's gather deadline a miner waits for the window's bundle
 ENCODE_SECONDS = 1.0    # first guess of error feedback + payload + upload time, until one is measured
+ENCODE_MARGIN = 0.5     # added to the measured time: a miner's CPU share varies from one window to the next
 
 
 class Miner:
@@ -82,6 +83,7 @@ class Miner:
             log.info("restored the inner optimiser's state from %s (%d steps so far)", self.inner_file,
                      self.inner.step_count)
         self.encode_seconds = ENCODE_SECONDS
+        self.trained_at = 0.0    # when the last window's inner training ended (time.time())
         self.report, self.ahead_steps = InnerReport(), 0
         self.timings: dict[str, float] = {}  # the window's steps other than training (its JSON record)
         self.step_seconds = 0.0  # a full inner step, as the last window measured it: bounds the next deadline
@@ -176,13 +178,15 @@ class Miner:
         own, loss = self.train(t)
         self.drop_ahead()  # a train() that did not use the steps taken ahead (nothing to upload): θ_t again
         trained = time.time()
+        if own is not None:  # pseudo-gradient, error feedback and compression, after the inner steps
+            self.timings["encode"] = round(trained - self.trained_at, 3)
         if not ctx.clock.sleep_until(put.open, ctx.stop):
             return
         up_started = time.time()
         uploaded = self.upload(t, own, put)
         self.timings["upload"] = round(time.time() - up_started, 3)
-        if uploaded:  # the next deadline leaves this much (plus the compression, inside t_train) for the upload
-            self.encode_seconds = min(ENCODE_SECONDS + time.time() - up_started, ctx.hp.put_window_seconds)
+        if uploaded:  # the next deadline leaves this much for what follows training: compression and upload
+            self.encode_seconds = min(ENCODE_MARGIN + time.time() - self.trained_at, ctx.hp.put_window_seconds)
         applied = self.follow(t)
         if own is not None:
             self.save_state()
@@ -238,6 +242,7 @@ class Miner:
                             "not uploading", t, self.step_seconds)
                 return None, float("nan")
             self.report = self.inner.train(t, data, batch_size=hp.batch_size, max_steps=1)
+        self.trained_at = time.time()  # from here to the upload's end is what the training deadline must leave
         grads, loss = self.inner.pseudo_gradient(), self.report.mean_loss
         self.inner.restore_anchor()  # back to θ_t: sync samples, the payload's model hash and the bundle start there
         done = data[:self.report.sequences]
