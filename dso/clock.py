@@ -6,7 +6,8 @@ an object counts if its server LastModified is in ``[open - 1 s, close]``.
 
 With commit-reveal (``hparams.commit_reveal``) the put window carries only the
 commitments; the payloads follow in the *reveal window*, which starts when the
-put window closes and is as long (docs/extensions.md §2).
+put window closes and is as long plus COMMIT_LOOK_DELAY: reveals wait until the
+validators have looked at the commitments (docs/extensions.md §2).
 """
 from __future__ import annotations
 
@@ -23,6 +24,9 @@ TOLERANCE_SECONDS = 1.0  # S3 LastModified has one-second resolution
 # once it lands more than TOLERANCE_SECONDS after the close.
 GATHER_SETTLE_SECONDS = 1.5
 EVAL_BLOCK_GRACE_SECONDS = 30.0  # how long past its scheduled time the eval-seed block is waited for
+LOOK_MARGIN_SECONDS = 0.25  # clock skew between a validator and the peers' servers its looks allow for
+COMMIT_LOOK_SECONDS = 0.75  # commit-reveal: the validators' look at the commitments, before any reveal
+COMMIT_LOOK_DELAY = LOOK_MARGIN_SECONDS + COMMIT_LOOK_SECONDS  # how much later reveals start for that look
 
 
 @dataclass(frozen=True)
@@ -113,16 +117,29 @@ class Clock:
             time.sleep(min(step, remaining))
 
 
+def certain_after(close: float, margin: float = LOOK_MARGIN_SECONDS) -> float:
+    """The earliest moment an absence proves lateness: an object written from then on has a whole-second
+    LastModified > ``close`` on an honest server, and ``margin`` covers clock skew (storage/look.py)."""
+    return math.floor(close) + TOLERANCE_SECONDS + margin
+
+
 def reveal_window_after(put: PutWindow) -> PutWindow:
-    """The reveal window that follows a put window: same length, opening at its close."""
-    return PutWindow(put.window, put.close, put.close + (put.close - put.open))
+    """The reveal window that follows a put window: opening at its close, as long plus COMMIT_LOOK_DELAY (the
+    reveals start that much later, once the validators have looked at the commitments)."""
+    return PutWindow(put.window, put.close, put.close + (put.close - put.open) + COMMIT_LOOK_DELAY)
+
+
+def commit_look_ends(put: PutWindow) -> float:
+    """When the validators' look at the commitments must be over: the reveals begin then."""
+    return certain_after(put.close) + COMMIT_LOOK_SECONDS
 
 
 def reveal_time(put: PutWindow, margin: float = 0.05) -> float:
-    """Earliest moment a miner may reveal: once the second *after* the put window's close has begun.
+    """Earliest moment a miner may reveal: once the validators' look at the commitments is over.
 
     S3 LastModified has whole-second resolution (truncated), so a commitment uploaded at time x counts
-    as in time while floor(x) <= close.  A reveal that lands at or after floor(close) + 1 can only be
-    read by someone whose own commitment then carries LastModified >= floor(close) + 1 > close: too
-    late.  Revealing any earlier would open a window of up to a second for a copier."""
-    return math.floor(put.close) + 1.0 + margin
+    as in time while floor(x) <= close, and a peer serving its own bucket can forge it anyway.  So the
+    validators look at every commitment from :func:`certain_after` the close (a commitment absent then was
+    written late) until :func:`commit_look_ends`; a commitment seen by then was made before anyone revealed,
+    blind.  Revealing any earlier would let a copier commit to a copy of a reveal before the look."""
+    return commit_look_ends(put) + margin

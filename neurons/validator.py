@@ -30,7 +30,7 @@ from dso.chain import ChainError
 from dso.chain.factory import open_chain
 from dso.chain.roles import VALIDATOR, role_of
 from dso.chain.writer import ChainWriter, WriteResult
-from dso.clock import GATHER_SETTLE_SECONDS
+from dso.clock import GATHER_SETTLE_SECONDS, certain_after, commit_look_ends
 from dso.config import Config
 from dso.config_sources import parse_args
 from dso.model import model_hash
@@ -53,7 +53,7 @@ from storage.cleanup import cleanup
 from storage.client import StorageError
 from storage.gather import GatherResult
 from storage.jsonobj import put_json
-from storage.look import LOOK_SECONDS, Look, Seen, certain_after, look, watch
+from storage.look import LOOK_SECONDS, Look, Seen, look, watch
 from storage.peers import PeersList, put_peers
 from storage.reveal import gather_window
 from storage.wire import Expect, Payload
@@ -62,6 +62,7 @@ log = logging.getLogger("dso.validator")
 BUNDLE_WAIT_SECONDS = 6.0  # a validator that does not lead waits this long past its own gather for the bundle
 SENIOR_WAIT_WINDOWS = 3    # at first start, how long to wait for a validator with more stake to start the run
 CAUGHT_UP_WINDOWS = 2      # a validator further behind the chain than this posts no weights (it does not lead)
+MIN_COMMIT_LOOK_SECONDS = 0.2  # commit-reveal: a look at the commitments with less time left than this is skipped
 
 
 class Validator:
@@ -95,6 +96,7 @@ class Validator:
         self.last_row: dict[int, float] = {u: w for u, w in mine.items() if u != ctx.uid and w > 0}
         self.gather_seconds: dict[int, float] = {}  # uid → seconds the last gather spent on it (for the metrics)
         self.look: Look | None = None  # what the last look at the close of the uploads saw (storage/look.py)
+        self.commitments_look: Look | None = None  # commit-reveal: the look at the commitments, before the reveals
         self.previous_delta: dict | None = None       # the last aggregate Δ (a replay of it is a copy)
         self.bundle_published: float | None = None   # when this window's bundle went out (unix time)
 
@@ -112,6 +114,8 @@ class Validator:
             self.follow_leaders_run()
             t = self.book.model_window
             close = ctx.clock.uploads_close(t, ctx.hp.commit_reveal)
+            if ctx.hp.commit_reveal:
+                self.commitments_look = self.look_at_commitments(t)
             first = self.watch_uploads(t, close)
             if not ctx.clock.sleep_until(certain_after(close), ctx.stop):
                 break
@@ -221,6 +225,23 @@ class Validator:
                  found.summary())
         return found
 
+    def look_at_commitments(self, t: int) -> Look | None:
+        """Commit-reveal: look at every miner's commitment for window t after the put window closed and before
+        anyone reveals (dso.clock.reveal_time), so a commitment made late — or made after reading the reveals —
+        is caught whatever LastModified its server forges.  None (LastModified alone) when we are too late."""
+        ctx = self.ctx
+        put = ctx.clock.put_window(t)
+        if time.time() > commit_look_ends(put) - MIN_COMMIT_LOOK_SECONDS or not ctx.clock.sleep_until(
+                certain_after(put.close), ctx.stop):
+            return None
+        expect = Expect.from_hparams(ctx.hp, t, run=ctx.run)
+        found = look(t, self.commitments_of(ctx.peers.miners()), expect, put.close,
+                     budget=max(0.0, commit_look_ends(put) - time.time()), readers=ctx.readers,
+                     key_for=lambda uid: keys.commit(t, uid, expect.protocol_version, expect.run))
+        log.info("window %d: looked at the commitments %.2f s after the put window closed: %s", t,
+                 found.started - put.close, found.summary())
+        return found
+
     def commitments_of(self, uids: Iterable[int]) -> dict[int, str | None]:
         """uid → its commitment on chain (None without one), for ``uids``."""
         commitments = self.ctx.peers.commitments()
@@ -235,7 +256,8 @@ class Validator:
                              ctx.clock.put_window(t), ctx.cfg.storage.gather_deadline_seconds,
                              commit_reveal=ctx.hp.commit_reveal, readers=ctx.readers,
                              priority=self.scores.standing(), peer_seconds=self.gather_seconds,
-                             judge=self.look.judge if self.look is not None else None)
+                             judge=self.look.judge if self.look is not None else None,
+                             commitments_look=self.commitments_look)
 
     def leader_bundle(self, t: int) -> dict[int, Payload] | None:
         """What a validator that does not lead aggregates: the leader's bundle (None when leading, or when
@@ -278,6 +300,7 @@ class Validator:
         timings["engine"] = round(time.perf_counter() - mark - timings["gather"], 3)
         self.book.ledger_hash = record_hash(outcome.record)
         looked, self.previous_delta, self.look = self.look, outcome.aggregation.delta, None
+        looked_at_commitments, self.commitments_look = self.commitments_look, None
         self.book.lists = announce_list(self.book.lists, t, outcome.report.top_g)
         self.book.model_window = t + 1
         self.publish_window(t, outcome, t + LIST_LEAD)
@@ -296,6 +319,8 @@ class Validator:
                     bytes_down=ctx.own.client.bytes_down - received + got.bytes_down,
                     gather_seconds={str(u): round(s, 4) for u, s in self.gather_seconds.items()})
         line["look"] = looked.summary() if looked is not None else None  # how late the look ran (docs/scoring.md)
+        if ctx.hp.commit_reveal:
+            line["commitments_look"] = looked_at_commitments.summary() if looked_at_commitments is not None else None
         ctx.events.emit(line)
         log.info("window %d  val_loss %.4f (%.3f bits/byte)  aggregated %d  evaluated %s  rejected %s  %.1fs", t,
                  val_loss, line["val_bits_per_byte"],

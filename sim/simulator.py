@@ -207,10 +207,9 @@ class SimNet:
         if b == "late":
             return Rejection(Reason.NO_COMMIT, "commitment after the put window") if hp.commit_reveal else \
                 Rejection(Reason.TOO_LATE, "uploaded after the put window")
-        if b == "hider" and not hp.commit_reveal:  # its forged LastModified says in time; the look found nothing
-            return Rejection(Reason.TOO_LATE, "absent when the validator looked after the close")
-        # under commit-reveal the look is at the reveal deadline, and a late commitment with a forged time passes
-        # (docs/scoring.md, "Commit-reveal"): the hider's reveal is on time, so it counts like an honest upload
+        if b == "hider":  # its forged LastModified says in time; the look (at the commitments, under commit-reveal)
+            return Rejection(Reason.NO_COMMIT, "commitment absent when the validator looked") if hp.commit_reveal \
+                else Rejection(Reason.TOO_LATE, "absent when the validator looked after the close")
         if hp.commit_reveal and plan.reads_peers:
             return Rejection(Reason.REVEAL_MISMATCH, "committed blind, revealed a copy")
         if b == "malformed":

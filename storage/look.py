@@ -15,6 +15,11 @@ gather judges each payload it reads against that look (:meth:`Look.judge`):
   nothing: the payload is judged by the LastModified rule alone, as before issue 17.  The look runs on a loaded
   validator too, and a slow look must never make an honest, on-time miner late.
 
+Under commit-reveal the validator also looks at the *commitments*, between :func:`dso.clock.certain_after` the put
+window's close and :func:`dso.clock.commit_look_ends`, before any miner reveals (:meth:`Look.judge_commitment`):
+a commitment absent then is ``NO_COMMIT`` whatever its LastModified says, so a peer serving its own bucket cannot
+commit late, or commit to a copy of what others revealed, by backdating.
+
 The copy tie-break orders uploads by when the validator first saw them (:func:`watch`: while the uploads are open
 it looks every half second at the peers it has not seen yet); uploads first seen in the same round, or first at
 the look, are "seen together" and proof of computation decides.  The watch never rejects anything.
@@ -23,13 +28,12 @@ docs/scoring.md ("Upload times the peer cannot forge") records the rule and the 
 from __future__ import annotations
 
 import logging
-import math
 import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from dso.clock import TOLERANCE_SECONDS
+from dso.clock import LOOK_MARGIN_SECONDS, certain_after
 from dso.rejections import Reason, Rejection
 from storage import keys
 from storage.client import StorageError
@@ -39,16 +43,9 @@ from storage.schedule import FairSchedule, Job
 from storage.wire import Expect, Payload
 
 log = logging.getLogger("dso.look")
-LOOK_MARGIN_SECONDS = 0.25  # clock skew between the validator and the peers' servers the look allows for
 LOOK_SECONDS = 2.0          # the look's budget (HEADs only); a peer not answered by then is undecided
 LOOK_PEER_SECONDS = 1.5     # each HEAD's own deadline (a stalling server holds one worker this long)
 WATCH_INTERVAL_SECONDS = 0.5  # while uploads are open, peers not seen yet are looked at this often
-
-
-def certain_after(close: float, margin: float = LOOK_MARGIN_SECONDS) -> float:
-    """The earliest moment an absence proves lateness: an object written from then on has a whole-second
-    LastModified > ``close`` on an honest server, and ``margin`` covers clock skew.  The look starts here."""
-    return math.floor(close) + TOLERANCE_SECONDS + margin
 
 
 @dataclass(frozen=True)
@@ -85,16 +82,28 @@ class Look:
         """A payload read after the look, against the look (module doc)."""
         if not isinstance(outcome, Payload):  # absent (missing) or unreadable: that reason stands
             return outcome
-        seen = self.seen.get(uid)
-        if seen is not None and (outcome.nbytes != seen.size or (seen.etag and outcome.etag != seen.etag)):
-            return Rejection(Reason.CHANGED, f"object changed after the uploads closed (size {seen.size} → "
-                                             f"{outcome.nbytes})")
-        asked = self.absent.get(uid)
-        if seen is None and asked is not None and asked >= self.certain:
-            return Rejection(Reason.TOO_LATE, f"absent when the validator looked {asked - self.close:.2f} s after "
-                                              "the uploads closed")
+        verdict = self.verdict(uid, outcome.etag, outcome.nbytes, "object", Reason.TOO_LATE)
+        if verdict is not None:
+            return verdict
         outcome.seen = self.seen_at(uid, outcome.etag)
         return outcome
+
+    def judge_commitment(self, uid: int, etag: str, size: int) -> Rejection | None:
+        """Commit-reveal: a commitment read after the look at the commitments (taken before any reveal), or
+        None when the look does not contradict it.  Absent then, it was written after the put window (or
+        after reading the reveals), whatever LastModified its server reports."""
+        return self.verdict(uid, etag, size, "commitment", Reason.NO_COMMIT)
+
+    def verdict(self, uid: int, etag: str, size: int, what: str, late: Reason) -> Rejection | None:
+        """CHANGED for an object other than the one the look saw; ``late`` for one certainly absent then."""
+        seen = self.seen.get(uid)
+        if seen is not None and (size != seen.size or (seen.etag and etag != seen.etag)):
+            return Rejection(Reason.CHANGED, f"{what} changed after the uploads closed (size {seen.size} → {size})")
+        asked = self.absent.get(uid)
+        if seen is None and asked is not None and asked >= self.certain:
+            return Rejection(late, f"{what} absent when the validator looked {asked - self.close:.2f} s after "
+                                   "the uploads closed")
+        return None
 
     def summary(self) -> dict[str, Any]:
         """For the window's record: how late the look ran behind the close, and what it found."""

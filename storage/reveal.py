@@ -25,9 +25,10 @@ from dso.codecs import Codec
 from dso.commit import NONCE_BYTES, commitment_hash, is_commitment, judge_reveal, new_nonce
 from dso.rejections import Reason, Rejection, unexpected
 from storage import keys
-from storage.client import S3Client, StorageError
+from storage.client import ObjectInfo, S3Client, StorageError
 from storage.commitment import BucketInfo
 from storage.gather import GatherResult, Judge, ReaderCache, check_time, fetch_payload, gather
+from storage.look import Look
 from storage.jsonobj import encode_json, parse_json_object, rejection_for
 from storage.peer_client import PeerClient
 from storage.wire import Expect, Payload, decode_payload, payload_size_cap
@@ -109,25 +110,28 @@ def put_reveal(client: S3Client, bucket: str, sealed: Sealed, version: int, run:
 
 # ----------------------------------------------------------------- reads
 def _small_json(client: S3Client | PeerClient, bucket: str, key: str,
-                deadline: float) -> tuple[dict[str, Any] | Rejection | None, float, int]:
-    """(object | None when absent | Rejection, LastModified, bytes read)."""
+                deadline: float) -> tuple[dict[str, Any] | Rejection | None, ObjectInfo, int]:
+    """(object | None when absent | Rejection, its info (LastModified 0 when not read), bytes read)."""
     try:
         data, info = client.get_with_info(bucket, key, max_bytes=SMALL_JSON_BYTES, deadline=deadline)
     except StorageError as e:
-        return (None if e.kind == "missing" else rejection_for(e)), 0.0, 0
-    return parse_json_object(data, SMALL_JSON_BYTES), info.last_modified, len(data)
+        return (None if e.kind == "missing" else rejection_for(e)), ObjectInfo(key, 0, 0.0), 0
+    return parse_json_object(data, SMALL_JSON_BYTES), info, len(data)
 
 
 def fetch_revealed(client: S3Client | PeerClient, bucket: str, key: str, codec: Codec, expect: Expect,
-                   reveal: PutWindow | None, deadline: float, *, put: PutWindow) -> tuple[Payload | Rejection, int]:
+                   reveal: PutWindow | None, deadline: float, *, put: PutWindow,
+                   commitments_look: Look | None = None) -> tuple[Payload | Rejection, int]:
     """One peer's window under commit-reveal → (Payload or Rejection, bytes read).  Never raises.
 
     Same signature as :func:`storage.gather.fetch_payload` (``reveal`` in the place of the put window),
     so :func:`storage.gather.gather` runs it per peer.  The accepted payload's ``last_modified`` is its
-    *commitment's*: who committed first is what copy detection compares."""
+    *commitment's*: who committed first is what copy detection compares.  ``commitments_look``: the
+    validator's look at the commitments before the reveals (storage/look.py); it overrules LastModified."""
     counted = [0]
     try:
-        return _fetch_revealed(client, bucket, key, codec, expect, reveal, deadline, put, counted), counted[0]
+        return _fetch_revealed(client, bucket, key, codec, expect, reveal, deadline, put, counted,
+                               commitments_look), counted[0]
     except StorageError as e:
         return rejection_for(e), counted[0]
     except Exception as e:  # noqa: BLE001 — a hostile server must not crash the caller
@@ -136,17 +140,22 @@ def fetch_revealed(client: S3Client | PeerClient, bucket: str, key: str, codec: 
 
 def _fetch_revealed(client: S3Client | PeerClient, bucket: str, key: str, codec: Codec, expect: Expect,
                     reveal: PutWindow | None, deadline: float, put: PutWindow,
-                    counted: list[int]) -> Payload | Rejection:
+                    counted: list[int], commitments_look: Look | None) -> Payload | Rejection:
     window, uid, version = expect.window, expect.uid, expect.protocol_version
     if uid is None:  # gather passes expect.for_uid(uid); without it the keys below would name uid 'None'
         raise ValueError("commit-reveal fetch needs an Expect for one uid (Expect.for_uid)")
-    obj, commit_time, n = _small_json(client, bucket, keys.commit(window, uid, version, expect.run), deadline)
+    obj, commit_info, n = _small_json(client, bucket, keys.commit(window, uid, version, expect.run), deadline)
     counted[0] += n
     if isinstance(obj, Rejection):
         return obj if obj.reason != Reason.MALFORMED else Rejection(Reason.BAD_COMMITMENT, f"commit object: {obj}")
     commitment = None if obj is None else parse_commit(obj, window, uid)
     if isinstance(commitment, Rejection):
         return commitment
+    if commitment is not None and commitments_look is not None:  # the look overrules a forgeable LastModified
+        contradicted = commitments_look.judge_commitment(uid, commit_info.etag, commit_info.size)
+        if contradicted is not None:
+            return contradicted
+    commit_time = commit_info.last_modified
     committed_in_time = commitment is not None and put.classify(commit_time) == "ok"
 
     late: list[str] = []  # reveal objects that landed after the reveal window: not revealed in time
@@ -173,7 +182,7 @@ def _fetch_revealed(client: S3Client | PeerClient, bucket: str, key: str, codec:
         bad = timed("payload", head.last_modified)
         if bad:
             return bad
-    obj, reveal_time, n = _small_json(client, bucket, keys.reveal(window, uid, version, expect.run), deadline)
+    obj, reveal_info, n = _small_json(client, bucket, keys.reveal(window, uid, version, expect.run), deadline)
     counted[0] += n
     if isinstance(obj, Rejection):
         return obj
@@ -181,7 +190,7 @@ def _fetch_revealed(client: S3Client | PeerClient, bucket: str, key: str, codec:
     if isinstance(nonce, Rejection):
         return nonce
     if nonce is not None:
-        bad = timed("nonce", reveal_time)
+        bad = timed("nonce", reveal_info.last_modified)
         if bad:
             return bad
     revealed = head is not None and nonce is not None and not late
@@ -212,14 +221,15 @@ def gather_window(window: int, peers: dict[int, BucketInfo | str | None], codec:
                   deadline_seconds: float, *,
                   commit_reveal: bool, readers: ReaderCache | None = None,
                   priority: list[int] | None = None, peer_seconds: dict[int, float] | None = None,
-                  judge: Judge | None = None) -> GatherResult:
+                  judge: Judge | None = None, commitments_look: Look | None = None) -> GatherResult:
     """Gather window ``window``'s updates the way the run's settings say: plain (payload in the put window)
     or commit-reveal (commitment in the put window, payload + nonce in the reveal window that follows).
     ``priority``: uids to start first (see :func:`storage.gather.gather`).  ``peer_seconds``, when given,
     receives uid → seconds spent fetching that peer (a peer cut off by the deadline: the whole gather's
     time; a peer never fetched, e.g. without a commitment: absent).  ``judge``: the validator's look at the close of
-    the uploads (storage/look.py: the put window's close, or the reveal window's under commit-reveal)."""
-    fetch = partial(fetch_revealed, put=put) if commit_reveal else fetch_payload
+    the uploads (storage/look.py: the put window's close, or the reveal window's under commit-reveal);
+    ``commitments_look``: under commit-reveal, its look at the commitments before the reveals."""
+    fetch = partial(fetch_revealed, put=put, commitments_look=commitments_look) if commit_reveal else fetch_payload
     timed: dict[int, float] = {}
     lock = threading.Lock()
 

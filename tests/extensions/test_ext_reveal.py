@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from dso.clock import PutWindow, reveal_time, reveal_window_after
+from dso.clock import PutWindow, certain_after, commit_look_ends, reveal_time, reveal_window_after
 from dso.codec import DeMoCodec
 from dso.commit import commitment_hash
 from dso.config import HParams, ModelConfig
@@ -23,6 +23,7 @@ from storage.wire import Expect, Payload, PayloadMeta, encode_payload
 
 torch.set_num_threads(1)
 W = 9  # the window every test uses
+RUN = "c0ffee00c0ffee00"  # keys of the commitments-look test, apart from the other tests' objects
 
 
 @pytest.fixture(scope="module")
@@ -75,14 +76,19 @@ def fetch(hp, codec, peer, uid, put, reveal):
 
 
 # ------------------------------------------------------------------ pure pieces
-def test_reveal_window_follows_the_put_window_and_reveals_wait_for_the_next_second():
+def test_reveal_window_follows_the_put_window_and_reveals_wait_for_the_look_at_the_commitments():
     put = PutWindow(3, 100.0, 103.4)
     after = reveal_window_after(put)
-    assert (after.window, after.open, after.close) == (3, 103.4, pytest.approx(106.8))
-    assert reveal_time(put) == pytest.approx(104.05)
-    # a commitment made after reading a reveal carries LastModified >= floor(104.05) = 104 > close: too late
+    # as long as the put window, plus the second the reveals wait for the validators' look at the commitments
+    assert (after.window, after.open, after.close) == (3, 103.4, pytest.approx(107.8))
+    assert certain_after(put.close) == pytest.approx(104.25)  # a commitment absent from here on was made late
+    assert commit_look_ends(put) == pytest.approx(105.0)
+    assert reveal_time(put) == pytest.approx(105.05)          # nobody reveals before the look is over
+    # a commitment made after reading a reveal carries LastModified >= floor(105.05) = 105 > close: too late
     assert put.classify(math.floor(reveal_time(put))) == "late"
     assert reveal_window_after(put).classify(math.floor(reveal_time(put))) == "ok"
+    # an honest reveal has as long to land as before the look existed (when it revealed at ⌊close⌋ + 1.05 s)
+    assert after.close - reveal_time(put) == pytest.approx(put.close + 3.4 - (math.floor(put.close) + 1.05))
 
 
 def test_clock_gathers_after_the_reveal_window_with_commit_reveal():
@@ -94,9 +100,9 @@ def test_clock_gathers_after_the_reveal_window_with_commit_reveal():
 
     clock = Clock(Chain(), blocks_per_window=16, put_window_seconds=3.0)
     assert clock.put_window(2) == PutWindow(2, 1024.0, 1027.0)          # opens at the first block of window 3
-    assert clock.reveal_window(2) == PutWindow(2, 1027.0, 1030.0)
+    assert clock.reveal_window(2) == PutWindow(2, 1027.0, 1031.0)
     assert clock.uploads_close(2, commit_reveal=False) == 1027.0
-    assert clock.uploads_close(2, commit_reveal=True) == 1030.0
+    assert clock.uploads_close(2, commit_reveal=True) == 1031.0
 
 
 def test_objects_round_trip_and_reject_anything_else():
@@ -258,3 +264,42 @@ def test_the_look_at_the_reveal_deadline_accepts_an_honest_reveal(hp, codec, pee
                            commit_reveal=True, readers=readers, judge=found.judge)
     assert sorted(result.payloads) == [uid], result.rejections
     assert result.payloads[uid].seen == found.started and result.payloads[uid].etag == found.seen[uid].etag
+
+
+def test_the_look_at_the_commitments_overrules_a_forged_last_modified(hp, codec, peers):
+    """Issue 17: a peer serving its own bucket can stamp a late commitment inside the put window.  The validator's
+    look at the commitments (before anyone reveals) decides instead: absent then → no_commit whatever the stamp;
+    rewritten since → changed; seen then → the LastModified rule as before."""
+    from storage.look import Look, look
+
+    v, readers = hp.protocol_version, ReaderCache(timeout=20, allow_loopback=True)
+    sealed = {uid: seal(payload_bytes(codec, hp, uid), W, uid) for uid in (1, 2, 3)}
+    for uid, s in sealed.items():
+        put_commit(peers[uid].write_client(), peers[uid].bucket, s, v, run=RUN)
+    commitments = {uid: peers[uid].commitment() for uid in sealed}
+    put, _ = windows_around(max(last_modified(peers[u], keys.commit(W, u, v, RUN)) for u in sealed))
+    found = look(W, commitments, Expect.from_hparams(hp, W, run=RUN), put.close, readers=readers,
+                 key_for=lambda uid: keys.commit(W, uid, v, RUN))
+    assert sorted(found.seen) == [1, 2, 3]
+    # 2 rewrites its commitment after the look (to a copy of what it read); 3 was absent at the look: as a
+    # forging server would show it, the stamp is inside the put window, but the look's HEAD found nothing
+    put_commit(peers[2].write_client(), peers[2].bucket, seal(payload_bytes(codec, hp, 2, seed=5), W, 2), v,
+               run=RUN)
+    del found.seen[3]
+    found.absent[3] = found.certain + 0.1
+    for uid, s in sealed.items():
+        put_reveal(peers[uid].write_client(), peers[uid].bucket, s, v, run=RUN)
+    result = gather_window(W, commitments, codec, Expect.from_hparams(hp, W, run=RUN), put, 30.0,
+                           commit_reveal=True, readers=readers, commitments_look=found)
+    assert sorted(result.payloads) == [1], result.rejections
+    assert {u: r.reason for u, r in result.rejections.items()} == {2: Reason.CHANGED, 3: Reason.NO_COMMIT}
+    assert "commitment absent when the validator looked" in result.rejections[3].detail
+    # without the look, the stamps alone would have taken 3 (and 2's rewritten commitment fails only its hash)
+    plain = gather_window(W, commitments, codec, Expect.from_hparams(hp, W, run=RUN), put, 30.0,
+                          commit_reveal=True, readers=readers)
+    assert sorted(plain.payloads) == [1, 3] and plain.rejections[2].reason == Reason.REVEAL_MISMATCH
+    # a look that found nothing certain (asked too early, or no answer) leaves the stamp to decide
+    early = Look(W, put.close, found.certain, absent={3: found.certain - 0.5}, unanswered={1})
+    assert sorted(gather_window(W, {1: commitments[1], 3: commitments[3]}, codec,
+                                Expect.from_hparams(hp, W, run=RUN), put, 30.0, commit_reveal=True,
+                                readers=readers, commitments_look=early).payloads) == [1, 3]
