@@ -100,6 +100,20 @@ def test_copier_gains_no_weight_under_commit_reveal(cr_network):
         assert set(theirs) <= {None, "missing"} and theirs.count(None) >= len(lines) // 2, (miner.name, theirs)
 
 
+def test_the_validator_looks_at_the_commitments_before_anyone_reveals(cr_network):
+    """Issue 17: commitments are timed by the validator's own look, taken after the put window closed and over
+    before the reveals begin (dso.clock.reveal_time), not by the LastModified a peer's server reports."""
+    lines = cr_network.validator_lines()
+    looks = [line["commitments_look"] for line in lines]
+    taken = [look for look in looks if look is not None]
+    assert len(taken) >= len(lines) // 2, looks  # a validator busy past ⌊close⌋ + 1.8 s skips it (LastModified)
+    for look in taken:
+        assert look["started_after_close"] >= 0.25, look  # not before ⌊close⌋ + 1.25 s: an absence then is proof
+        last = look["last_answer_after_close"]
+        assert last is None or last <= 2.0, look          # every answer counted came before ⌊close⌋ + 2 s
+    assert max(look["seen"] for look in taken) >= 3, taken  # the honest miners' commitments, seen in time
+
+
 def test_miners_hold_the_validators_model_under_commit_reveal(cr_network):
     net = cr_network
     reference = {line["window"]: line["model_hash"] for line in net.validator_lines()}
