@@ -324,6 +324,9 @@ class StorageConfig:
     secret_access_key: str = _doc("write secret (or AWS_SECRET_ACCESS_KEY)", default="")
     read_access_key_id: str = _doc("read-only key id published on chain", default="")
     read_secret_access_key: str = _doc("read-only secret published on chain", default="")
+    public_endpoint: str = _doc(
+        "endpoint URL published on chain for readers, when they reach the bucket another way than this node "
+        "does (a CDN, a reverse proxy, a public name); empty = endpoint", default="")
     timeout_seconds: float = _doc("per-request connect/read timeout", default=10.0)
     gather_deadline_seconds: float = _doc("per-peer deadline when gathering", default=8.0)
     retention_windows: int = _doc("own objects older than this are deleted", default=50)

@@ -38,6 +38,7 @@ upload time); on the local network it guesses the old round-robin period (trains
 """
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -65,6 +66,7 @@ GAMER_THRESHOLD = 0.5  # with foresight, it trains when its chance of being eval
 COPY_NOISE = 0.3     # noisycopy: noise of this RMS relative to each tensor's RMS in the copied update
 COPY_SCALE = 0.9     # scaledcopy's factor
 BACKDATE_BY = 3.0    # backdater/hider: seconds its forged LastModified claims before the true time
+FORGERS = ("backdater", "hider")  # publish their own S3 server, which serves LastModified BACKDATE_BY early
 
 
 @dataclass(frozen=True)
@@ -105,6 +107,15 @@ def plan(behaviour: str, window: int) -> Plan:
     if behaviour == "gamer":
         return gamer_plan(1.0 if window % GAMER_PERIOD == 0 else 0.0)
     return Plan()
+
+
+def forged_time(true: float, opened: float | None, by: float = BACKDATE_BY) -> float:
+    """The LastModified a forger's server claims for an object written at ``true``: ``by`` seconds earlier, but
+    not before the put window it was written for opened (at ``opened``): a claim before the open would only be
+    ``too_early``, so the earliest second inside the window is the most a forgery can gain."""
+    if opened is None or opened > true:
+        return true - by
+    return max(true - by, float(math.ceil(opened)))
 
 
 def gamer_plan(evaluation_chance: float, threshold: float = GAMER_THRESHOLD) -> Plan:

@@ -21,6 +21,7 @@ from dso.clock import PutWindow, reveal_time, reveal_window_after
 from dso.codec import CompressedUpdate
 from dso.commit import new_nonce
 from dso.outer import aggregate
+from dso.config import Config
 from dso.config_sources import build_parser, parse_args
 from dso.rejections import Rejection
 from neurons import reveal
@@ -28,6 +29,7 @@ from neurons.context import build_context
 from neurons.lifecycle import Fatal, run_main
 from neurons.miner import UPLOAD_MARGIN, Miner
 from sim import behaviours
+from sim.forging_s3 import ForgingS3, shifted_by
 from storage.aggregate import Bundle
 from storage.gather import gather
 from storage.reveal import seal
@@ -45,6 +47,7 @@ class AdversarialMiner(Miner):
         self.behaviour = behaviour
         self.noise_gen = torch.Generator().manual_seed(ctx.hp.seed * 7919 + ctx.uid)
         self.sybil_dir = Path(ctx.cfg.neuron.state_dir).expanduser() / "sybil"
+        self.opened: float | None = None  # the current put window's open (what a forger backdates to)
 
     def plan(self, t: int) -> behaviours.Plan:
         return behaviours.plan(self.behaviour, t)
@@ -60,6 +63,7 @@ class AdversarialMiner(Miner):
 
     def upload(self, t: int, own: CompressedUpdate | None, put: PutWindow) -> bool:
         plan = self.plan(t)
+        self.opened = put.open
         if not plan.upload or (self.privacy.stopped and plan.train):
             return False
         if not plan.late and time.time() >= put.close - UPLOAD_MARGIN:
@@ -175,7 +179,27 @@ def main(argv: list[str] | None = None) -> int:
     parser: argparse.ArgumentParser = build_parser(__doc__ or "")
     parser.add_argument("--behaviour", required=True, help=f"one of {', '.join(behaviours.BEHAVIOURS)}")
     cfg, ns = parse_args(argv, parser=parser)
-    return AdversarialMiner(build_context(cfg, "miner"), ns.behaviour).run()
+    forger = start_forger(cfg, ns.behaviour)
+    try:
+        miner = AdversarialMiner(build_context(cfg, "miner"), ns.behaviour)
+        if forger is not None:
+            forger.forge = lambda true: behaviours.forged_time(true, miner.opened)
+        return miner.run()
+    finally:
+        if forger is not None:
+            forger.close()
+
+
+def start_forger(cfg: Config, behaviour: str) -> ForgingS3 | None:
+    """A forger writes to the real endpoint and publishes its own server in front of it, which serves every
+    LastModified up to ``BACKDATE_BY`` seconds early (sim/forging_s3.py, behaviours.forged_time)."""
+    if behaviour not in behaviours.FORGERS:
+        return None
+    forger = ForgingS3(cfg.storage.endpoint, shifted_by(-behaviours.BACKDATE_BY)).start()
+    cfg.storage.public_endpoint = forger.endpoint
+    log.info("%s: readers reach the bucket through %s, which forges LastModified up to %.1f s early",
+             behaviour, forger.endpoint, behaviours.BACKDATE_BY)
+    return forger
 
 
 if __name__ == "__main__":

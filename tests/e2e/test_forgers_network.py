@@ -1,0 +1,104 @@
+"""The timing and schedule adversaries of issue 17 as real processes on a short local network (embedded S3,
+LocalChain): a backdater and a hider that each publish their own S3 server, which claims each upload was
+made up to 3 s earlier, at the earliest at the put window's open (sim/forging_s3.py), and a gamer that
+trains one window in five and uploads zeros in the others.  Each gets ≤ 1 % of the weight the validator
+posts, the honest miners keep ≥ 95 % of it, and the backdater cannot get the author it copies rejected."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from sim import behaviours
+from sim import report as run_report
+from sim.localnet import LocalNet, plan_nodes, wait_for
+from storage.commitment import BucketInfo, parse_commitment
+from storage.gather import ReaderCache
+
+pytestmark = pytest.mark.slow
+WINDOWS = 12
+ADVERSARIES = [("backdater", 1), ("hider", 1), ("gamer", 1)]
+
+
+def published_and_true_times(net: LocalNet, uid: int) -> tuple[str, list[tuple[float, float]]]:
+    """The endpoint a peer published and, for each of its objects, (LastModified served there, LastModified
+    the real S3 server gives for the same object)."""
+    info = parse_commitment(net.chain.commitments()[uid])
+    assert isinstance(info, BucketInfo), info
+    readers = ReaderCache(allow_loopback=True)
+    served = {o.key: o.last_modified for o in readers.get(info).list(info.bucket)}
+    true = {o.key: o.last_modified for o in readers.get(replace(info, endpoint=net.s3.endpoint)).list(info.bucket)}
+    return info.endpoint, [(served[k], true[k]) for k in sorted(served) if k in true]
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory, stdlib_corpus, network_hparams):
+    root = tmp_path_factory.mktemp("forgers")
+    hp = network_hparams()
+    # as in test_near_copies_network: 6-second windows and a 2.5 s put window on two loaded cores, so the
+    # honest miners keep up and the backdater finds uploads to copy
+    hp.eval_peers, hp.put_window_seconds = 4, 2.5
+    net = LocalNet(root / "run", hp, plan_nodes(3, ADVERSARIES, 1), block_time=0.75,
+                   corpus=str(stdlib_corpus), cache_dir=str(root / "cache"))
+    with net:
+        net.prepare()
+        net.start()
+        done = wait_for(lambda: len(net.validator_lines()) >= WINDOWS or bool(net.dead()), timeout=420, step=0.5)
+        assert done and not net.dead(), {p.name: p.read_text()[-2000:] for p in net.logs.glob("*.log")}
+        validator = next(n for n in net.nodes if n.role == "validator")
+        posted = net.chain.weights().get(validator.uid)
+        lines = net.validator_lines()
+        forged = {n.name: published_and_true_times(net, n.uid) for n in net.nodes if n.behaviour in
+                  behaviours.FORGERS}
+        real_endpoint = net.s3.endpoint
+    peers = {n.uid: (n.name, n.behaviour) for n in net.nodes if n.role == "miner"}
+    return run_report.build(lines, peers, posted), lines, forged, real_endpoint
+
+
+def test_forgers_and_the_gamer_get_no_weight(finished):
+    report, _, _, _ = finished
+    assert report["summary"]["good_share"] >= 0.95, report["peers"]
+    by_name = {p["name"]: p for p in report["peers"]}
+    for name in ("backdater0", "hider0", "gamer0"):
+        assert by_name[name]["weight"] <= 0.01, by_name[name]
+
+
+def test_the_forgers_servers_did_forge(finished):
+    """Both forgers published their own server, and objects read through it claim to be up to 3 s older than
+    the real server says (sim.behaviours.forged_time): the validator was offered the forged times."""
+    _, _, forged, real_endpoint = finished
+    for name, (endpoint, times) in forged.items():
+        assert endpoint != real_endpoint, name
+        assert all(true - behaviours.BACKDATE_BY - 0.01 <= served <= true for served, true in times), (name, times)
+        assert sum(served <= true - 1.0 for served, true in times) >= 3, (name, times)
+
+
+def test_the_hider_is_late_whatever_it_claims(finished):
+    """The hider uploads 1.1 s after the close and claims 1.9 s before it; the validator's own look at the
+    close did not see it, so each upload it made is too late, never accepted."""
+    report, lines, _, _ = finished
+    hider = next(str(p["uid"]) for p in report["peers"] if p["name"] == "hider0")
+    verdicts = [line["rejections"].get(hider, "accepted") for line in lines]
+    assert "accepted" not in verdicts and "duplicate" not in verdicts, verdicts
+    assert verdicts.count("too_late") >= WINDOWS // 2, verdicts
+
+
+def test_the_backdater_is_the_copy_and_the_author_keeps_its_update(finished):
+    """The backdater copies the lowest uid (miner0) and claims it uploaded as the window opened; the validator
+    times uploads by its own watch, so the backdater is the duplicate and miner0 keeps its update."""
+    report, lines, _, _ = finished
+    by_name = {p["name"]: p for p in report["peers"]}
+    assert by_name["backdater0"]["rejections"].get("duplicate", 0) >= 2, by_name["backdater0"]
+    author = str(by_name["miner0"]["uid"])
+    uploaded = [line for line in lines if line["rejections"].get(author) != "missing"]
+    lost = [line["window"] for line in uploaded if line["rejections"].get(author) == "duplicate"]
+    assert len(uploaded) >= WINDOWS // 2 and len(lost) <= 2, (len(uploaded), lost)
+
+
+def test_the_gamer_uploads_zeros_between_its_training_windows(finished):
+    """The gamer trains only when window % 5 == 0; in the other windows it still uploads (zeros that pass the
+    fast checks), and its pay stays ≤ 1 % above."""
+    report, lines, _, _ = finished
+    gamer = str(next(p["uid"] for p in report["peers"] if p["name"] == "gamer0"))
+    present = [line["window"] for line in lines if line["rejections"].get(gamer) != "missing"]
+    assert any(w % behaviours.GAMER_PERIOD for w in present), present
