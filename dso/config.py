@@ -99,8 +99,8 @@ class InnerConfig:
         "steps: up to steps_max optimiser steps, pseudo-gradient = theta_t - theta_local; gradient: the "
         "paper's mode, one gradient per window sent as the update", default="steps")
     steps_max: int = _doc("H_max: protocol maximum of inner steps per window (each on the next batch_size "
-                          "assigned sequences; assigned_sequences should be >= steps_max * batch_size; 16: one "
-                          "idle CPU core fills a 12 s window, docs/training.md)", default=16)
+                          "assigned sequences; assigned_sequences should be >= steps_max * batch_size; 32: one "
+                          "idle CPU core fills a 24 s window, docs/training.md)", default=32)
     optimizer: Literal["adamw", "sgd"] = _doc("inner optimiser (sgd uses momentum beta1)", default="adamw")
     lr: float = _doc("peak inner learning rate", default=2e-3)
     beta1: float = _doc("AdamW beta1 / SGD momentum", default=0.9)
@@ -158,7 +158,7 @@ class HParams:
     batch_size: int = _doc("sequences a baseline miner trains on per window (from its assignment)", default=16)
     assigned_sequences: int = _doc("sequences assigned to a peer per window: enough for inner.steps_max steps of "
                                    "batch_size (the fastest miner the protocol allows); a faster or more diligent "
-                                   "miner gets further into them", default=256)
+                                   "miner gets further into them", default=512)
     micro_batch: int = _doc("sequences per forward/backward (gradient accumulation)", default=8)
     learning_rate: float = _doc("alpha: size of the signed step", default=2e-3)
     warmup_windows: int = _doc("linear warm-up of alpha over this many windows", default=5)
@@ -175,7 +175,9 @@ class HParams:
     sketch_dim: int = _doc("sketch codec: projected dimension per tensor (cap)", default=4096)
     sketch_clip: float = _doc("sketch codec: L2 clip before projection", default=1.0)
     # --- windows
-    blocks_per_window: int = _doc("chain blocks per training window", default=12)
+    blocks_per_window: int = _doc("chain blocks per training window (24: a window's fixed costs, encoding, upload "
+                                  "and the aggregate, are ~1/8 of it on the local network, docs/training.md)",
+                                  default=24)
     put_window_seconds: float = _doc("length of the upload window after a window ends", default=3.0)
     # --- Gauntlet scoring
     eval_scale: float = _doc("c in beta_eval = c * alpha", default=0.2)

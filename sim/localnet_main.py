@@ -1,6 +1,6 @@
 """The whole network on this machine, in one command: `make run`, `python scripts/localnet.py`, `dso-localnet`.
 
-    python scripts/localnet.py [--windows 20] [--miners 4] [--adversary KIND[:COUNT] ...]
+    python scripts/localnet.py [--windows 12] [--miners 4] [--adversary KIND[:COUNT] ...]
                                [--validators 1] [--report-dir runs/localnet] [--seed 1234]
                                [--set hparams.KEY=VALUE ...]
 
@@ -67,7 +67,7 @@ def positive(text: str) -> int:
 
 def parse(argv: list[str] | None) -> tuple[argparse.Namespace, HParams]:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--windows", type=positive, default=20, help="windows to run (default 20)")
+    p.add_argument("--windows", type=positive, default=12, help="windows to run (default 12, ~5 minutes)")
     p.add_argument("--miners", type=int, default=4, help="honest miners (default 4)")
     p.add_argument("--adversary", type=adversary, action="append", metavar="KIND[:COUNT]",
                    help="add COUNT miners of a behaviour (repeatable; default mix when absent)")

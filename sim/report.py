@@ -12,7 +12,8 @@ Training figures (issue 13): ``final_val_bits_per_byte``, ``unigram_bits_per_byt
 token-unigram entropy per byte: what a model that knows only token frequencies scores; a line on the
 validation-loss plot), ``tokens`` (training tokens the miners processed, from their JSON lines) and
 ``miner_utilisation`` (uid → mean inner-training seconds ÷ window seconds of each honest or diligent
-miner; ``summary.miner_utilisation_mean`` is their mean), and ``reference_adamw`` /
+miner, over its windows after the one it joined in; ``summary.miner_utilisation_mean`` is their mean,
+``summary.miner_utilisation_mean_all_windows`` the same with the joining window), and ``reference_adamw`` /
 ``reference_final_bits_per_byte``: a centralised AdamW run on the tokens the honest and diligent
 miners trained on (sim/reference.py), a curve on the validation-loss plot placed on the window axis
 where the network had processed as many tokens.
@@ -66,13 +67,20 @@ def corpus_unigram_bits_per_byte(dataset, max_sequences: int = 20_000, block: in
 
 
 def miner_figures(miners: dict[int, list[dict]], peers: dict[int, tuple[str, str]]) -> dict[int, dict]:
-    """uid → {utilisation (mean over its window records), tokens (sum), windows} from miners' JSON lines."""
+    """uid → {utilisation, utilisation_all_windows, tokens (sum), windows} from miners' JSON lines.
+
+    ``utilisation`` is the mean over the miner's window records after its first: the first window a miner
+    works in began before the miner did (it started, then waited for θ), so it cannot fill it.  The mean over
+    every record is kept beside it (``utilisation_all_windows``)."""
     out = {}
     for uid, lines in miners.items():
-        records = [x for x in lines if isinstance(x.get("utilisation"), (int, float))]
+        records = sorted((x for x in lines if isinstance(x.get("utilisation"), (int, float))),
+                         key=lambda x: x.get("window", 0))
         if uid not in peers or not records:
             continue
-        out[uid] = {"utilisation": sum(float(x["utilisation"]) for x in records) / len(records),
+        whole = records[1:] or records
+        out[uid] = {"utilisation": sum(float(x["utilisation"]) for x in whole) / len(whole),
+                    "utilisation_all_windows": sum(float(x["utilisation"]) for x in records) / len(records),
                     "tokens": sum(int(x.get("tokens") or 0) for x in records), "windows": len(records)}
     return out
 
@@ -149,7 +157,13 @@ def summarise(rows: list[dict], val: list[dict], work: dict[int, dict] | None = 
         "tokens": sum(f["tokens"] for f in work.values()) if work else None,
         "miner_utilisation_mean": sum(utilisation.values()) / len(utilisation) if utilisation else None,
         "miner_utilisation_min": min(utilisation.values()) if utilisation else None,
+        "miner_utilisation_mean_all_windows": _mean([f["utilisation_all_windows"] for u, f in (work or {}).items()
+                                                     if str(u) in (utilisation or {})]),
     }
+
+
+def _mean(values: list[float]) -> float | None:
+    return sum(values) / len(values) if values else None
 
 
 def markdown(report: dict, command: str = "") -> str:
@@ -178,8 +192,11 @@ def markdown(report: dict, command: str = "") -> str:
                    f"trained on ({ref['steps']} steps of {ref['batch_sequences']} sequences, lr {ref['lr']:g}): "
                    f"{report['reference_final_bits_per_byte']:.3f} bits/byte{cut}")
     if s.get("miner_utilisation_mean") is not None:
-        out.append(f"- miner utilisation (inner training ÷ window, honest and diligent miners): mean "
-                   f"{100 * s['miner_utilisation_mean']:.1f}%, lowest {100 * s['miner_utilisation_min']:.1f}%")
+        every = s.get("miner_utilisation_mean_all_windows")
+        out.append(f"- miner utilisation (inner training ÷ window, honest and diligent miners, after the window each "
+                   f"joined in): mean {100 * s['miner_utilisation_mean']:.1f}%, lowest "
+                   f"{100 * s['miner_utilisation_min']:.1f}%"
+                   + (f" (mean {100 * every:.1f}% with the joining window)" if every is not None else ""))
     out += ["", "| uid | name | behaviour | weight | mean weight | rejections |", "|---:|---|---|---:|---:|---|"]
     for r in report["peers"]:
         rej = ", ".join(f"{k} {v}" for k, v in sorted(r["rejections"].items())) or "—"

@@ -45,8 +45,8 @@ def _lines(windows: int = 3) -> list[dict]:
 
 
 def _miners() -> dict[int, list[dict]]:
-    return {1: [{"window": 10, "utilisation": 0.8, "tokens": 2048}, {"window": 11, "utilisation": 0.9, "tokens": 4096},
-                {"event": "started"}],
+    return {1: [{"window": 11, "utilisation": 0.8, "tokens": 2048}, {"window": 12, "utilisation": 0.9, "tokens": 4096},
+                {"window": 10, "utilisation": 0.2, "tokens": 1000}, {"event": "started"}],
             2: [{"window": 10, "utilisation": 0.95, "tokens": 8192}],
             3: [{"window": 10, "utilisation": 0.1, "tokens": 100}]}
 
@@ -55,19 +55,22 @@ def test_report_carries_tokens_utilisation_and_bits():
     report = run_report.build(_lines(), PEERS, {1: 0.4, 2: 0.6}, miners=_miners(), unigram_bpb=4.8)
     assert report["final_val_bits_per_byte"] == pytest.approx(2.0 / math.log(2))
     assert report["unigram_bits_per_byte"] == 4.8
-    assert report["tokens"] == 2048 + 4096 + 8192 + 100                 # every miner's training tokens
-    assert report["miner_utilisation"] == {"1": 0.85, "2": 0.95}         # honest and diligent miners only
+    assert report["tokens"] == 1000 + 2048 + 4096 + 8192 + 100          # every miner's training tokens
+    # honest and diligent miners only, without the window each joined in (miner 1's window 10); a miner with
+    # one window keeps it
+    assert report["miner_utilisation"] == {"1": 0.85, "2": 0.95}
     s = report["summary"]
     assert s["miner_utilisation_mean"] == pytest.approx(0.9) and s["miner_utilisation_min"] == pytest.approx(0.85)
-    assert s["tokens"] == 14436
-    assert [r.get("windows") for r in report["peers"]] == [2, 1, 1]
+    assert s["miner_utilisation_mean_all_windows"] == pytest.approx((1.9 / 3 + 0.95) / 2)
+    assert s["tokens"] == 15436
+    assert [r.get("windows") for r in report["peers"]] == [3, 1, 1]
     report["samples"] = [{"window": 12, "prompt": "ROMEO:\n", "text": "Thou art"}]
     text = run_report.markdown(report)
-    assert "unigram entropy: 4.800 bits/byte" in text and "processed: 14,436" in text
+    assert "unigram entropy: 4.800 bits/byte" in text and "processed: 15,436" in text
     assert "mean 90.0%, lowest 85.0%" in text and "ROMEO:\nThou art" in text
     from sim.report_html import render
     page = render(report)
-    assert "4.800 bits/byte" in page and "14,436" in page and "90.0% (85.0%)" in page and "Thou art" in page
+    assert "4.800 bits/byte" in page and "15,436" in page and "90.0% (85.0%)" in page and "Thou art" in page
 
 
 def test_report_without_miner_lines_or_corpus():
