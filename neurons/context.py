@@ -334,8 +334,11 @@ def _own_bucket(cfg: Config, chain: Chain, wallet: Any, hotkey: str, uid: int, r
         hint = (" — is the local network running? start it with `python scripts/localnet.py`"
                 if e.kind == "unavailable" else "")
         raise Fatal(f"cannot use bucket {bucket} at {st.endpoint}: {e}{hint}") from None
-    commitment = format_commitment(BucketInfo(st.public_endpoint or st.endpoint, st.region, bucket, read_key,
-                                                    read_secret))
+    try:
+        commitment = format_commitment(BucketInfo(st.public_endpoint or st.endpoint, st.region, bucket, read_key,
+                                                  read_secret))
+    except ValueError as e:  # e.g. a --storage.public_endpoint that is not a URL
+        raise Fatal(f"{e} (--storage.public_endpoint / --storage.endpoint, --storage.region, the read key)") from None
     if role == "validator":
         commitment = with_role(commitment, VALIDATOR)
     try:

@@ -66,7 +66,7 @@ GAMER_THRESHOLD = 0.5  # with foresight, it trains when its chance of being eval
 COPY_NOISE = 0.3     # noisycopy: noise of this RMS relative to each tensor's RMS in the copied update
 COPY_SCALE = 0.9     # scaledcopy's factor
 BACKDATE_BY = 3.0    # backdater/hider: seconds its forged LastModified claims before the true time
-FORGERS = ("backdater", "hider")  # publish their own S3 server, which serves LastModified BACKDATE_BY early
+FORGERS = ("backdater", "hider")  # publish their own S3 server, which serves LastModified up to BACKDATE_BY early
 
 
 @dataclass(frozen=True)
