@@ -60,6 +60,10 @@ ALIE_Z = 1.0        # std multiples subtracted by ALIE
 IPM_EPSILON = 0.5   # scale of the negated mean
 SCALE = 1000.0
 LATE_BY = 1.1       # `late` uploads (commits, under commit-reveal) this long after the put window closed
+# the hider, later still: past ⌊close⌋ + 1.25 s, where the validator's look at the close is certain.  An upload
+# landing before that is seen by the look and judged by its LastModified, which a forger controls: the band a
+# forged LastModified can hide in is at most 1.25 s past the close (docs/scoring.md, "Forgers on real processes")
+HIDE_BY = 1.5
 DESYNC_EVERY, DESYNC_LENGTH = 8, 3   # desync skips aggregates for 3 windows out of every 8
 GAMER_PERIOD = 5     # without foresight, the gamer trains one window in 5 (30 peers, 6 evaluated per window)
 GAMER_THRESHOLD = 0.5  # with foresight, it trains when its chance of being evaluated is at least this
@@ -77,7 +81,8 @@ class Plan:
     data_batches: int = 1          # batches of assigned size to train on
     upload: bool = True
     reads_peers: bool = False      # builds its update from others' uploads (copier, alie, ipm)
-    late: bool = False             # upload after the put window closed
+    late: bool = False             # upload after the put window closed ...
+    late_by: float = LATE_BY       # ... by this many seconds
     apply_aggregate: bool = True
 
     @property
@@ -100,8 +105,10 @@ def plan(behaviour: str, window: int) -> Plan:
         return Plan(train=False, reads_peers=True)
     if behaviour == "replayer":
         return Plan(train=False)
-    if behaviour in ("late", "hider"):
+    if behaviour == "late":
         return Plan(late=True)
+    if behaviour == "hider":
+        return Plan(late=True, late_by=HIDE_BY)
     if behaviour == "desync":
         return Plan(apply_aggregate=window % DESYNC_EVERY >= DESYNC_LENGTH)
     if behaviour == "gamer":

@@ -73,7 +73,7 @@ class AdversarialMiner(Miner):
         data = self.build(t, plan, own, put.open + 0.6, put.close)
         if data is None:
             return False
-        if plan.late and not self.ctx.clock.sleep_until(put.close + behaviours.LATE_BY, self.ctx.stop):
+        if plan.late and not self.ctx.clock.sleep_until(put.close + plan.late_by, self.ctx.stop):
             return False
         return self.put_payload(t, data)
 
@@ -107,7 +107,7 @@ class AdversarialMiner(Miner):
             if data is None:
                 return False
             sealed = seal(data, t, ctx.uid)
-        if plan.late and not ctx.clock.sleep_until(put.close + behaviours.LATE_BY, ctx.stop):
+        if plan.late and not ctx.clock.sleep_until(put.close + plan.late_by, ctx.stop):
             return False
         if not reveal.commit(ctx, sealed):
             return False
