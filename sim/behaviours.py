@@ -117,12 +117,13 @@ def plan(behaviour: str, window: int) -> Plan:
 
 
 def forged_time(true: float, opened: float | None, by: float = BACKDATE_BY) -> float:
-    """The LastModified a forger's server claims for an object written at ``true``: ``by`` seconds earlier, but
-    not before the put window it was written for opened (at ``opened``): a claim before the open would only be
-    ``too_early``, so the earliest second inside the window is the most a forgery can gain."""
-    if opened is None or opened > true:
+    """The LastModified a forger's server claims for an object its real server stamped ``true`` (whole seconds):
+    ``by`` seconds earlier, but not before the put window it was written for opened (at ``opened``): a claim
+    before the open would only be ``too_early``, so the earliest second inside the window is the most a forgery
+    can gain (and an object stamped in the window's first second keeps its stamp)."""
+    if opened is None or true < math.floor(opened):  # written before this window opened
         return true - by
-    return max(true - by, float(math.ceil(opened)))
+    return min(true, max(true - by, float(math.ceil(opened))))
 
 
 def gamer_plan(evaluation_chance: float, threshold: float = GAMER_THRESHOLD) -> Plan:

@@ -64,10 +64,12 @@ def test_signed_reads_through_the_proxy_see_forged_times(peer):
 
 
 def test_a_forger_claims_the_earliest_second_of_the_window_it_wrote_for():
-    """Up to BACKDATE_BY (3 s) early, but not before the put window's open (that would only be too_early)."""
+    """Up to BACKDATE_BY (3 s) early, but not before the put window's open (that would only be too_early); the
+    real server's stamps are whole seconds, so a stamp in the second the window opened is this window's."""
     from sim.behaviours import forged_time
 
     assert forged_time(105.2, opened=100.4) == 102.2        # 3 s early is still inside the window
     assert forged_time(102.7, opened=100.4) == 101.0        # clamped to the first whole second after the open
+    assert forged_time(100.0, opened=100.4) == 100.0        # stamped in the opening second (truncated): as it is
     assert forged_time(99.0, opened=100.4) == 96.0          # written before this window opened: plain shift
     assert forged_time(50.0, opened=None) == 47.0
