@@ -8,10 +8,10 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
+from short_net import run_short_network
 
 from sim import behaviours
-from sim import report as run_report
-from sim.localnet import LocalNet, plan_nodes, wait_for
+from sim.localnet import LocalNet
 from storage.commitment import BucketInfo, parse_commitment
 from storage.gather import ReaderCache
 
@@ -33,26 +33,13 @@ def published_and_true_times(net: LocalNet, uid: int) -> tuple[str, list[tuple[f
 
 @pytest.fixture(scope="module")
 def finished(tmp_path_factory, stdlib_corpus, network_hparams):
-    root = tmp_path_factory.mktemp("forgers")
-    hp = network_hparams()
-    # as in test_near_copies_network: 6-second windows and a 2.5 s put window on two loaded cores, so the
-    # honest miners keep up and the backdater finds uploads to copy
-    hp.eval_peers, hp.put_window_seconds = 4, 2.5
-    net = LocalNet(root / "run", hp, plan_nodes(3, ADVERSARIES, 1), block_time=0.75,
-                   corpus=str(stdlib_corpus), cache_dir=str(root / "cache"))
-    with net:
-        net.prepare()
-        net.start()
-        done = wait_for(lambda: len(net.validator_lines()) >= WINDOWS or bool(net.dead()), timeout=420, step=0.5)
-        assert done and not net.dead(), {p.name: p.read_text()[-2000:] for p in net.logs.glob("*.log")}
-        validator = next(n for n in net.nodes if n.role == "validator")
-        posted = net.chain.weights().get(validator.uid)
-        lines = net.validator_lines()
-        forged = {n.name: published_and_true_times(net, n.uid) for n in net.nodes if n.behaviour in
-                  behaviours.FORGERS}
-        real_endpoint = net.s3.endpoint
-    peers = {n.uid: (n.name, n.behaviour) for n in net.nodes if n.role == "miner"}
-    return run_report.build(lines, peers, posted), lines, forged, real_endpoint
+    def forged_times(net: LocalNet) -> tuple[dict, str]:
+        return {n.name: published_and_true_times(net, n.uid) for n in net.nodes
+                if n.behaviour in behaviours.FORGERS}, net.s3.endpoint
+
+    report, lines, (forged, real_endpoint) = run_short_network(
+        tmp_path_factory.mktemp("forgers"), stdlib_corpus, network_hparams(), ADVERSARIES, WINDOWS, forged_times)
+    return report, lines, forged, real_endpoint
 
 
 def test_forgers_and_the_gamer_get_no_weight(finished):

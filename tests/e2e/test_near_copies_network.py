@@ -4,9 +4,7 @@ the weight the validator posts, and the honest miners keep ≥ 95 % of it."""
 from __future__ import annotations
 
 import pytest
-
-from sim import report as run_report
-from sim.localnet import LocalNet, plan_nodes, wait_for
+from short_net import run_short_network
 
 pytestmark = pytest.mark.slow
 WINDOWS = 12
@@ -15,23 +13,9 @@ ADVERSARIES = [("noisycopy", 1), ("scaledcopy", 1), ("mixer", 1), ("replayer", 1
 
 @pytest.fixture(scope="module")
 def finished(tmp_path_factory, stdlib_corpus, network_hparams):
-    root = tmp_path_factory.mktemp("near_copies")
-    hp = network_hparams()
-    # eight processes on two loaded cores: 6-second windows (block_time 0.75) and a 2.5 s put window, so the
-    # honest miners keep up (with 4 s windows they skipped every other window) and the copiers find uploads to copy
-    hp.eval_peers, hp.put_window_seconds = 4, 2.5
-    net = LocalNet(root / "run", hp, plan_nodes(3, ADVERSARIES, 1), block_time=0.75,
-                   corpus=str(stdlib_corpus), cache_dir=str(root / "cache"))
-    with net:
-        net.prepare()
-        net.start()
-        done = wait_for(lambda: len(net.validator_lines()) >= WINDOWS or bool(net.dead()), timeout=420, step=0.5)
-        assert done and not net.dead(), {p.name: p.read_text()[-2000:] for p in net.logs.glob("*.log")}
-        validator = next(n for n in net.nodes if n.role == "validator")
-        posted = net.chain.weights().get(validator.uid)
-        lines = net.validator_lines()
-    peers = {n.uid: (n.name, n.behaviour) for n in net.nodes if n.role == "miner"}
-    return run_report.build(lines, peers, posted), lines
+    report, lines, _ = run_short_network(tmp_path_factory.mktemp("near_copies"), stdlib_corpus, network_hparams(),
+                                         ADVERSARIES, WINDOWS)
+    return report, lines
 
 
 def test_near_copies_get_no_weight(finished):
