@@ -351,6 +351,9 @@ class NeuronConfig:
     state_dir: str = _doc("where this node keeps its state", default="~/.dso/state")
     train_sequences: int = _doc("miner: sequences of its assignment it trains on per window (0 = "
                                 "hparams.batch_size, the baseline; a miner with more compute takes more)", default=0)
+    step_sequences: int = _doc("miner, inner steps: sequences per inner optimiser step (0 = hparams.batch_size). "
+                               "A miner with more compute per window scores higher by raising this than by taking "
+                               "more steps (docs/training.md, 'Fifth pass')", default=0)
     max_windows: int = _doc("stop after this many windows (0 = run forever)", default=0)
     log_json: str = _doc("append one JSON line per window to this file", default="")
     # --- operations (issue 19): Prometheus metrics, docs/operations.md
@@ -378,6 +381,8 @@ class Config:
         _positive(self, "", "threads")
         if self.neuron.train_sequences < 0:
             raise ConfigError("neuron.train_sequences: must be >= 0")
+        if self.neuron.step_sequences < 0:
+            raise ConfigError("neuron.step_sequences: must be >= 0")
         if self.netuid < 0:
             raise ConfigError("netuid: must be >= 0")
         if not 0 <= self.neuron.metrics_port <= 65535:

@@ -23,6 +23,7 @@ the honest implementation; experiments (``sim/``) subclass it to model other min
 from __future__ import annotations
 
 import logging
+import math
 import time
 from typing import Any
 
@@ -69,10 +70,16 @@ class Miner:
         if saved is not None and self.feedback.load_state(saved):
             log.info("restored the error-feedback buffer from %s", self.ef_file)
         self.privacy = MinerPrivacy(hp.dp, ctx.state_dir)
+        # sequences per inner step: more compute is better spent on larger steps than on more of them
+        self.step_batch = ctx.cfg.neuron.step_sequences or hp.batch_size
+        if self.step_batch > hp.assigned_sequences:
+            raise Fatal(f"--neuron.step_sequences {self.step_batch} exceeds the {hp.assigned_sequences} sequences "
+                        "the protocol assigns per window (hparams.assigned_sequences)")
         # how much of its assignment this miner may train on: all of it up to inner.steps_max steps by default
         # (the clock decides), fewer with --neuron.train_sequences; in paper mode one gradient of that many
         self.sequences = ctx.cfg.neuron.train_sequences or (
-            hp.batch_size if hp.inner.mode == "gradient" else hp.inner.steps_max * hp.batch_size)
+            hp.batch_size if hp.inner.mode == "gradient"
+            else min(hp.inner.steps_max * self.step_batch, hp.assigned_sequences))
         if self.sequences > hp.assigned_sequences:
             raise Fatal(f"--neuron.train_sequences {self.sequences} exceeds the {hp.assigned_sequences} sequences "
                         "the protocol assigns per window (hparams.assigned_sequences)")
@@ -84,6 +91,7 @@ class Miner:
                      self.inner.step_count)
         self.encode_seconds = ENCODE_SECONDS
         self.trained_at = 0.0    # when the last window's inner training ended (time.time())
+        self.margin_from = 0.0   # ... or its deadline, if earlier: the next deadline leaves the time from here
         self.report, self.ahead_steps = InnerReport(), 0
         self.timings: dict[str, float] = {}  # the window's steps other than training (its JSON record)
         self.step_seconds = 0.0  # a full inner step, as the last window measured it: bounds the next deadline
@@ -185,8 +193,8 @@ class Miner:
         up_started = time.time()
         uploaded = self.upload(t, own, put)
         self.timings["upload"] = round(time.time() - up_started, 3)
-        if uploaded:  # the next deadline leaves this much for what follows training: compression and upload
-            self.encode_seconds = min(ENCODE_MARGIN + time.time() - self.trained_at, ctx.hp.put_window_seconds)
+        if uploaded:
+            self.keep_for_upload()
         applied = self.follow(t)
         if own is not None:
             self.save_state()
@@ -225,14 +233,15 @@ class Miner:
         if not ahead.steps:
             self.inner.start(None)  # the model holds θ_t: the anchor the pseudo-gradient is measured from
         # else the model holds the steps taken ahead, rebased onto θ_t (the anchor): go on from there
+        deadline = self.deadline(t)
         rest = self.inner.train(t, data[ahead.sequences:], batch_size=self.sequences if gradient_mode
-                                else hp.batch_size, max_steps=hp.inner.steps_max - ahead.steps if ahead.steps
-                                else None, deadline=self.deadline(t), clock=time.time,
+                                else self.step_batch, max_steps=hp.inner.steps_max - ahead.steps if ahead.steps
+                                else None, deadline=deadline, clock=time.time,
                                 step_seconds=self.step_seconds)
         self.report = ahead.then(rest)
         if self.report.sequences:  # a full step's time, from the time per sequence (the last step may be short)
             self.step_seconds = self.report.seconds / self.report.sequences * (
-                self.sequences if gradient_mode else hp.batch_size)
+                self.sequences if gradient_mode else self.step_batch)
         if self.report.steps == 0 and self.report.stopped == "deadline":
             # the deadline passed before the first step (a miner that just caught up): one step still beats a
             # zero update, which every such miner would send alike — if it can be uploaded before the put window
@@ -241,8 +250,10 @@ class Miner:
                 log.warning("window %d: no time left for a step (%.1f s each) before the put window closes; "
                             "not uploading", t, self.step_seconds)
                 return None, float("nan")
-            self.report = self.inner.train(t, data, batch_size=hp.batch_size, max_steps=1)
-        self.trained_at = time.time()  # from here to the upload's end is what the training deadline must leave
+            self.report = self.inner.train(t, data, batch_size=self.step_batch, max_steps=1)
+            deadline = math.inf  # a step taken past the deadline on purpose is not an overrun
+        self.trained_at = time.time()
+        self.margin_from = min(self.trained_at, deadline)  # a step that overran the deadline counts against it
         grads, loss = self.inner.pseudo_gradient(), self.report.mean_loss
         self.inner.restore_anchor()  # back to θ_t: sync samples, the payload's model hash and the bundle start there
         done = data[:self.report.sequences]
@@ -269,6 +280,12 @@ class Miner:
         a starved machine does not make a window last longer)."""
         return round(min(1.0, self.report.seconds / max(self.ctx.clock.window_seconds(), 1e-9)), 4)
 
+    def keep_for_upload(self) -> None:
+        """What the next training deadline leaves before the put window closes: the time from this window's
+        deadline (or the end of training, if earlier) to now — an overrun of the last step, compression,
+        encoding and the upload — plus a margin for a CPU share that varies."""
+        self.encode_seconds = min(ENCODE_MARGIN + time.time() - self.margin_from, self.ctx.hp.put_window_seconds)
+
     def deadline(self, t: int) -> float:
         """When inner training of window t must stop (unix time): late enough to use the window, early enough
         to compress, encode and upload inside the put window (what the last upload took, with a margin)."""
@@ -285,6 +302,7 @@ class Miner:
             return False
         if time.time() >= put.close - UPLOAD_MARGIN:
             log.warning("window %d: training ended after the put window; not uploading", t)
+            self.keep_for_upload()  # leave more next time: the last step or the compression took longer
             return False
         data = self.payload(t, own)
         if data is None:
@@ -325,7 +343,7 @@ class Miner:
             return got is not None or time.time() >= until or bool(ctx.stop())
 
         self.inner.start(None)  # the anchor is θ_t until the bundle says what θ_{t+1} is
-        report = self.inner.train(nxt, data, batch_size=hp.batch_size, deadline=self.deadline(nxt), clock=time.time,
+        report = self.inner.train(nxt, data, batch_size=self.step_batch, deadline=self.deadline(nxt), clock=time.time,
                                   interrupt=arrived, step_seconds=self.step_seconds)
         waiting = time.time()
         got = found[0] if found else self.follower.bundle(t, until)  # trained all it may: wait as before

@@ -150,10 +150,13 @@ class LocalNet:
         cmd = [sys.executable, *node.program, "--config", str(self.run_dir / "config.json"),
                "--wallet.name", node.name, "--wallet.path", str(self.run_dir / "wallets"),
                "--neuron.log_json", str(self.logs / f"{node.name}.jsonl")]
-        if node.behaviour == "diligent" and self.hp.inner.mode == "gradient":
-            # paper mode: the baseline takes one batch, this one two (with inner steps every honest miner trains
-            # on its assignment for the whole window; the diligent one has more CPU: node_nice)
-            cmd += ["--neuron.train_sequences", str(min(2 * self.hp.batch_size, self.hp.assigned_sequences))]
+        if node.behaviour == "diligent":
+            # it has about twice a miner's CPU (node_nice) and spends it as an operator should: paper mode, two
+            # batches to the baseline's one; inner steps, steps of twice the sequences (more steps of the same
+            # size score lower under the normalised evaluation step: docs/training.md, "Fifth pass")
+            twice = str(min(2 * self.hp.batch_size, self.hp.assigned_sequences))
+            cmd += ["--neuron.train_sequences" if self.hp.inner.mode == "gradient" else "--neuron.step_sequences",
+                    twice]
         if node.behaviour in ("late", "hider") and self.hp.inner.mode == "steps":
             # its upload is judged late whatever it holds: one valid batch is enough to show that, and leaves the
             # CPU of the one machine to the miners and the validator whose timing the run measures

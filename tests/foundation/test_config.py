@@ -37,6 +37,7 @@ def test_json_file_and_bool_flags(tmp_path):
     ({"hparams": {"model": {"n_heads": 3}}}, "hparams.model.n_heads"),
     ({"wallet": "alice"}, "wallet: expected a table"),
     ({"netuid": True}, "netuid: expected an integer"),
+    ({"neuron": {"step_sequences": -1}}, "neuron.step_sequences: must be >= 0"),
 ])
 def test_bad_values_name_the_key(data, key):
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):

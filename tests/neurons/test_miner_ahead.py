@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from types import SimpleNamespace
 
+import pytest
 import torch
 
 from dso.clock import PutWindow
@@ -62,8 +63,9 @@ class Dataset:
         return int(batch[:, 1:].numel())
 
 
-def make_miner(tmp_path, after: int, steps_max: int = 5):
+def make_miner(tmp_path, after: int, steps_max: int = 5, step_sequences: int = 0):
     cfg = Config()
+    cfg.neuron.step_sequences = step_sequences
     hp = cfg.hparams
     hp.tokenizer, hp.model = "bytes", ModelConfig(vocab_size=256, d_model=32, n_layers=1, n_heads=2, ffn_hidden=64,
                                                   seq_len=16)
@@ -179,3 +181,35 @@ def test_a_miner_whose_theta_came_late_finishes_that_window_while_its_put_window
     miner.ctx.clock = ClosingClock(left=5.0)
     miner.worked = 4
     assert not miner.finishes_previous(5)                # window 4 was already uploaded: never twice
+
+
+def test_a_miner_with_more_compute_takes_larger_steps_with_step_sequences(tmp_path):
+    """--neuron.step_sequences 8 (twice batch_size 4): steps of 8 sequences, up to steps_max or the assignment (20)."""
+    miner, _ = make_miner(tmp_path, after=0, step_sequences=8)
+    assert (miner.step_batch, miner.sequences) == (8, 20)   # steps_max × 8 = 40 is capped by the assignment
+    own, _ = miner.train(0)
+    assert own is not None
+    assert (miner.report.steps, miner.report.sequences, miner.report.stopped) == (2, 16, "assignment")
+    baseline, _ = make_miner(tmp_path / "baseline", after=0)
+    baseline.train(0)
+    assert (baseline.step_batch, baseline.report.steps, baseline.report.sequences) == (4, 5, 20)
+
+
+def test_step_sequences_beyond_the_assignment_stops_the_miner_with_the_reason(tmp_path):
+    from neurons.lifecycle import Fatal
+    with pytest.raises(Fatal) as stopped:
+        make_miner(tmp_path, after=0, step_sequences=21)
+    assert "--neuron.step_sequences 21 exceeds the 20 sequences" in stopped.value.message
+
+
+def test_a_step_that_overran_the_deadline_widens_the_next_margin_also_when_the_upload_was_refused(tmp_path):
+    miner, _ = make_miner(tmp_path, after=0)
+    miner.ctx.clock = ClosingClock(left=30.0)
+    miner.encode_seconds = 30.0 - 2.0 - 0.5      # the deadline is 2 s from now (UPLOAD_MARGIN 0.5)
+    deadline = miner.deadline(0)
+    own, _ = miner.train(0)
+    assert own is not None and miner.margin_from == pytest.approx(min(miner.trained_at, deadline))
+    miner.margin_from = time.time() - 2.0          # as if the last step had overrun the deadline by 2 s
+    miner.ctx.clock = ClosingClock(left=0.1)       # and the put window now closes: the upload is refused
+    assert not miner.upload(0, own, miner.ctx.clock.put_window(0))
+    assert miner.encode_seconds == pytest.approx(2.0 + 0.5, abs=0.2)   # the overrun + ENCODE_MARGIN
