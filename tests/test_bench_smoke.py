@@ -18,7 +18,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 
 from benchmarks import MODULES, SECTIONS, generic_markdown, markdown  # noqa: E402
 from benchmarks import codec as codec_section  # noqa: E402
-from benchmarks import convergence, energy, gather, incentives, privacy, targets, training, validator  # noqa: E402
+from benchmarks import convergence, energy, extra_compute, gather, incentives, privacy, targets, training  # noqa: E402
+from benchmarks import validator  # noqa: E402
 from benchmarks.common import finite_or_none, proc_peak_rss_mb  # noqa: E402
 from dso.codec import DeMoCodec  # noqa: E402
 
@@ -217,6 +218,17 @@ def test_data_section_growth_and_generated_corpus(tmp_path):
     text = files[0].read_text()
     assert text.count("\n") > 100 and len(set(text.split())) > 500   # lines of many distinct words
     assert "data" in SECTIONS and list(SECTIONS)[-1] == "convergence"
+# ------------------------------------------------------------- extra compute
+def test_extra_compute_figures_by_hand():
+    rows = [{"scores": {1: 0.2, 2: 0.4, 3: 0.5}, "val_loss": 7.0},   # honest mean 0.3: diligent 5/3
+            {"scores": {1: 0.1, 2: 0.3, 3: 0.1}, "val_loss": 6.5}]   # honest mean 0.2: diligent 1/2
+    assert extra_compute.diligent_ratio(rows[0]["scores"], [1, 2], 3) == pytest.approx(5 / 3)
+    assert math.isnan(extra_compute.diligent_ratio({1: -0.1, 2: 0.1, 3: 0.5}, [1, 2], 3))  # no positive mean
+    got = extra_compute.summary(rows, honest=[1, 2], diligent=3)
+    assert got["ratio_of_sums"] == pytest.approx(0.6 / 0.5)
+    assert got["per_window"] == [1.667, 0.5] and got["windows_won"] == 1 and got["final_val_loss"] == 6.5
+
+
 # ------------------------------------------------------------- incentives
 def test_incentive_figures_by_hand():
     assert incentives.max_min_ratio([0.1, 0.2, 0.4]) == pytest.approx(4.0)
