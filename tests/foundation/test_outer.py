@@ -226,8 +226,14 @@ hp = HParams(); hp.outer.rule = "nesterov"
 g = torch.Generator().manual_seed(3)
 params = {{n: torch.randn(s, generator=g) for n, s in shapes.items()}}
 state = OuterState.fresh(shapes, hp)
+threads = torch.get_num_threads()
 for t in range(3):
+    # the inputs: each miner compresses on its own (a threaded float DCT may round differently from run to run:
+    # 4 of 12 runs with 2 threads selected other coefficients), so they are made with one thread; the outer
+    # step, which every node must agree on, runs with the process's threads
+    torch.set_num_threads(1)
     ups = [codec.compress({{n: torch.randn(s, generator=g) for n, s in shapes.items()}}, 0) for _ in range(4)]
+    torch.set_num_threads(threads)
     apply_outer(params, aggregate(codec, ups, hp, [1, 2, 3, 4]).delta, state, hp, t)
 print(state_hash(params.items()), state.digest())
 """
