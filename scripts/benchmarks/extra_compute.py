@@ -43,12 +43,11 @@ def diligent_ratio(scores: dict[int, float], honest: list[int], diligent: int) -
 
 def summary(rows: list[dict], honest: list[int], diligent: int) -> dict:
     """Per-run figures from the per-window LossScores (uid → score)."""
-    total_d = sum(r["scores"][diligent] for r in rows)
-    total_h = sum(statistics.mean(r["scores"][u] for u in honest) for r in rows)
+    pairs = [(r["scores"][diligent], statistics.mean(r["scores"][u] for u in honest)) for r in rows]
+    total_d, total_h = sum(d for d, _ in pairs), sum(h for _, h in pairs)
     return {"ratio_of_sums": total_d / total_h if total_h > 0 else float("nan"),
-            "per_window": [round(diligent_ratio(r["scores"], honest, diligent), 3) for r in rows],
-            "windows_won": sum(r["scores"][diligent] > statistics.mean(r["scores"][u] for u in honest)
-                               for r in rows),
+            "per_window": [round(d / h if h > 0 else float("nan"), 3) for d, h in pairs],
+            "windows_won": sum(d > h for d, h in pairs),
             "windows": len(rows), "final_val_loss": rows[-1]["val_loss"] if rows else float("nan")}
 
 
@@ -59,8 +58,8 @@ def run_variant(spend: str, seed: int, windows: int, steps: int, honest: int, se
     from benchmarks.common import default_dataset, setup_worker
     from dso.config import HParams
     from dso.train import evaluate
+    from dso.outer import peer_norms, reference_norms
     from scoring.evaluation import ParameterSnapshot, evaluate_peer, update_step
-    from scoring.window import _reference
     from sim.simulator import SimNet
 
     setup_worker()
@@ -78,7 +77,7 @@ def run_variant(spend: str, seed: int, windows: int, steps: int, honest: int, se
     rows = []
     for t in range(windows):
         payloads, rejections = net.uploads(t)
-        reference = _reference(net.codec, hp, {u: (p.update,) for u, p in payloads.items()}, None)
+        reference = reference_norms([peer_norms(net.codec, p.update) for p in payloads.values()], list(net.shapes))
         snapshot = ParameterSnapshot(net.model)
         base = evaluate(net.model, rand, hp.micro_batch, "cpu")
         scores = {}
