@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 from scrape import one, scrape
+from short_net import run_short_network
 
 from sim import report as run_report
-from sim.localnet import LocalNet, plan_nodes, wait_for
 
 pytestmark = pytest.mark.slow
 WINDOWS = 12
@@ -15,22 +15,13 @@ ADVERSARIES = [("diligent", 1), ("freerider", 1), ("noise", 1), ("copier", 1), (
 
 @pytest.fixture(scope="module")
 def finished(tmp_path_factory, stdlib_corpus, network_hparams):
-    root = tmp_path_factory.mktemp("adversaries")
-    hp = network_hparams()
-    hp.eval_peers = 5
-    net = LocalNet(root / "run", hp, plan_nodes(3, ADVERSARIES, 1), block_time=0.5,
-                   corpus=str(stdlib_corpus), cache_dir=str(root / "cache"))
-    with net:
-        net.prepare()
-        net.start()
-        done = wait_for(lambda: len(net.validator_lines()) >= WINDOWS or bool(net.dead()), timeout=300, step=0.5)
-        assert done and not net.dead(), {p.name: p.read_text()[-2000:] for p in net.logs.glob("*.log")}
-        validator = next(n for n in net.nodes if n.role == "validator")
-        posted = net.chain.weights().get(validator.uid)
-        metrics = scrape(validator.metrics_port)
-        lines = net.validator_lines()
-    peers = {n.uid: (n.name, n.behaviour) for n in net.nodes if n.role == "miner"}
-    return run_report.build(lines, peers, posted), metrics, lines
+    def validator_metrics(net):
+        return scrape(next(n for n in net.nodes if n.role == "validator").metrics_port)
+
+    report, lines, metrics = run_short_network(tmp_path_factory.mktemp("adversaries"), stdlib_corpus,
+                                               network_hparams(), ADVERSARIES, WINDOWS, validator_metrics,
+                                               eval_peers=5, put_window_seconds=None, block_time=0.5, timeout=300)
+    return report, metrics, lines
 
 
 def test_honest_and_diligent_hold_the_weight(finished):
