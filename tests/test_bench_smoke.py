@@ -4,6 +4,7 @@ No timing assertions: only the arithmetic the benchmark applies to its measureme
 """
 from __future__ import annotations
 
+import json
 import math
 import os
 import sys
@@ -327,6 +328,18 @@ def test_training_summary_picks_the_best_ddp_and_reports_bits():
     assert s["ddp_sweep"]["0.004"] is None and s["tokens"] == 20 and s["miner_utilisation"] == 0.9
     text = training.markdown({**s, "codec_energy": {"columns": ["4 bit"], "rows": {"pseudo dct top-32": [0.05]}}})
     assert "loss_ratio_vs_ddp = 1.0500" in text and "| pseudo dct top-32 | 0.0500 |" in text
+
+
+def test_a_sweep_writes_its_table_beside_its_curves_and_divides_by_the_best_ddp(tmp_path):
+    runs = {"net": {**_run([6.0, 5.5, 5.25], nbytes=46_660), "spec": {"kind": "network"}},
+            "ddp_lr0.002": {**_run([6.0, 5.2, 5.0]), "spec": {"kind": "ddp"}},
+            "ddp_lr0.004": {**_run([6.0, 5.3, None]), "spec": {"kind": "ddp"}}}
+    training.write_sweep(runs, tmp_path / "sweep.json")
+    table = (tmp_path / "sweep.md").read_text()
+    assert "| net | 5.250 | 7.574 | 5.583 | 1.050 | 46660 | 1 |" in table  # 5.25 / ln 2; mean of the 3; ÷ 5.0
+    assert "| ddp_lr0.004 | — | — | — | — | 0 | 1 |" in table
+    assert json.loads((tmp_path / "sweep.json").read_text())["net"]["val_loss"] == [6.0, 5.5, 5.25]
+    assert (tmp_path / "sweep.png").stat().st_size > 0
 
 
 def test_parse_variant():

@@ -23,7 +23,8 @@ this process (a few seconds).
 Losses in nats per token and bits per byte.  Also the codec's energy table (:func:`codec_energy`).
 
 ``python scripts/benchmarks/training.py --variant NAME:key=value,... [--variant ...]`` runs any set
-of variants side by side (how the defaults were chosen; the commands are in docs/training.md).
+of variants side by side (how the defaults were chosen; the commands are in docs/training.md); ``--out F.json``
+also writes the table (``F.md``) and the curves (``F.png``) beside it.
 """
 from __future__ import annotations
 
@@ -300,7 +301,8 @@ def markdown(result: dict) -> str:
     return "\n".join(lines)
 
 
-def plot(runs: dict[str, dict], path: Path) -> None:
+def plot(runs: dict[str, dict], path: Path,
+         title: str = "Network with inner steps vs DDP AdamW and paper mode (equal tokens)") -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -312,8 +314,7 @@ def plot(runs: dict[str, dict], path: Path) -> None:
         xs = [t / 1e6 for t, y in zip(r["tokens"], r["val_loss"]) if y is not None]
         ys = [y * r["bits_per_nat"] for y in r["val_loss"] if y is not None]
         ax.plot(xs, ys, label=name.replace("_", " "), linewidth=1.4 if not name.startswith("ddp") else 1.0)
-    save_plot(fig, ax, path, "training tokens (millions)", "validation loss (bits per byte)",
-              "Network with inner steps vs DDP AdamW and paper mode (equal tokens)")
+    save_plot(fig, ax, path, "training tokens (millions)", "validation loss (bits per byte)", title)
 
 
 # ---------------------------------------------------------------- sweeps
@@ -353,11 +354,31 @@ def main(argv: list[str] | None = None) -> int:
     specs = dict(parse_variant(v, args.peers, args.windows, args.steps) for v in args.variant)
     runs = run_all(specs, args.workers)
     if args.out:
-        Path(args.out).write_text(json.dumps(runs, indent=1) + "\n")
-    for n, r in runs.items():
-        print(f"{n:28s} final {final(r['val_loss']):.4f} ({bits_of(final(r['val_loss']), r['bits_per_nat']):.4f} bpb)  "
-              f"tail{TAIL} {tail_mean(r['val_loss']):.4f}  bytes {r['update_bytes']}  cpu {r['cpu_seconds']:.0f}s")
+        write_sweep(runs, Path(args.out))
+    print(sweep_table(runs))
     return 0
+
+
+def sweep_table(runs: dict[str, dict]) -> str:
+    """A Markdown row per variant: final and last-3 loss (nats/token, bits/byte), bytes, CPU, and the ratio to the
+    best DDP run among them (if any)."""
+    ddp = min((final(r["val_loss"]) for n, r in runs.items() if r["spec"]["kind"] == "ddp"), default=math.inf)
+    f = lambda x, d=3: "—" if x is None or not math.isfinite(x) else f"{x:.{d}f}"  # noqa: E731
+    lines = [f"| variant | final nats/token | bits/byte | last {TAIL} | ÷ best DDP | update bytes | CPU s |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
+    for n, r in runs.items():
+        last = final(r["val_loss"])
+        lines.append(f"| {n} | {f(last)} | {f(bits_of(last, r['bits_per_nat']))} | {f(tail_mean(r['val_loss']))} | "
+                     f"{f(ratio(last, ddp))} | {r['update_bytes']} | {f(r.get('cpu_seconds'), 0)} |")
+    return "\n".join(lines)
+
+
+def write_sweep(runs: dict[str, dict], out: Path) -> None:
+    """The sweep's curves as JSON at ``out``, its table beside it (``.md``) and its curves plotted (``.png``)."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(runs, indent=1) + "\n")
+    out.with_suffix(".md").write_text(sweep_table(runs) + "\n")
+    plot(runs, out.with_suffix(".png"), title="Training sweep: validation loss at equal tokens")
 
 
 if __name__ == "__main__":
