@@ -24,6 +24,7 @@ from storage.wire import Expect, Payload, PayloadMeta, encode_payload
 torch.set_num_threads(1)
 W = 9  # the window every test uses
 RUN = "c0ffee00c0ffee00"  # keys of the commitments-look test, apart from the other tests' objects
+NO_HURRY = {"budget": 10.0, "peer_seconds": 10.0}  # these looks face no hung server: let a slow HEAD answer
 
 
 @pytest.fixture(scope="module")
@@ -258,7 +259,8 @@ def test_the_look_at_the_reveal_deadline_accepts_an_honest_reveal(hp, codec, pee
     put_reveal(peer.write_client(), peer.bucket, sealed, hp.protocol_version)
     put, reveal = windows_around(last_modified(peer, keys.commit(W, uid, hp.protocol_version)))
     readers = ReaderCache(timeout=20, allow_loopback=True)
-    found = look(W, {uid: peer.commitment()}, Expect.from_hparams(hp, W), reveal.close, readers=readers)
+    found = look(W, {uid: peer.commitment()}, Expect.from_hparams(hp, W), reveal.close, readers=readers,
+                 **NO_HURRY)
     assert sorted(found.seen) == [uid]
     result = gather_window(W, {uid: peer.commitment()}, codec, Expect.from_hparams(hp, W), put, 30.0,
                            commit_reveal=True, readers=readers, judge=found.judge)
@@ -278,7 +280,7 @@ def test_the_look_at_the_commitments_overrules_a_forged_last_modified(hp, codec,
         put_commit(peers[uid].write_client(), peers[uid].bucket, s, v, run=RUN)
     commitments = {uid: peers[uid].commitment() for uid in sealed}
     put, _ = windows_around(max(last_modified(peers[u], keys.commit(W, u, v, RUN)) for u in sealed))
-    found = look(W, commitments, Expect.from_hparams(hp, W, run=RUN), put.close, readers=readers,
+    found = look(W, commitments, Expect.from_hparams(hp, W, run=RUN), put.close, readers=readers, **NO_HURRY,
                  key_for=lambda uid: keys.commit(W, uid, v, RUN))
     assert sorted(found.seen) == [1, 2, 3]
     # 2 rewrites its commitment after the look (to a copy of what it read); 3 was absent at the look: as a
