@@ -209,7 +209,9 @@ def test_a_step_that_overran_the_deadline_widens_the_next_margin_also_when_the_u
     deadline = miner.deadline(0)
     own, _ = miner.train(0)
     assert own is not None and miner.margin_from == pytest.approx(min(miner.trained_at, deadline))
-    miner.margin_from = time.time() - 2.0          # as if the last step had overrun the deadline by 2 s
+    began = time.time()
+    miner.margin_from = began - 2.0                # as if the last step had overrun the deadline by 2 s
     miner.ctx.clock = ClosingClock(left=0.1)       # and the put window now closes: the upload is refused
     assert not miner.upload(0, own, miner.ctx.clock.put_window(0))
-    assert miner.encode_seconds == pytest.approx(2.0 + 0.5, abs=0.2)   # the overrun + ENCODE_MARGIN
+    # the overrun + ENCODE_MARGIN, plus however long the refused upload took (a loaded machine may take a while)
+    assert 2.0 + 0.5 <= miner.encode_seconds <= 2.0 + 0.5 + (time.time() - began)
