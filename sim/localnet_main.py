@@ -257,8 +257,8 @@ def run(argv: list[str] | None = None) -> int:
     if dataset is not None and args.reference_seconds > 0:
         good = {n.uid for n in nodes if n.role == "miner" and n.behaviour in GOOD}
         per_window = network_tokens(miners, good)
-        reference = adamw_reference(hp, dataset, sum(per_window.values()), len(per_window), args.cache_dir,
-                                    args.reference_seconds, view.say)
+        reference = adamw_reference(hp, dataset, sum(per_window.values()), args.cache_dir, args.reference_seconds,
+                                    view.say)
         run_report.add_reference(report, reference, per_window)
     view.say(f"writing the report ({len(lines)} windows) to {out}")
     run_report.write(report, out, command)

@@ -3,18 +3,25 @@ network's honest and diligent miners trained on (issue 13).
 
 After the network has stopped, ``sim.training.run_ddp`` with one peer — plain AdamW with the inner
 optimiser's settings (lr, betas, warm-up, clipping), ``batch_size`` sequences per step, the run's θ_0
-and its validation batch — takes ``ceil(tokens / (batch_size · seq_len))`` steps spread over the run's
-windows, and records the validation loss after each window's share.  It runs on every core (the nodes
-are gone) for at most ``seconds``; a curve cut short says so (``complete: false``) and is not cached.
-A complete curve is cached in the data cache, keyed by the hyper-parameters, data and token count, so a
-second run with the same settings costs nothing.
+and its validation batch — trains in rounds of ``ROUND_STEPS`` steps, each round on its own assigned
+sequences, and records the validation loss after each round.  The curve for more tokens extends the one
+for fewer, so one curve serves every run with the same settings: a run reads its prefix, and the last
+point is interpolated at exactly the network's token count.
+
+The training runs on every core (the nodes are gone) for at most ``seconds``; a curve cut short says so
+(``complete: false``) and is not cached.  A complete curve is cached in the data cache, keyed by the
+settings that change it (:func:`settings`).  The curve for the default settings ships with the code
+(``sim/reference_cache``, made by ``python -m sim.reference``), so a fresh clone's ``make run`` draws the
+whole curve without spending minutes on it.
 """
 from __future__ import annotations
 
+import argparse
 import hashlib
 import json
 import math
 import os
+import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -24,58 +31,100 @@ import numpy as np
 
 from dso.config import HParams
 
-REFERENCE_SECONDS = 90.0  # the longest the reference may add to `make run` (an idle 2-core machine finishes)
+REFERENCE_SECONDS = 90.0  # the longest the reference may add to `make run` when no cached curve is long enough
+ROUND_STEPS = 32          # AdamW steps between two points of the curve (65,536 tokens at the defaults)
+SHIPPED = Path(__file__).resolve().parent / "reference_cache"  # curves shipped for the default settings
+CURVE_KEYS = ("tokens", "val_loss", "bits_per_byte")
 
 
-def cache_file(cache_dir: str | Path, hp: HParams, data_hash: str, tokens: int, windows: int) -> Path:
-    key = json.dumps({"hp": asdict(hp), "data": data_hash, "tokens": tokens, "windows": windows}, sort_keys=True)
-    digest = hashlib.sha256(key.encode()).hexdigest()[:20]
-    return Path(cache_dir).expanduser() / "reference" / f"adamw-{digest}.json"
+def settings(hp: HParams, data_hash: str) -> dict[str, Any]:
+    """Everything the reference's trajectory depends on (and nothing else, so a run's other settings — windows,
+    peers, scoring — share one curve)."""
+    return {"model": asdict(hp.model), "seed": hp.seed, "tokenizer": hp.tokenizer, "data": data_hash,
+            "batch_size": hp.batch_size, "micro_batch": hp.micro_batch, "assigned_sequences": hp.assigned_sequences,
+            "inner": asdict(hp.inner), "val_sequences": hp.val_sequences, "val_fraction": hp.val_fraction,
+            "round_steps": ROUND_STEPS}
 
 
-def read_cached(path: Path) -> dict[str, Any] | None:
+def cache_name(hp: HParams, data_hash: str) -> str:
+    digest = hashlib.sha256(json.dumps(settings(hp, data_hash), sort_keys=True).encode()).hexdigest()[:20]
+    return f"adamw-{digest}.json"
+
+
+def read_cached(path: Path, rounds: int) -> dict[str, Any] | None:
+    """A complete cached curve with at least ``rounds`` rounds, else None (missing, unreadable, malformed)."""
     try:
         cached = json.loads(path.read_text())
     except (OSError, ValueError):
         return None
-    return cached if isinstance(cached, dict) and cached.get("complete") is True else None
+    if not isinstance(cached, dict) or cached.get("complete") is not True:
+        return None
+    curves = [cached.get(k) for k in CURVE_KEYS]
+    if not all(isinstance(c, list) and len(c) == len(curves[0]) and all(isinstance(x, (int, float)) for x in c)
+               for c in curves):
+        return None
+    return cached if len(curves[0]) >= rounds + 1 else None
 
 
-def adamw_reference(hp: HParams, dataset: Any, tokens: int, windows: int, cache_dir: str | Path,
-                    seconds: float = REFERENCE_SECONDS, say: Callable[[str], None] = print) -> dict[str, Any] | None:
-    """The reference curve: {tokens, val_loss (nats/token), bits_per_byte, target_tokens, steps, complete,
-    seconds, cached}; None when the network trained on no tokens."""
+def at_tokens(curve: dict[str, Any], tokens: int) -> dict[str, Any]:
+    """The curve up to ``tokens``: the points before it, and one at exactly ``tokens`` interpolated between
+    its neighbours (the curve must reach it)."""
+    xs = curve["tokens"]
+    keep = sum(1 for x in xs if x < tokens)
+    out = {k: list(curve[k][:keep]) for k in CURVE_KEYS}
+    out["tokens"].append(tokens)
+    for k in ("val_loss", "bits_per_byte"):
+        out[k].append(float(np.interp(tokens, xs, curve[k])))
+    return out
+
+
+def adamw_reference(hp: HParams, dataset: Any, tokens: int, cache_dir: str | Path,
+                    seconds: float = REFERENCE_SECONDS, say: Callable[[str], None] = print,
+                    shipped: Path | None = SHIPPED) -> dict[str, Any] | None:
+    """The reference curve on ``tokens`` training tokens: {tokens, val_loss (nats/token), bits_per_byte,
+    target_tokens, steps, complete, seconds, cached}; None when the network trained on no tokens."""
+    if tokens <= 0:
+        return None
+    per_step = hp.batch_size * dataset.seq_len
+    rounds = math.ceil(tokens / (ROUND_STEPS * per_step))
+    name = cache_name(hp, dataset.data_hash)
+    places = [Path(cache_dir).expanduser() / "reference"] + ([shipped] if shipped is not None else [])
+    for place in places:
+        cached = read_cached(place / name, rounds)
+        if cached is not None:
+            return {**cached, **at_tokens(cached, tokens), "target_tokens": tokens,
+                    "steps": math.ceil(tokens / per_step), "cached": True}
+    curve = train_curve(hp, dataset, rounds, seconds, say)
+    if curve["complete"]:
+        path = places[0] / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(curve))
+        curve = {**curve, **at_tokens(curve, tokens), "steps": math.ceil(tokens / per_step)}
+    return {**curve, "target_tokens": tokens, "cached": False}
+
+
+def train_curve(hp: HParams, dataset: Any, rounds: int, seconds: float, say: Callable[[str], None]) -> dict[str, Any]:
+    """``rounds`` rounds of centralised AdamW (at most ``seconds``), on every core."""
     import torch
 
     from dso.train import bits_per_byte
     from sim.training import run_ddp
 
-    if tokens <= 0 or windows <= 0:
-        return None
-    path = cache_file(cache_dir, hp, dataset.data_hash, tokens, windows)
-    cached = read_cached(path)
-    if cached is not None:
-        return {**cached, "cached": True}
-    per_step = hp.batch_size * dataset.seq_len
-    steps = max(1, math.ceil(tokens / per_step / windows))  # per window
-    say(f"reference: centralised AdamW on {tokens:,} tokens ({steps * windows} steps of {hp.batch_size} sequences, "
-        f"at most {seconds:.0f} s)")
+    per_round = ROUND_STEPS * hp.batch_size * dataset.seq_len
+    say(f"reference: centralised AdamW, {rounds} rounds of {ROUND_STEPS} steps of {hp.batch_size} sequences "
+        f"({rounds * per_round:,} tokens" + (f", at most {seconds:g} s)" if math.isfinite(seconds) else ")"))
     threads = torch.get_num_threads()
     torch.set_num_threads(max(1, os.cpu_count() or 1))
     try:
-        hist = run_ddp(hp, dataset, 1, windows, steps, until=time.perf_counter() + seconds,
-                       on_window=lambda t, loss: say(f"reference: window {t + 1}/{windows}, loss {loss:.4f}"))
+        hist = run_ddp(hp, dataset, 1, rounds, ROUND_STEPS, until=time.perf_counter() + seconds,
+                       on_window=lambda t, loss: say(f"reference: round {t + 1}/{rounds}, loss {loss:.4f}"))
     finally:
         torch.set_num_threads(threads)
     val = dataset.validation(hp.val_sequences)
     per_nat = bits_per_byte(1.0, int(val[:, 1:].numel()), dataset.target_bytes(val))
-    out = {"tokens": hist.tokens, "val_loss": hist.val_loss, "bits_per_byte": [x * per_nat for x in hist.val_loss],
-           "target_tokens": tokens, "steps": steps * (len(hist.tokens) - 1), "batch_sequences": hp.batch_size,
-           "lr": hp.inner.lr, "complete": len(hist.tokens) == windows + 1, "seconds": round(hist.seconds, 1)}
-    if out["complete"]:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(out))
-    return {**out, "cached": False}
+    return {"tokens": hist.tokens, "val_loss": hist.val_loss, "bits_per_byte": [x * per_nat for x in hist.val_loss],
+            "steps": ROUND_STEPS * (len(hist.tokens) - 1), "batch_sequences": hp.batch_size, "lr": hp.inner.lr,
+            "round_steps": ROUND_STEPS, "complete": len(hist.tokens) == rounds + 1, "seconds": round(hist.seconds, 1)}
 
 
 def network_tokens(miners: dict[int, list[dict]], good: set[int]) -> dict[int, int]:
@@ -99,3 +148,35 @@ def on_windows(reference_tokens: list[int], per_window: dict[int, int]) -> list[
     xs = [windows[0] - 1.0] + [float(w) for w in windows]
     cumulative = np.cumsum([0] + [per_window[w] for w in windows]).astype(float)
     return [float(x) for x in np.interp(reference_tokens, cumulative, xs)]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Make (or extend) the cached curve for a run's settings: ``python -m sim.reference --tokens N``."""
+    from dso.config import Config
+    from dso.config_sources import set_key
+    from dso.data import Dataset
+
+    p = argparse.ArgumentParser(description=main.__doc__)
+    p.add_argument("--tokens", type=int, required=True, help="training tokens the curve must reach")
+    p.add_argument("--set", action="append", default=[], metavar="hparams.KEY=VALUE")
+    p.add_argument("--data.corpus", dest="corpus", default="shakespeare")
+    p.add_argument("--data.cache_dir", dest="cache_dir", default="~/.cache/dso")
+    p.add_argument("--out", default="", help="folder to write the curve to (default: the data cache)")
+    args = p.parse_args(argv)
+    cfg = Config()
+    for item in args.set:
+        key, _, value = item.partition("=")
+        set_key(cfg, key, value)
+    hp = cfg.validate().hparams
+    dataset = Dataset.for_run(hp, args.corpus, args.cache_dir, "")
+    out = Path(args.out) if args.out else Path(args.cache_dir).expanduser() / "reference"
+    curve = train_curve(hp, dataset, math.ceil(args.tokens / (ROUND_STEPS * hp.batch_size * dataset.seq_len)),
+                        math.inf, lambda line: print(line, file=sys.stderr, flush=True))
+    out.mkdir(parents=True, exist_ok=True)
+    (out / cache_name(hp, dataset.data_hash)).write_text(json.dumps(curve))
+    print(out / cache_name(hp, dataset.data_hash))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,6 +1,8 @@
 """The local run's centralised AdamW reference curve (sim/reference.py) and its place in the report."""
 from __future__ import annotations
 
+import dataclasses
+import json
 import math
 
 import pytest
@@ -25,21 +27,60 @@ def test_reference_points_sit_where_the_network_had_as_many_tokens():
     assert reference.on_windows([0, 10], {}) == []
 
 
-def test_adamw_reference_trains_the_tokens_and_is_cached(tmp_path, tiny_hparams, stdlib_corpus):
+def test_a_curve_for_fewer_rounds_is_the_prefix_of_one_for_more(tmp_path, tiny_hparams, stdlib_corpus):
+    """What lets one cached curve serve every run: the trajectory does not depend on how far it will go."""
+    dataset = Dataset.for_run(tiny_hparams, str(stdlib_corpus), str(tmp_path / "data"))
+    short = reference.train_curve(tiny_hparams, dataset, 2, math.inf, say=lambda line: None)
+    long = reference.train_curve(tiny_hparams, dataset, 3, math.inf, say=lambda line: None)
+    per_round = reference.ROUND_STEPS * tiny_hparams.batch_size * dataset.seq_len
+    assert long["tokens"] == [0, per_round, 2 * per_round, 3 * per_round] and long["complete"]
+    assert short["val_loss"] == long["val_loss"][:3] and long["val_loss"][-1] < long["val_loss"][0]
+    assert long["bits_per_byte"][0] == pytest.approx(long["val_loss"][0] / math.log(2))  # byte tokens
+
+
+def test_adamw_reference_reads_the_prefix_at_the_networks_tokens_and_is_cached(tmp_path, tiny_hparams,
+                                                                               stdlib_corpus):
     hp = tiny_hparams
     dataset = Dataset.for_run(hp, str(stdlib_corpus), str(tmp_path / "data"))
-    tokens = 3 * 2 * hp.batch_size * dataset.seq_len  # 3 windows × 2 steps
-    said: list[str] = []
-    ref = reference.adamw_reference(hp, dataset, tokens, 3, tmp_path / "cache", seconds=600, say=said.append)
-    assert ref is not None and ref["complete"] and not ref["cached"] and ref["steps"] == 6
-    assert ref["tokens"] == [0, tokens // 3, 2 * tokens // 3, tokens]
-    assert ref["val_loss"][-1] < ref["val_loss"][0]            # it learns
-    assert ref["bits_per_byte"][0] == pytest.approx(ref["val_loss"][0] / math.log(2))  # byte tokens
-    again = reference.adamw_reference(hp, dataset, tokens, 3, tmp_path / "cache", seconds=600, say=said.append)
-    assert again["cached"] and again["val_loss"] == ref["val_loss"]
-    cut = reference.adamw_reference(hp, dataset, 2 * tokens, 3, tmp_path / "cache", seconds=0, say=said.append)
-    assert not cut["complete"] and cut["tokens"] == [0]          # no time: only θ_0
-    assert not reference.cache_file(tmp_path / "cache", hp, dataset.data_hash, 2 * tokens, 3).exists()
+    per_round = reference.ROUND_STEPS * hp.batch_size * dataset.seq_len
+    tokens = 2 * per_round + per_round // 2  # two and a half rounds: three are trained, the last point interpolated
+    cache, none = tmp_path / "cache", tmp_path / "nothing shipped"
+    ref = reference.adamw_reference(hp, dataset, tokens, cache, seconds=600, say=lambda line: None, shipped=none)
+    assert ref is not None and ref["complete"] and not ref["cached"]
+    assert ref["tokens"] == [0, per_round, 2 * per_round, tokens] and ref["target_tokens"] == tokens
+    assert ref["steps"] == math.ceil(tokens / (hp.batch_size * dataset.seq_len))
+    stored = json.loads((cache / "reference" / reference.cache_name(hp, dataset.data_hash)).read_text())
+    assert stored["tokens"][-1] == 3 * per_round      # the cache keeps the whole curve
+    assert ref["val_loss"][-1] == pytest.approx((stored["val_loss"][2] + stored["val_loss"][3]) / 2)
+    fewer = reference.adamw_reference(hp, dataset, per_round, cache, seconds=0, say=lambda line: None, shipped=none)
+    assert fewer["cached"] and fewer["val_loss"] == stored["val_loss"][:2]  # no time needed: read from the cache
+    more = reference.adamw_reference(hp, dataset, 4 * per_round, cache, seconds=0, say=lambda line: None,
+                                     shipped=none)
+    assert not more["complete"] and not more["cached"] and more["tokens"] == [0]  # no time: only θ_0
+    assert json.loads((cache / "reference" / reference.cache_name(hp, dataset.data_hash)).read_text()) == stored
+
+
+def test_a_shipped_curve_serves_a_fresh_cache_and_a_bad_one_is_ignored(tmp_path, tiny_hparams, stdlib_corpus):
+    hp = tiny_hparams
+    dataset = Dataset.for_run(hp, str(stdlib_corpus), str(tmp_path / "data"))
+    name = reference.cache_name(hp, dataset.data_hash)
+    shipped = tmp_path / "shipped"
+    shipped.mkdir()
+    curve = {"tokens": [0, 100, 200], "val_loss": [5.0, 4.0, 3.0], "bits_per_byte": [7.0, 6.0, 5.0],
+             "batch_sequences": 4, "lr": 2e-3, "complete": True}
+    (shipped / name).write_text(json.dumps(curve))
+    got = reference.adamw_reference(hp, dataset, 150, tmp_path / "fresh", seconds=0, say=lambda line: None,
+                                    shipped=shipped)
+    assert got["cached"] and got["tokens"] == [0, 100, 150] and got["val_loss"] == [5.0, 4.0, 3.5]
+    for bad in ({**curve, "complete": False}, {**curve, "val_loss": [5.0, "4", 3.0]}, {**curve, "tokens": [0]}, []):
+        (shipped / name).write_text(json.dumps(bad))
+        assert not reference.adamw_reference(hp, dataset, 150, tmp_path / "fresh", seconds=0,
+                                             say=lambda line: None, shipped=shipped)["cached"]
+    # settings that do not change the trajectory share the curve; the inner lr does not
+    other = dataclasses.replace(hp, topg=3, blocks_per_window=7)
+    assert reference.cache_name(other, dataset.data_hash) == name
+    assert reference.cache_name(dataclasses.replace(hp, inner=dataclasses.replace(hp.inner, lr=1e-3)),
+                                dataset.data_hash) != name
 
 
 def test_report_draws_and_quotes_the_reference():
