@@ -103,3 +103,18 @@ def test_report_draws_and_quotes_the_reference():
         import matplotlib.pyplot as plt
         for fig in figs.values():
             plt.close(fig)
+
+
+def test_the_shipped_curve_is_the_default_runs_and_covers_it(tmp_path):
+    """A default changed that moves the reference → this fails: regenerate the shipped curve with
+    ``python -m sim.reference --tokens 1500000 --out sim/reference_cache`` (docs/training.md)."""
+    from dso.config import Config
+
+    hp = Config().validate().hparams
+    dataset = Dataset.for_run(hp, "shakespeare", str(tmp_path / "data"))  # a fresh data cache, as on a new machine
+    path = reference.SHIPPED / reference.cache_name(hp, dataset.data_hash)
+    assert path.exists(), f"no shipped reference curve for the default settings ({path.name})"
+    per_round = reference.ROUND_STEPS * hp.batch_size * dataset.seq_len
+    curve = reference.read_cached(path, math.ceil(1_200_000 / per_round))  # longer than any default run so far
+    assert curve is not None and curve["val_loss"][-1] < curve["val_loss"][0]
+    assert sorted(p.name for p in reference.SHIPPED.glob("*.json")) == [path.name]  # no stale curve beside it
