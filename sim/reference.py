@@ -92,6 +92,7 @@ def adamw_reference(hp: HParams, dataset: Any, tokens: int, cache_dir: str | Pat
     for place in places:
         cached = read_cached(place / name, rounds)
         if cached is not None:
+            say(f"reference: centralised AdamW on {tokens:,} tokens, read from {place / name}")
             return {**cached, **at_tokens(cached, tokens), "target_tokens": tokens,
                     "steps": math.ceil(tokens / per_step), "cached": True}
     curve = train_curve(hp, dataset, rounds, seconds, say)
