@@ -113,6 +113,15 @@ def set_key(cfg: Config, key: str, value: Any) -> None:
     _apply(cfg, nested)
 
 
+def set_hparams(cfg: Config, items: list[str]) -> None:
+    """Apply command-line ``hparams.KEY=VALUE`` items (``--set``) in order; a malformed item is a ConfigError."""
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.startswith("hparams."):
+            raise ConfigError(f"--set {item!r}: expected hparams.KEY=VALUE")
+        set_key(cfg, key, value)
+
+
 def load_file(path: str | Path) -> Any:
     """The file's JSON or TOML value (JSON need not be an object: :func:`from_dict` / ``_apply`` check)."""
     path = Path(path)

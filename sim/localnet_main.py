@@ -30,7 +30,7 @@ from typing import Any
 from rich.console import Console
 
 from dso.config import Config, ConfigError, HParams
-from dso.config_sources import set_key
+from dso.config_sources import set_hparams
 from dso.data import DataError, corpus_tokenizer
 from sim import report as run_report
 from sim.behaviours import BEHAVIOURS, GOOD
@@ -117,11 +117,7 @@ def parse(argv: list[str] | None) -> tuple[argparse.Namespace, HParams]:
         shards = corpus_tokenizer(args.corpus)
         if shards is not None:  # the shards' tokeniser is the run's, unless --set overrides it below
             cfg.hparams.tokenizer, cfg.hparams.model.vocab_size = shards.kind, shards.vocab_size
-        for item in args.set:
-            key, sep, value = item.partition("=")
-            if not sep or not key.startswith("hparams."):
-                raise ConfigError(f"--set {item!r}: expected hparams.KEY=VALUE")
-            set_key(cfg, key, value)
+        set_hparams(cfg, args.set)
         if args.seed is not None:
             cfg.hparams.seed = args.seed
         cfg.validate()

@@ -89,19 +89,21 @@ def adamw_reference(hp: HParams, dataset: Any, tokens: int, cache_dir: str | Pat
     rounds = math.ceil(tokens / (ROUND_STEPS * per_step))
     name = cache_name(hp, dataset.data_hash)
     places = [Path(cache_dir).expanduser() / "reference"] + ([shipped] if shipped is not None else [])
-    for place in places:
-        cached = read_cached(place / name, rounds)
-        if cached is not None:
+    cached = None
+    for place in places:  # the first long-enough curve: the data cache's, else the shipped one
+        if (cached := read_cached(place / name, rounds)) is not None:
             say(f"reference: centralised AdamW on {tokens:,} tokens, read from {place / name}")
-            return {**cached, **at_tokens(cached, tokens), "target_tokens": tokens,
-                    "steps": math.ceil(tokens / per_step), "cached": True}
-    curve = train_curve(hp, dataset, rounds, seconds, say)
-    if curve["complete"]:
-        path = places[0] / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(curve))
+            break
+    if cached is not None:
+        curve = cached
+    else:
+        curve = train_curve(hp, dataset, rounds, seconds, say)
+        if curve["complete"]:
+            places[0].mkdir(parents=True, exist_ok=True)
+            (places[0] / name).write_text(json.dumps(curve))
+    if curve["complete"]:  # (a cut curve does not reach the network's tokens)
         curve = {**curve, **at_tokens(curve, tokens), "steps": math.ceil(tokens / per_step)}
-    return {**curve, "target_tokens": tokens, "cached": False}
+    return {**curve, "target_tokens": tokens, "cached": cached is not None}
 
 
 def train_curve(hp: HParams, dataset: Any, rounds: int, seconds: float, say: Callable[[str], None]) -> dict[str, Any]:
@@ -153,9 +155,9 @@ def on_windows(reference_tokens: list[int], per_window: dict[int, int]) -> list[
 
 def main(argv: list[str] | None = None) -> int:
     """Make (or extend) the cached curve for a run's settings: ``python -m sim.reference --tokens N``."""
-    from dso.config import Config
-    from dso.config_sources import set_key
-    from dso.data import Dataset
+    from dso.config import Config, ConfigError
+    from dso.config_sources import set_hparams
+    from dso.data import Dataset, DataError
 
     p = argparse.ArgumentParser(description=main.__doc__)
     p.add_argument("--tokens", type=int, required=True, help="training tokens the curve must reach")
@@ -165,11 +167,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default="", help="folder to write the curve to (default: the data cache)")
     args = p.parse_args(argv)
     cfg = Config()
-    for item in args.set:
-        key, _, value = item.partition("=")
-        set_key(cfg, key, value)
-    hp = cfg.validate().hparams
-    dataset = Dataset.for_run(hp, args.corpus, args.cache_dir, "")
+    try:
+        set_hparams(cfg, args.set)
+        hp = cfg.validate().hparams
+        dataset = Dataset.for_run(hp, args.corpus, args.cache_dir, "")
+    except (ConfigError, DataError) as e:
+        p.error(str(e))
     out = Path(args.out) if args.out else Path(args.cache_dir).expanduser() / "reference"
     curve = train_curve(hp, dataset, math.ceil(args.tokens / (ROUND_STEPS * hp.batch_size * dataset.seq_len)),
                         math.inf, lambda line: print(line, file=sys.stderr, flush=True))

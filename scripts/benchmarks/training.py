@@ -362,7 +362,7 @@ def main(argv: list[str] | None = None) -> int:
 def sweep_table(runs: dict[str, dict]) -> str:
     """A Markdown row per variant: final and last-3 loss (nats/token, bits/byte), bytes, CPU, and the ratio to the
     best DDP run among them (if any)."""
-    ddp = min((final(r["val_loss"]) for n, r in runs.items() if r["spec"]["kind"] == "ddp"), default=math.inf)
+    ddp = min((final(r["val_loss"]) for r in runs.values() if r["spec"]["kind"] == "ddp"), default=math.inf)
     f = lambda x, d=3: "—" if x is None or not math.isfinite(x) else f"{x:.{d}f}"  # noqa: E731
     lines = [f"| variant | final nats/token | bits/byte | last {TAIL} | ÷ best DDP | update bytes | CPU s |",
              "|---|---:|---:|---:|---:|---:|---:|"]

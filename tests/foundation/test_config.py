@@ -148,3 +148,14 @@ def test_inner_outer_flags_and_paper_mode():
     hp = cfg.hparams
     assert (hp.inner.lr, hp.outer.rule, hp.dct, hp.inner.mode) == (1e-3, "nesterov", False, "gradient")
     assert hp.digest() != HParams().digest()
+
+
+def test_set_hparams_applies_command_line_items_in_order_and_names_a_bad_one():
+    from dso.config_sources import set_hparams
+
+    cfg = Config()
+    set_hparams(cfg, ["hparams.topk=16", "hparams.inner.lr=0.001", "hparams.topk=8"])
+    assert cfg.hparams.topk == 8 and cfg.hparams.inner.lr == 0.001
+    for bad in ("topk=3", "hparams.topk"):
+        with pytest.raises(ConfigError, match="expected hparams.KEY=VALUE"):
+            set_hparams(cfg, [bad])
