@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from dso.dct import ChunkPlan
+from dso.model import EMBEDDING
 from dso.packing import EliasFano, PackingError, codes_nbytes, index_bound_bits, pack_codes, unpack_codes
 
 if TYPE_CHECKING:
@@ -101,6 +102,7 @@ class DeMoCodec:
     topk: int = 32
     value_bits: int = 4
     dct: bool = True  # False: top-k of raw parameter-domain chunks (Templar's current codec)
+    topk_of: Mapping[str, int] = field(default_factory=dict)  # per-parameter top-k where it is not ``topk``
     plans: dict[str, ChunkPlan] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -111,10 +113,11 @@ class DeMoCodec:
 
     @classmethod
     def from_hparams(cls, shapes: dict[str, tuple[int, ...]], hp: HParams) -> "DeMoCodec":
-        return cls(shapes, chunk=hp.chunk, topk=hp.topk, value_bits=hp.value_bits, dct=hp.dct)
+        topk_of = {EMBEDDING: hp.embed_topk} if hp.embed_topk and EMBEDDING in shapes else {}
+        return cls(shapes, chunk=hp.chunk, topk=hp.topk, value_bits=hp.value_bits, dct=hp.dct, topk_of=topk_of)
 
     def k(self, name: str) -> int:
-        return min(self.topk, self.plans[name].chunk_size)
+        return min(self.topk_of.get(name, self.topk), self.plans[name].chunk_size)
 
     def index_coder(self, name: str) -> EliasFano:
         return EliasFano(self.plans[name].chunk_size, self.k(name))
@@ -122,7 +125,8 @@ class DeMoCodec:
     def settings(self) -> dict[str, str]:
         """What a receiver must agree on to read an update (goes into payload metadata)."""
         return {"codec": "demo", "chunk": str(self.chunk), "topk": str(self.topk), "value_bits": str(self.value_bits),
-                "dct": str(int(self.dct))}
+                "dct": str(int(self.dct)),
+                "topk_of": ",".join(f"{n}={k}" for n, k in sorted(self.topk_of.items())) or "none"}
 
     # --------------------------------------------------------- compress
     def compress_tensor(self, name: str, x: torch.Tensor, window: int, uid: int = 0) -> TensorUpdate:

@@ -168,7 +168,9 @@ class HParams:
     # --- codec
     codec: Literal["demo", "sketch"] = _doc("update codec", default="demo")
     chunk: int = _doc("DCT chunk edge (largest divisor <= this, see docs/codec.md)", default=64)
-    topk: int = _doc("coefficients kept per chunk", default=32)
+    topk: int = _doc("coefficients kept per chunk (the token embedding: embed_topk)", default=24)
+    embed_topk: int = _doc("coefficients kept per chunk of the token embedding (tied with the output head: what "
+                           "compression costs most; docs/training.md \"Seventh pass\"); 0 = topk", default=56)
     ef_beta: float = _doc("error-feedback decay beta", default=0.9)
     value_bits: int = _doc("bits per kept value: 2..8 (sign + level, levels decoded at their members' mean; "
                            "docs/codec.md) or 32 (float32)", default=2)
@@ -262,8 +264,10 @@ class HParams:
                   "checkpoint_every", "sketch_dim", "sketch_clip", "protocol_version")
         if self.assigned_sequences < self.batch_size:
             raise ConfigError(f"{prefix}.assigned_sequences: must be >= batch_size ({self.batch_size})")
-        if self.topk > self.chunk * self.chunk:
-            raise ConfigError(f"{prefix}.topk: {self.topk} exceeds a {self.chunk}x{self.chunk} chunk")
+        for name in ("topk", "embed_topk"):
+            if not 0 <= getattr(self, name) <= self.chunk * self.chunk:
+                raise ConfigError(f"{prefix}.{name}: {getattr(self, name)} is not in [0, {self.chunk * self.chunk}], "
+                                  f"the coefficients of a {self.chunk}x{self.chunk} chunk")
         if self.value_bits not in (*range(2, 9), 32):
             raise ConfigError(f"{prefix}.value_bits: must be 2..8 or 32, got {self.value_bits}")
         for name in ("ef_beta", "poc_gamma", "fast_penalty", "val_fraction"):

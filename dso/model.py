@@ -19,6 +19,8 @@ from torch import nn
 
 from dso.config import HParams, ModelConfig
 
+EMBEDDING = "embed.weight"  # the tied embedding's parameter name (the codec gives it its own top-k)
+
 
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float):

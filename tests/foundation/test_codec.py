@@ -176,6 +176,33 @@ def test_wire_round_trip_is_bit_exact(bits, dct):
         assert torch.equal(codec.to_dense(n, again[n]), codec.to_dense(n, update[n]))
 
 
+def test_a_parameter_with_its_own_topk_keeps_that_many_and_reads_back_bit_exact():
+    codec = DeMoCodec({"embed.weight": (128, 64), "w": (64, 64)}, chunk=64, topk=4, value_bits=2,
+                      topk_of={"embed.weight": 12})
+    update = codec.compress({n: torch.randn(s) for n, s in codec.shapes.items()}, 0)
+    assert tuple(update["embed.weight"].idx.shape) == (2, 12) and tuple(update["w"].idx.shape) == (1, 4)
+    assert codec.kept() == 2 * 12 + 4
+    again = codec.from_wire(codec.to_wire(update), 0)
+    for n in update:
+        assert torch.equal(codec.to_dense(n, again[n]), codec.to_dense(n, update[n]))
+    assert codec.settings()["topk_of"] == "embed.weight=12"
+    plain = DeMoCodec({"embed.weight": (128, 64), "w": (64, 64)}, chunk=64, topk=4, value_bits=2)
+    assert plain.settings()["topk_of"] == "none" and plain.kept() == 3 * 4
+    with pytest.raises(PackingError):  # a sender with the plain layout does not fit this one
+        codec.from_wire(plain.to_wire(plain.compress({n: torch.randn(s) for n, s in plain.shapes.items()}, 0)), 0)
+
+
+def test_from_hparams_gives_the_tied_embedding_embed_topk():
+    from dso.config import HParams
+    hp = HParams()
+    hp.topk, hp.embed_topk = 24, 56
+    shapes = {"embed.weight": (4096, 256), "blocks.0.attn.wq.weight": (256, 256)}
+    codec = DeMoCodec.from_hparams(shapes, hp)
+    assert (codec.k("embed.weight"), codec.k("blocks.0.attn.wq.weight")) == (56, 24)
+    hp.embed_topk = 0  # 0: the embedding keeps topk like every other parameter
+    assert DeMoCodec.from_hparams(shapes, hp).k("embed.weight") == 24
+
+
 @pytest.mark.parametrize("table, reason", [
     ([0.1, np.nan, 0.3, 0.4], "non_finite"), ([0.1, 0.2, np.inf, 0.4], "non_finite"),
     ([0.1, 0.3, 0.2, 0.4], "bad_encoding"), ([-0.1, 0.2, 0.3, 0.4], "bad_encoding"),
