@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import copy
 import math
-import statistics
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
@@ -167,8 +166,7 @@ def score_window(state: ValidatorState, model: Decoder, codec: Codec, dataset: D
     losses, base_rand = _evaluate(state, model, codec, dataset, hp, window, chosen, payloads, shapes,
                                   _reference(codec, hp, payloads, reference_norms), failures, notes,
                                   data_rng(state, hp, window, eval_seed))
-    finite = [pl.delta_rand for pl in losses.values() if math.isfinite(pl.delta_rand)]
-    median = statistics.median(finite) if finite else None
+    median = formulas.help_median(pl.delta_rand for pl in losses.values())
     for uid, peer_losses in losses.items():
         record_evaluation(state.peers[uid], peer_losses.delta_rand, peer_losses.delta_assigned, median, hp)
     new_ratings = rate_match({uid: state.peers[uid].rating for uid in losses},

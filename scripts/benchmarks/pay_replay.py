@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import math
 import statistics
 import sys
 from pathlib import Path
@@ -54,8 +53,7 @@ def replay(trace: dict, hp: HParams, warmup: int = 5) -> dict:
         rejected = {int(u) for u in row["rejections"]}
         for uid in rejected:
             peers[uid].mu = formulas.penalise(peers[uid].mu, hp.fast_penalty)
-        finite = [v for v in losses.values() if math.isfinite(v)]
-        median = statistics.median(finite) if finite else None
+        median = formulas.help_median(losses.values())
         for uid, loss in losses.items():
             record_evaluation(peers[uid], loss, assigned.get(uid, loss), median, hp)
         for uid, (mu, sigma) in rate_match({u: peers[u].rating for u in losses}, losses, hp.rating_beta,

@@ -3,12 +3,15 @@ from __future__ import annotations
 
 import itertools
 import math
+import statistics
 
 import numpy as np
 import pytest
 from scipy.stats import rankdata
 
-from scoring.formulas import (MU_MAX, MU_MIN, competition_ranks, help_ratio, helped_recently, last_update_helped,
+from dso.config import HParams
+from scoring.formulas import (MU_MAX, MU_MIN, competition_ranks, help_median, help_ratio, helped_recently,
+                              last_update_helped,
                               loss_delta, normalise_weights, peer_score, penalise, poc_no_work, poc_passes, poc_update,
                               smooth_weights, sync_score, top_g)
 
@@ -282,3 +285,17 @@ def test_competition_ranks_match_scipy_min_ranking():
     expected = rankdata([-v for v in finite], method="min") - 1
     assert [ranks[u] for u in values] == expected.tolist()
     assert ranks[10] == ranks[12] == 0 and ranks[13] == 2
+
+
+def test_the_help_median_leaves_out_updates_that_did_no_work():
+    """A default make run's window 9: four honest LossScores, a free-rider's 0 and a noise update's 0.0012.  With
+    the no-work updates counted the median is 0.00555 and the noise passes the help gate (0.216 ≥ 0.2); without
+    them it is 0.0083 and the noise does not (0.145)."""
+    window = [0.0131, 0.0083, 0.0095, 0.0028, 0.0, 0.0012]
+    assert statistics.median(window) == pytest.approx(0.00555)
+    assert help_ratio(0.0012, statistics.median(window)) >= HParams().help_share
+    assert help_median(window) == pytest.approx(0.0083)
+    assert help_ratio(0.0012, help_median(window)) == pytest.approx(0.0012 / 0.0083)
+    assert help_ratio(0.0012, help_median(window)) < HParams().help_share
+    assert help_median([0.0, -0.01, float("nan")]) is None
+    assert help_median([float("inf"), 0.2, 0.4]) == pytest.approx(0.3)

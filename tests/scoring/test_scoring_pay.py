@@ -54,7 +54,7 @@ def run(hp: HParams, seed: int, windows: int = 20, turns_bad: int | None = None,
         if turns_bad is not None and t >= turns_bad:
             losses[1] = 0.05 * b * rng.standard_normal()           # noise: ± a twentieth of an honest step
             assigned[1] = losses[1] + 0.05 * b * rng.standard_normal()
-        median = statistics.median(losses.values())
+        median = formulas.help_median(losses.values())
         for uid, peer in peers.items():
             record_evaluation(peer, losses[uid], assigned[uid], median, hp)
         for uid, (mu, sigma) in rate_match({u: p.rating for u, p in peers.items()}, losses, hp.rating_beta,
