@@ -51,6 +51,17 @@ def cache_name(hp: HParams, data_hash: str) -> str:
     return f"adamw-{digest}.json"
 
 
+def rounds_for(hp: HParams, dataset: Any, tokens: int) -> int:
+    """Rounds of ``ROUND_STEPS`` steps a curve needs to reach ``tokens`` training tokens."""
+    return math.ceil(tokens / (ROUND_STEPS * hp.batch_size * dataset.seq_len))
+
+
+def store(curve: dict[str, Any], folder: Path, name: str) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / name).write_text(json.dumps(curve))
+    return folder / name
+
+
 def read_cached(path: Path, rounds: int) -> dict[str, Any] | None:
     """A complete cached curve with at least ``rounds`` rounds, else None (missing, unreadable, malformed)."""
     try:
@@ -86,7 +97,7 @@ def adamw_reference(hp: HParams, dataset: Any, tokens: int, cache_dir: str | Pat
     if tokens <= 0:
         return None
     per_step = hp.batch_size * dataset.seq_len
-    rounds = math.ceil(tokens / (ROUND_STEPS * per_step))
+    rounds = rounds_for(hp, dataset, tokens)
     name = cache_name(hp, dataset.data_hash)
     places = [Path(cache_dir).expanduser() / "reference"] + ([shipped] if shipped is not None else [])
     cached = None
@@ -99,8 +110,7 @@ def adamw_reference(hp: HParams, dataset: Any, tokens: int, cache_dir: str | Pat
     else:
         curve = train_curve(hp, dataset, rounds, seconds, say)
         if curve["complete"]:
-            places[0].mkdir(parents=True, exist_ok=True)
-            (places[0] / name).write_text(json.dumps(curve))
+            store(curve, places[0], name)
     if curve["complete"]:  # (a cut curve does not reach the network's tokens)
         curve = {**curve, **at_tokens(curve, tokens), "steps": math.ceil(tokens / per_step)}
     return {**curve, "target_tokens": tokens, "cached": cached is not None}
@@ -174,11 +184,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, DataError) as e:
         p.error(str(e))
     out = Path(args.out) if args.out else Path(args.cache_dir).expanduser() / "reference"
-    curve = train_curve(hp, dataset, math.ceil(args.tokens / (ROUND_STEPS * hp.batch_size * dataset.seq_len)),
-                        math.inf, lambda line: print(line, file=sys.stderr, flush=True))
-    out.mkdir(parents=True, exist_ok=True)
-    (out / cache_name(hp, dataset.data_hash)).write_text(json.dumps(curve))
-    print(out / cache_name(hp, dataset.data_hash))
+    curve = train_curve(hp, dataset, rounds_for(hp, dataset, args.tokens), math.inf,
+                        lambda line: print(line, file=sys.stderr, flush=True))
+    print(store(curve, out, cache_name(hp, dataset.data_hash)))
     return 0
 
 
