@@ -168,9 +168,14 @@ class HParams:
     # --- codec
     codec: Literal["demo", "sketch"] = _doc("update codec", default="demo")
     chunk: int = _doc("DCT chunk edge (largest divisor <= this, see docs/codec.md)", default=64)
-    topk: int = _doc("coefficients kept per chunk (the token embedding: embed_topk)", default=24)
+    topk: int = _doc("coefficients kept per chunk (where embed_topk, attn_topk or ffn_topk does not say "
+                     "otherwise: the norms' gains)", default=24)
     embed_topk: int = _doc("coefficients kept per chunk of the token embedding (tied with the output head: what "
                            "compression costs most; docs/training.md \"Seventh pass\"); 0 = topk", default=56)
+    attn_topk: int = _doc("coefficients kept per chunk of the blocks' attention matrices; 0 = topk "
+                          "(docs/training.md \"Eighth pass\")", default=16)
+    ffn_topk: int = _doc("coefficients kept per chunk of the blocks' feed-forward matrices; 0 = topk "
+                         "(docs/training.md \"Eighth pass\")", default=28)
     ef_beta: float = _doc("error-feedback decay beta", default=0.9)
     value_bits: int = _doc("bits per kept value: 2..8 (sign + level, levels decoded at their members' mean; "
                            "docs/codec.md) or 32 (float32)", default=2)
@@ -264,7 +269,7 @@ class HParams:
                   "checkpoint_every", "sketch_dim", "sketch_clip", "protocol_version")
         if self.assigned_sequences < self.batch_size:
             raise ConfigError(f"{prefix}.assigned_sequences: must be >= batch_size ({self.batch_size})")
-        for name in ("topk", "embed_topk"):
+        for name in ("topk", "embed_topk", "attn_topk", "ffn_topk"):
             if not 0 <= getattr(self, name) <= self.chunk * self.chunk:
                 raise ConfigError(f"{prefix}.{name}: {getattr(self, name)} is not in [0, {self.chunk * self.chunk}], "
                                   f"the coefficients of a {self.chunk}x{self.chunk} chunk")

@@ -49,7 +49,7 @@ def network_hparams():
         # embed_topk (56 of a 32×32 chunk's 1,024 coefficients, against 16) enlarges the noise miner's evaluation
         # step in the embedding, and it passed the help gate in the final row of 2 of 5 adversary-zoo runs
         # (docs/scoring.md, "Limits")
-        hp.embed_topk = 0
+        hp.embed_topk = hp.attn_topk = hp.ffn_topk = 0
         hp.inner.steps_max = 1  # one inner AdamW step on the whole assignment (steps_max × batch_size)
         hp.inner.warmup_steps = 0  # one step a window: a 10-step warm-up would take most of a short test run
         return hp

@@ -178,29 +178,32 @@ def test_wire_round_trip_is_bit_exact(bits, dct):
 
 def test_a_parameter_with_its_own_topk_keeps_that_many_and_reads_back_bit_exact():
     codec = DeMoCodec({"embed.weight": (128, 64), "w": (64, 64)}, chunk=64, topk=4, value_bits=2,
-                      topk_of={"embed.weight": 12})
+                      topk_of={"embed": 12})
     update = codec.compress({n: torch.randn(s) for n, s in codec.shapes.items()}, 0)
     assert tuple(update["embed.weight"].idx.shape) == (2, 12) and tuple(update["w"].idx.shape) == (1, 4)
     assert codec.kept() == 2 * 12 + 4
     again = codec.from_wire(codec.to_wire(update), 0)
     for n in update:
         assert torch.equal(codec.to_dense(n, again[n]), codec.to_dense(n, update[n]))
-    assert codec.settings()["topk_of"] == "embed.weight=12"
+    assert codec.settings()["topk_of"] == "embed=12"
     plain = DeMoCodec({"embed.weight": (128, 64), "w": (64, 64)}, chunk=64, topk=4, value_bits=2)
     assert plain.settings()["topk_of"] == "none" and plain.kept() == 3 * 4
     with pytest.raises(PackingError):  # a sender with the plain layout does not fit this one
         codec.from_wire(plain.to_wire(plain.compress({n: torch.randn(s) for n, s in plain.shapes.items()}, 0)), 0)
 
 
-def test_from_hparams_gives_the_tied_embedding_embed_topk():
+def test_from_hparams_gives_each_kind_of_parameter_its_top_k():
     from dso.config import HParams
     hp = HParams()
-    hp.topk, hp.embed_topk = 24, 56
-    shapes = {"embed.weight": (4096, 256), "blocks.0.attn.wq.weight": (256, 256)}
+    hp.topk, hp.embed_topk, hp.attn_topk, hp.ffn_topk = 24, 56, 16, 28
+    shapes = {"embed.weight": (4096, 256), "blocks.0.attn.wq.weight": (256, 256),
+              "blocks.0.ffn.w_down.weight": (256, 704), "blocks.0.attn_norm.weight": (256,)}
     codec = DeMoCodec.from_hparams(shapes, hp)
-    assert (codec.k("embed.weight"), codec.k("blocks.0.attn.wq.weight")) == (56, 24)
-    hp.embed_topk = 0  # 0: the embedding keeps topk like every other parameter
-    assert DeMoCodec.from_hparams(shapes, hp).k("embed.weight") == 24
+    assert [codec.k(n) for n in shapes] == [56, 16, 28, 24]
+    assert codec.settings()["topk_of"] == "attn=16,embed=56,ffn=28"
+    hp.embed_topk = hp.ffn_topk = 0  # 0: that kind keeps topk like every other parameter
+    codec = DeMoCodec.from_hparams(shapes, hp)
+    assert [codec.k(n) for n in shapes] == [24, 16, 24, 24] and codec.settings()["topk_of"] == "attn=16"
 
 
 @pytest.mark.parametrize("table, reason", [

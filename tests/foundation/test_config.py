@@ -36,6 +36,8 @@ def test_json_file_and_bool_flags(tmp_path):
     ({"hparams": {"topk": 0}}, "hparams.topk: must be > 0"),
     ({"hparams": {"embed_topk": 4097}}, "hparams.embed_topk: 4097 is not in"),
     ({"hparams": {"embed_topk": -1}}, "hparams.embed_topk: -1 is not in"),
+    ({"hparams": {"attn_topk": 4097}}, "hparams.attn_topk: 4097 is not in"),
+    ({"hparams": {"ffn_topk": -3}}, "hparams.ffn_topk: -3 is not in"),
     ({"hparams": {"model": {"n_heads": 3}}}, "hparams.model.n_heads"),
     ({"wallet": "alice"}, "wallet: expected a table"),
     ({"netuid": True}, "netuid: expected an integer"),

@@ -1,7 +1,7 @@
 import torch
 
 from dso.config import ModelConfig
-from dso.model import build_model, model_hash, parameter_count
+from dso.model import build_model, model_hash, parameter_count, parameter_kind
 
 
 def test_default_size_and_tied_embeddings():
@@ -50,3 +50,11 @@ def test_a_parameter_the_loss_does_not_reach_has_a_zero_gradient():
     grads, loss = compute_gradients(model, torch.randint(0, 256, (4, 9)), micro_batch=2)
     assert torch.equal(grads["unused"], torch.zeros(3)) and loss > 0
     assert grads["embed.weight"].abs().sum() > 0
+
+
+def test_every_parameter_of_the_model_has_the_kind_the_codec_budgets_it_by():
+    model = build_model(ModelConfig(vocab_size=64, d_model=32, n_layers=2, n_heads=2, ffn_hidden=64, seq_len=16), 0)
+    kinds = [parameter_kind(n) for n, _ in model.named_parameters()]
+    # the tied embedding; per block 4 attention and 3 feed-forward matrices and 2 norms; the final norm
+    assert {k: kinds.count(k) for k in set(kinds)} == {"embed": 1, "attn": 8, "ffn": 6, "other": 5}
+    assert parameter_kind("blocks.0.attn_norm.weight") == "other" and parameter_kind("ffn.weight") == "other"
