@@ -20,6 +20,7 @@ def hp() -> HParams:
     # Elias-Fano stream can encode an out-of-range index — needed to test that rejection.
     hp = HParams(model=ModelConfig(vocab_size=256, d_model=40, n_layers=1, n_heads=2, ffn_hidden=64, seq_len=16))
     hp.chunk, hp.topk, hp.sync_samples = 16, 8, 16
+    hp.attn_topk = 0  # k 8 in the attention matrices too: the crafted out-of-range index needs L = 3 (st_craft.py)
     return hp
 
 
