@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from dso.dct import ChunkPlan
-from dso.model import KINDS, parameter_kind
+from dso.model import parameter_kind
 from dso.packing import EliasFano, PackingError, codes_nbytes, index_bound_bits, pack_codes, unpack_codes
 
 if TYPE_CHECKING:
@@ -102,8 +102,7 @@ class DeMoCodec:
     topk: int = 32
     value_bits: int = 4
     dct: bool = True  # False: top-k of raw parameter-domain chunks (Templar's current codec)
-    topk_of: Mapping[str, int] = field(default_factory=dict)  # top-k per parameter kind (``parameter_kind``)
-    # where it is not ``topk``
+    topk_of: Mapping[str, int] = field(default_factory=dict)  # kind (``parameter_kind``) → its top-k, if not topk
     plans: dict[str, ChunkPlan] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -114,8 +113,9 @@ class DeMoCodec:
 
     @classmethod
     def from_hparams(cls, shapes: dict[str, tuple[int, ...]], hp: HParams) -> "DeMoCodec":
+        counts = {"embed": hp.embed_topk, "attn": hp.attn_topk, "ffn": hp.ffn_topk}  # 0: that kind keeps topk
         present = {parameter_kind(n) for n in shapes}
-        topk_of = {kind: k for kind in KINDS if (k := getattr(hp, f"{kind}_topk")) and kind in present}
+        topk_of = {kind: k for kind, k in counts.items() if k and kind in present}
         return cls(shapes, chunk=hp.chunk, topk=hp.topk, value_bits=hp.value_bits, dct=hp.dct, topk_of=topk_of)
 
     def k(self, name: str) -> int:

@@ -20,7 +20,6 @@ from torch import nn
 from dso.config import HParams, ModelConfig
 
 EMBEDDING = "embed.weight"  # the tied embedding's parameter name (the codec gives it its own top-k)
-KINDS = ("embed", "attn", "ffn")  # the parameter kinds the codec can give their own top-k (``parameter_kind``)
 
 
 def parameter_kind(name: str) -> str:
@@ -29,7 +28,7 @@ def parameter_kind(name: str) -> str:
     if name == EMBEDDING:
         return "embed"
     part = name.split(".")[2:3]  # blocks.<i>.<part>.<matrix>.weight
-    return part[0] if name.startswith("blocks.") and part and part[0] in KINDS else "other"
+    return part[0] if name.startswith("blocks.") and part in (["attn"], ["ffn"]) else "other"
 
 
 class RMSNorm(nn.Module):

@@ -46,9 +46,9 @@ def network_hparams():
         hp.learning_rate, hp.warmup_windows, hp.checkpoint_every = 5e-3, 0, 2
         hp.chunk, hp.topk = 32, 16
         # one top-k for every tensor, as these networks' incentive assertions were calibrated: the default
-        # embed_topk (56 of a 32×32 chunk's 1,024 coefficients, against 16) enlarges the noise miner's evaluation
-        # step in the embedding, and it passed the help gate in the final row of 2 of 5 adversary-zoo runs
-        # (docs/scoring.md, "Limits")
+        # per-kind counts are absolute (embed_topk 56 of a 32×32 chunk's 1,024 coefficients, against 16) and
+        # enlarge the noise miner's evaluation step in the embedding; it passed the help gate in the final row
+        # of 2 of 5 adversary-zoo runs (docs/scoring.md, "A lucky noise update")
         hp.embed_topk = hp.attn_topk = hp.ffn_topk = 0
         hp.inner.steps_max = 1  # one inner AdamW step on the whole assignment (steps_max × batch_size)
         hp.inner.warmup_steps = 0  # one step a window: a 10-step warm-up would take most of a short test run
