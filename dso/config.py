@@ -194,7 +194,9 @@ class HParams:
     sync_samples: int = _doc("SyncScore samples per payload, at least (see sync_samples_per_tensor)", default=64)
     eval_peers: int = _doc("|S_t|: peers given the primary evaluation per window", default=6)
     fast_peers: int = _doc("|F_t|: peers given fast checks per window (top-G always in)", default=32)
-    eval_sequences: int = _doc("sequences of D_rand / D_assigned used per loss (noise of the PoC test)", default=8)
+    eval_sequences: int = _doc("sequences of D_rand / D_assigned used per loss (16: with 8, honest LossScores were "
+                               "<= 0 often enough for the help gate to cut equal peers unequally; docs/scoring.md)",
+                               default=16)
     topg: int = _doc("G: peers aggregated per window", default=15)
     weight_power: float = _doc("c of the power normalisation of scores (< 1: the rating already rewards quality "
                                "steeply; docs/scoring.md, issue 17)", default=0.7)
