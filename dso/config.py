@@ -198,8 +198,8 @@ class HParams:
                                "<= 0 often enough for the help gate to cut equal peers unequally; docs/scoring.md)",
                                default=16)
     topg: int = _doc("G: peers aggregated per window", default=15)
-    weight_power: float = _doc("c of the power normalisation of scores (1: with the raw-domain codec the diligent "
-                               "peer's edge needs it undamped; docs/scoring.md, issue 17)", default=1.0)
+    weight_power: float = _doc("c of the power normalisation of scores (< 1: the rating already rewards quality "
+                               "steeply; docs/scoring.md, issue 17)", default=0.7)
     windows_per_weights: int = _doc("post weights every this many windows", default=1)
     checkpoint_every: int = _doc("validator checkpoints every this many windows", default=5)
     # --- DSO extensions
@@ -246,9 +246,7 @@ class HParams:
                                    "still paid this window (others drop to 0 at once); 1 = no smoothing",
                                    default=0.5)
     # --- issue 13: codec domain, inner loop, outer step (docs/codec.md, docs/training.md)
-    dct: bool = _doc("codec: DCT each chunk before top-k; false = top-k of raw parameter chunks (the default: "
-                     "behind in the first windows, ahead from about window 12; docs/training.md, tenth pass)",
-                     default=False)
+    dct: bool = _doc("codec: DCT each chunk before top-k; false = top-k of raw parameter chunks", default=True)
     inner: InnerConfig = field(default_factory=InnerConfig)
     outer: OuterConfig = field(default_factory=OuterConfig)
 
