@@ -27,8 +27,9 @@ def parameter_kind(name: str) -> str:
     ``attn`` / ``ffn`` (a block's attention or feed-forward matrices), or ``other`` (the norms' gains)."""
     if name == EMBEDDING:
         return "embed"
-    part = name.split(".")[2:3]  # blocks.<i>.<part>.<matrix>.weight
-    return part[0] if name.startswith("blocks.") and part in (["attn"], ["ffn"]) else "other"
+    parts = name.split(".")  # blocks.<i>.<part>.<matrix>.weight
+    is_block_matrix = len(parts) > 2 and parts[0] == "blocks" and parts[2] in ("attn", "ffn")
+    return parts[2] if is_block_matrix else "other"
 
 
 class RMSNorm(nn.Module):
