@@ -135,20 +135,25 @@ def help_ratio(loss_score: float, median: float | None) -> float:
 NO_WORK_LIMIT = 2  # evaluations without work in the help record that cut a peer's pay (``helped_recently``)
 
 
-def helped_recently(ratios: Sequence[float], share: float) -> bool:
+def helped_recently(ratios: Sequence[float], share: float, rule: str) -> bool:
     """The help gate of the pay rule, on a peer's record of help ratios (``help_ratio``, oldest first, the last
-    ``help_memory`` evaluations): paid unless its last two ratios are both below ``share`` (its only one, after a
-    single evaluation), or ``NO_WORK_LIMIT`` of the record's evaluations did no work.  No record: not held
-    against it (it has no proof of computation yet and is not paid anyway).
+    ``help_memory`` evaluations): paid unless its last two ratios fall below ``share`` — both of them
+    (``rule`` "best_of_two") or on average, a no-work −1 counted 0 (``rule`` "mean_of_two"); its only one, after a
+    single evaluation — or ``NO_WORK_LIMIT`` of the record's evaluations did no work.  No record: not held against
+    it (it has no proof of computation yet and is not paid anyway).
 
-    Two ratios, not one: an honest LossScore is about as noisy as it is large late in a run, so one honest
-    evaluation in 20–25 scores ≤ 0, two in a row rarely; a peer that turns bad (noise scores ≈ 0 × the median)
-    is cut at its second bad evaluation.  The no-work count is for a miner that does the work in some windows
-    only (the ``gamer``): half its evaluations show none, an honest peer's seldom two in a few
-    (docs/scoring.md, "Fair, stable weights")."""
+    Two ratios, not one: an honest LossScore can be about as noisy as it is large late in a run, so one honest
+    evaluation in 15–25 scores ≤ 0 (DCT codec), two in a row rarely; a peer that turns bad (noise scores ≈ 0 × the
+    median) is cut at its second bad evaluation.  The mean of two also cuts a noise update that scores above the
+    share once by luck, which the best of two pays; it is meant for the raw-domain codec, whose honest LossScores
+    are almost never ≤ 0 after the first windows (docs/scoring.md, "The help gate's rule").  The no-work count is
+    for a miner that does the work in some windows only (the ``gamer``): half its evaluations show none, an honest
+    peer's seldom two in a few (docs/scoring.md, "Fair, stable weights")."""
     if not ratios:
         return True
-    return max(ratios[-2:]) >= share and sum(r < 0 for r in ratios) < NO_WORK_LIMIT
+    recent = ratios[-2:]
+    helped = max(recent) if rule == "best_of_two" else statistics.fmean(max(r, 0.0) for r in recent)
+    return helped >= share and sum(r < 0 for r in ratios) < NO_WORK_LIMIT
 
 
 def last_update_helped(loss_score: float | None) -> bool:

@@ -43,7 +43,7 @@ def pay(peers: Mapping[int, PeerState], hp: HParams, previous: Mapping[int, floa
     scores = {uid: formulas.peer_score(p.mu, ratings[uid], formulas.poc_passes(p.mu, p.eval_count, hp.poc_floor))
               for uid, p in peers.items()}
     unhelped = {uid for uid, p in peers.items()
-                if not formulas.helped_recently(p.help_ratios, hp.help_share)}
+                if not formulas.helped_recently(p.help_ratios, hp.help_share, hp.help_rule)}
     barred = {uid for uid, p in peers.items() if formulas.copy_record_bars_pay(p.copies, p.passes)}
     for uid in unhelped | barred | (set(unpaid) & set(peers)):
         scores[uid] = min(scores[uid], 0.0)

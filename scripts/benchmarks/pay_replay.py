@@ -66,7 +66,7 @@ def replay(trace: dict, hp: HParams, warmup: int = 5) -> dict:
             for uid in honest:
                 seen += 1
                 poc_cut += not formulas.poc_passes(peers[uid].mu, peers[uid].eval_count, hp.poc_floor)
-                help_cut += not formulas.helped_recently(peers[uid].help_ratios, hp.help_share)
+                help_cut += not formulas.helped_recently(peers[uid].help_ratios, hp.help_share, hp.help_rule)
     diligent = next(u for u, r in zip(uids, roles) if r == "diligent")
     return {**seed_figures(weights, honest, diligent), "poc_cut": poc_cut / max(seen, 1),
             "help_cut": help_cut / max(seen, 1), "drift_from_recorded": drift,

@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 from scipy.stats import rankdata
 
-from dso.config import HParams
 from scoring.formulas import (MU_MAX, MU_MIN, competition_ranks, help_median, help_ratio, helped_recently,
                               last_update_helped,
                               loss_delta, normalise_weights, peer_score, penalise, poc_no_work, poc_passes, poc_update,
@@ -210,7 +209,21 @@ def test_only_a_peer_whose_last_update_lowered_the_loss_may_be_paid(loss_score, 
                                           ([-1.0], False),
                                           ([], True)])                   # never evaluated: not held against it
 def test_the_help_gate_reads_the_last_two_ratios_and_the_no_work_count(ratios, paid):
-    assert helped_recently(ratios, share=0.2) is paid
+    assert helped_recently(ratios, share=0.2, rule="best_of_two") is paid
+
+
+@pytest.mark.parametrize("ratios, paid", [([0.9, 0.2], True),
+                                          ([0.0, 0.4], True),            # a mean of exactly the share
+                                          ([0.9, 0.1999, 0.05], False),
+                                          ([0.05, 0.22], False),         # one lucky noise draw: cut (best of two pays)
+                                          ([0.22, 0.25], True),          # two in a row: paid
+                                          ([0.9, -1.0], True),           # no work counts 0: mean 0.45
+                                          ([0.3, -1.0], False),          # mean 0.15
+                                          ([-1.0, 0.9, -1.0], False),    # two of three did no work: cut
+                                          ([0.1], False), ([0.25], True),
+                                          ([], True)])
+def test_the_mean_of_two_gate_cuts_a_single_lucky_draw(ratios, paid):
+    assert helped_recently(ratios, share=0.2, rule="mean_of_two") is paid
 
 
 @pytest.mark.parametrize("loss_score, median, ratio", [(0.004, 0.008, 0.5), (0.02, 0.008, 1.0), (0.0, 0.008, -1.0),
@@ -222,15 +235,16 @@ def test_help_ratio_hand_values(loss_score, median, ratio):
     assert help_ratio(loss_score, median) == ratio
 
 
-def test_an_honest_peer_survives_one_low_draw_and_a_turncoat_is_cut_at_its_second_bad_evaluation():
+@pytest.mark.parametrize("rule", ["best_of_two", "mean_of_two"])
+def test_an_honest_peer_survives_one_low_draw_and_a_turncoat_is_cut_at_its_second_bad_evaluation(rule):
     low = help_ratio(-0.0001, 0.004)                          # late in a run: an honest LossScore ≤ 0
-    assert low == -1.0 and helped_recently([0.9, 1.0, low], 0.2)
-    assert not helped_recently([1.0, low, help_ratio(0.0006, 0.004)], 0.2)   # then 0.15 × the median: cut
+    assert low == -1.0 and helped_recently([0.9, 1.0, low], 0.2, rule)
+    assert not helped_recently([1.0, low, help_ratio(0.0006, 0.004)], 0.2, rule)   # then 0.15 × the median: cut
     noise = help_ratio(0.0002, 0.004)                         # noise scoring 0.05 × the median by chance
     assert noise == pytest.approx(0.05)
-    assert helped_recently([1.0, 1.0, noise], 0.2) and not helped_recently([1.0, noise, noise], 0.2)
+    assert helped_recently([1.0, 1.0, noise], 0.2, rule) and not helped_recently([1.0, noise, noise], 0.2, rule)
     # noise that scores above the share once is still cut if it did no work in two of three evaluations
-    assert not helped_recently([help_ratio(-1e-4, 0.004), help_ratio(-1e-5, 0.004), 0.3], 0.2)
+    assert not helped_recently([help_ratio(-1e-4, 0.004), help_ratio(-1e-5, 0.004), 0.3], 0.2, rule)
 
 
 # ------------------------------------------------------------- smoothing (issue 17)
@@ -290,12 +304,13 @@ def test_competition_ranks_match_scipy_min_ranking():
 def test_the_help_median_leaves_out_updates_that_did_no_work():
     """A default make run's window 9: four honest LossScores, a free-rider's 0 and a noise update's 0.0012.  With
     the no-work updates counted the median is 0.00555 and the noise passes the help gate (0.216 ≥ 0.2); without
-    them it is 0.0083 and the noise does not (0.145)."""
+    them it is 0.0083 and the noise does not (0.145).  The share is that run's (0.2, the DCT codec's gate)."""
+    share = 0.2
     window = [0.0131, 0.0083, 0.0095, 0.0028, 0.0, 0.0012]
     assert statistics.median(window) == pytest.approx(0.00555)
-    assert help_ratio(0.0012, statistics.median(window)) >= HParams().help_share
+    assert help_ratio(0.0012, statistics.median(window)) >= share
     assert help_median(window) == pytest.approx(0.0083)
     assert help_ratio(0.0012, help_median(window)) == pytest.approx(0.0012 / 0.0083)
-    assert help_ratio(0.0012, help_median(window)) < HParams().help_share
+    assert help_ratio(0.0012, help_median(window)) < share
     assert help_median([0.0, -0.01, float("nan")]) is None
     assert help_median([float("inf"), 0.2, 0.4]) == pytest.approx(0.3)

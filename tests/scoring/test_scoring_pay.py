@@ -114,7 +114,7 @@ def test_a_no_work_peer_fails_the_proof_of_computation_within_six_evaluations():
     for _ in range(8):
         record_evaluation(peer, 0.0, 0.0, 0.004, hp)
         passing.append(formulas.poc_passes(peer.mu, peer.eval_count, hp.poc_floor))
-        assert not formulas.helped_recently(peer.help_ratios, hp.help_share)
+        assert not formulas.helped_recently(peer.help_ratios, hp.help_share, hp.help_rule)
     assert passing == [True] * 5 + [False] * 3
 
 

@@ -134,7 +134,7 @@ def test_penalties_persist_across_windows_and_scores_are_recomputed_from_them(hp
             peer = state.peers[uid]  # its last two updates helped
             expected = peer_score(peer.mu, ordinal(peer.rating, hp.rating_z),
                                   poc_passes(peer.mu, peer.eval_count, hp.poc_floor))
-            helped = helped_recently(peer.help_ratios, hp.help_share)
+            helped = helped_recently(peer.help_ratios, hp.help_share, hp.help_rule)
             assert report.scores[uid] == (expected if helped else min(expected, 0.0))
     assert state.peers[1].offences == {"missing": 1} and first.rejections[1].startswith("missing")
 
