@@ -114,7 +114,8 @@ def network_spec(peers: int, windows: int, steps: int, tiny: bool = False, **ove
 
 
 def paper_set() -> dict:
-    return {"inner.mode": "gradient", "outer.rule": "signed"}
+    """The Gauntlet paper's setup: one gradient per window, its DCT codec and its signed step."""
+    return {"inner.mode": "gradient", "outer.rule": "signed", "dct": "true"}
 
 
 # --------------------------------------------------------------- figures

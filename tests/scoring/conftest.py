@@ -20,7 +20,7 @@ def hp(tiny_hparams):
     hp.fast_peers = 8
     hp.topg = 3
     # the scripted miners send one gradient per window: the paper's mode, scored with the signed rule
-    hp.inner.mode, hp.outer.rule = "gradient", "signed"
+    hp.inner.mode, hp.outer.rule, hp.dct = "gradient", "signed", True  # paper mode: the Gauntlet's setup
     return hp
 
 

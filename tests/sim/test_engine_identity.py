@@ -37,7 +37,7 @@ def tiny() -> HParams:
     hp.inner.steps_max = 2  # the assignment holds steps_max × batch_size
     # identity holds in any mode; paper mode keeps every window's list non-trivial in 6 windows (with inner steps
     # and the sgd rule an early list can hold only a freerider, and the model does not move: see the steps test)
-    hp.inner.mode, hp.outer.rule = "gradient", "signed"
+    hp.inner.mode, hp.outer.rule, hp.dct = "gradient", "signed", True  # paper mode: the Gauntlet's setup
     return hp
 
 
