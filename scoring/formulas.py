@@ -133,6 +133,7 @@ def help_ratio(loss_score: float, median: float | None) -> float:
 
 
 NO_WORK_LIMIT = 2  # evaluations without work in the help record that cut a peer's pay (``helped_recently``)
+HELP_RULES = ("best_of_two", "mean_of_two")  # ``hparams.help_rule``: how the last two help ratios are read
 
 
 def helped_recently(ratios: Sequence[float], share: float, rule: str) -> bool:
@@ -149,6 +150,8 @@ def helped_recently(ratios: Sequence[float], share: float, rule: str) -> bool:
     are almost never ≤ 0 after the first windows (docs/scoring.md, "The help gate's rule").  The no-work count is
     for a miner that does the work in some windows only (the ``gamer``): half its evaluations show none, an honest
     peer's seldom two in a few (docs/scoring.md, "Fair, stable weights")."""
+    if rule not in HELP_RULES:
+        raise ValueError(f"help rule must be one of {', '.join(HELP_RULES)}, got {rule!r}")
     if not ratios:
         return True
     recent = ratios[-2:]

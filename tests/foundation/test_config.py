@@ -140,6 +140,7 @@ def test_readers_moved_to_config_sources_still_import_from_config():
     ({"hparams": {"outer": {"momentum": 1.0}}}, "hparams.outer.momentum: must be in"),
     ({"hparams": {"outer": {"lr": 0.0}}}, "hparams.outer.lr: must be > 0"),
     ({"hparams": {"dct": "maybe"}}, "hparams.dct: expected true/false"),
+    ({"hparams": {"help_rule": "mean"}}, "hparams.help_rule: must be one of"),
 ])
 def test_bad_inner_outer_and_codec_values_name_the_key(data, key):
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):

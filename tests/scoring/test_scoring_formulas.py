@@ -226,6 +226,11 @@ def test_the_mean_of_two_gate_cuts_a_single_lucky_draw(ratios, paid):
     assert helped_recently(ratios, share=0.2, rule="mean_of_two") is paid
 
 
+def test_an_unknown_help_rule_is_refused_not_read_as_another():
+    with pytest.raises(ValueError, match="help rule must be one of best_of_two, mean_of_two, got 'mean'"):
+        helped_recently([0.9, 0.1], share=0.2, rule="mean")
+
+
 @pytest.mark.parametrize("loss_score, median, ratio", [(0.004, 0.008, 0.5), (0.02, 0.008, 1.0), (0.0, 0.008, -1.0),
                                                        (-0.004, 0.008, -1.0), (-0.1, 0.008, -1.0),
                                                        (0.003, -0.002, 1.0), (0.003, None, 1.0),
