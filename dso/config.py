@@ -31,6 +31,9 @@ def _doc(text: str, **kw: Any) -> Any:
     return field(metadata={"doc": text}, **kw)
 
 
+HelpRule = Literal["best_of_two", "mean_of_two"]  # how the help gate reads the last two ratios (scoring.formulas)
+
+
 # ----------------------------------------------------------------- hparams
 @dataclass
 class ModelConfig:
@@ -242,7 +245,7 @@ class HParams:
     help_share: float = _doc("help gate: a peer is not paid while its last two LossScores over their windows' "
                              "medians fall below this (help_rule says how; 0.3 with mean_of_two; docs/scoring.md)",
                              default=0.2)
-    help_rule: Literal["best_of_two", "mean_of_two"] = _doc(
+    help_rule: HelpRule = _doc(
         "help gate: cut only when both of the last two ratios are below help_share (the DCT codec's noisier honest "
         "scores need it), or when their mean is (a no-work evaluation counted 0: also cuts a lucky noise update; "
         "for the raw-domain codec; docs/scoring.md)", default="best_of_two")

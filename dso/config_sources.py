@@ -14,7 +14,8 @@ import typing
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from dso.config import Config, ConfigError, ModelConfig
+from dso.config import Config, ConfigError, HParams, ModelConfig
+from dso.presets import PAPER_MODE
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
@@ -102,8 +103,8 @@ def _apply(obj: Any, data: dict[str, Any], prefix: str = "") -> None:
                 obj.apply_preset()
 
 
-def set_key(cfg: Config, key: str, value: Any) -> None:
-    """Set one dotted key, e.g. ``set_key(cfg, 'hparams.topk', 16)``."""
+def set_key(cfg: Config | HParams, key: str, value: Any) -> None:
+    """Set one dotted key, e.g. ``set_key(cfg, 'hparams.topk', 16)`` (or ``set_key(hp, 'topk', 16)``)."""
     parts = key.split(".")
     nested: dict[str, Any] = {}
     cur = nested
@@ -111,6 +112,13 @@ def set_key(cfg: Config, key: str, value: Any) -> None:
         cur = cur.setdefault(p, {})
     cur[parts[-1]] = value
     _apply(cfg, nested)
+
+
+def use_paper_mode(hp: HParams) -> HParams:
+    """``hp`` in the paper's mode (``presets.PAPER_MODE``), checked as a config file's values are; returns it."""
+    for key, value in PAPER_MODE.items():
+        set_key(hp, key, value)
+    return hp
 
 
 def set_hparams(cfg: Config, items: list[str]) -> None:

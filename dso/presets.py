@@ -17,6 +17,12 @@ PRESETS: dict[str, dict[str, int]] = {
 }
 
 
+# The Gauntlet paper's training setup (docs/training.md, "Paper mode"): one gradient per window, its DCT codec
+# and its signed step — hparams keys and values as a config file or ``--set`` gives them
+# (``dso.config_sources.use_paper_mode`` applies them to an HParams).
+PAPER_MODE: dict[str, str] = {"inner.mode": "gradient", "outer.rule": "signed", "dct": "true"}
+
+
 def non_embedding_parameters(d_model: int, n_layers: int, ffn_hidden: int, **_: int) -> int:
     """Per block: four d×d attention projections, three SwiGLU matrices, two RMSNorm gains; plus the final norm."""
     return n_layers * (4 * d_model * d_model + 3 * d_model * ffn_hidden + 2 * d_model) + d_model

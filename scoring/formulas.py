@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import math
 import statistics
-from typing import Iterable, Mapping, Sequence
+from typing import Iterable, Mapping, Sequence, get_args
+
+from dso.config import HelpRule
 
 
 def sign(x: float) -> float:
@@ -133,10 +135,10 @@ def help_ratio(loss_score: float, median: float | None) -> float:
 
 
 NO_WORK_LIMIT = 2  # evaluations without work in the help record that cut a peer's pay (``helped_recently``)
-HELP_RULES = ("best_of_two", "mean_of_two")  # ``hparams.help_rule``: how the last two help ratios are read
+HELP_RULES: tuple[str, ...] = get_args(HelpRule)  # ``hparams.help_rule``'s values
 
 
-def helped_recently(ratios: Sequence[float], share: float, rule: str) -> bool:
+def helped_recently(ratios: Sequence[float], share: float, rule: HelpRule) -> bool:
     """The help gate of the pay rule, on a peer's record of help ratios (``help_ratio``, oldest first, the last
     ``help_memory`` evaluations): paid unless its last two ratios fall below ``share`` — both of them
     (``rule`` "best_of_two") or on average, a no-work −1 counted 0 (``rule`` "mean_of_two"); its only one, after a

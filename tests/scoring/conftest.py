@@ -6,6 +6,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from dso.config_sources import use_paper_mode
 from dso.data import Dataset
 
 
@@ -20,7 +21,7 @@ def hp(tiny_hparams):
     hp.fast_peers = 8
     hp.topg = 3
     # the scripted miners send one gradient per window: the paper's mode, scored with the signed rule
-    hp.inner.mode, hp.outer.rule, hp.dct = "gradient", "signed", True  # paper mode: the Gauntlet's setup
+    use_paper_mode(hp)
     return hp
 
 

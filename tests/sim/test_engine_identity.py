@@ -13,6 +13,7 @@ import pytest
 from dso.chain.local import LocalChain
 from dso.chain.wallets import create_local_wallet, hotkey_address
 from dso.config import HParams, ModelConfig
+from dso.config_sources import use_paper_mode
 from dso.data import Dataset
 from dso.model import model_hash
 from neurons import validator_state
@@ -37,7 +38,7 @@ def tiny() -> HParams:
     hp.inner.steps_max = 2  # the assignment holds steps_max × batch_size
     # identity holds in any mode; paper mode keeps every window's list non-trivial in 6 windows (with inner steps
     # and the sgd rule an early list can hold only a freerider, and the model does not move: see the steps test)
-    hp.inner.mode, hp.outer.rule, hp.dct = "gradient", "signed", True  # paper mode: the Gauntlet's setup
+    use_paper_mode(hp)
     return hp
 
 

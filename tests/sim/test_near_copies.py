@@ -2,6 +2,7 @@
 none of the new attackers is paid and honest peers keep the weight."""
 import pytest
 
+from dso.config_sources import use_paper_mode
 from dso.data import Dataset
 from sim.simulator import SimNet, behaviour_shares
 
@@ -20,7 +21,7 @@ def records(stdlib_corpus, tmp_path_factory, simnet_hparams):
     # sees the source a round earlier, docs/scoring.md) proof of computation kept a copy over its author in 10 of 14
     # windows and the noise-added copy earned 1.06 % of the cumulative weight (0 % final; re-land, *mix* = 0.78,
     # which now catches the mixer in 14 of 14): open (issue 17)
-    hp.inner.mode, hp.outer.rule, hp.dct = "gradient", "signed", True  # paper mode: the Gauntlet's setup
+    use_paper_mode(hp)
     ds = Dataset.from_config(str(stdlib_corpus), str(tmp_path_factory.mktemp("cache")), 32, hp.seed, 0.02)
     return SimNet(hp, ds, ROLES).run(WINDOWS)
 

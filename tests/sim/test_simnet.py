@@ -3,6 +3,7 @@
 (Which rejection a transport failure gets is the gatherer's business, tested in tests/storage and end to end.)"""
 import pytest
 
+from dso.config_sources import use_paper_mode
 from dso.data import Dataset
 from sim.simulator import SimNet, behaviour_shares
 
@@ -16,7 +17,7 @@ def records(stdlib_corpus, tmp_path_factory, simnet_hparams):
     hp.learning_rate = 5e-3
     # paper mode (one gradient, signed step): the copy tie-break's figures below were set for it; the steps mode
     # (inner AdamW + sgd outer step) is checked by test_inner_steps_network_pays_only_good_peers
-    hp.inner.mode, hp.outer.rule, hp.dct = "gradient", "signed", True  # paper mode: the Gauntlet's setup
+    use_paper_mode(hp)
     ds = Dataset.from_config(str(stdlib_corpus), str(tmp_path_factory.mktemp("cache")), 32, hp.seed, 0.02)
     return SimNet(hp, ds, ROLES).run(12)
 
