@@ -137,8 +137,8 @@ class OuterConfig:
     rule: Literal["signed", "sgd", "nesterov"] = _doc(
         "signed: Gauntlet theta -= alpha*sign(mean), alpha = learning_rate; sgd / nesterov: theta -= lr * "
         "(decoded mean, each peer rescaled to the median norm), nesterov with momentum", default="sgd")
-    lr: float = _doc("outer learning rate of the sgd and nesterov rules (2.5 with the raw-domain codec; "
-                     "docs/training.md, eleventh pass)", default=2.0)
+    lr: float = _doc("outer learning rate of the sgd and nesterov rules (2 with the DCT codec; docs/training.md, "
+                     "eleventh pass)", default=2.5)
     momentum: float = _doc("nesterov: momentum of the outer optimiser", default=0.9)
 
     def validate(self, prefix: str) -> None:
@@ -203,7 +203,7 @@ class HParams:
                                default=16)
     topg: int = _doc("G: peers aggregated per window", default=15)
     weight_power: float = _doc("c of the power normalisation of scores (< 1: the rating already rewards quality "
-                               "steeply; 1 with the raw-domain codec; docs/scoring.md, issue 17)", default=0.7)
+                               "steeply; 0.7 with the DCT codec; docs/scoring.md, issue 17)", default=1.0)
     windows_per_weights: int = _doc("post weights every this many windows", default=1)
     checkpoint_every: int = _doc("validator checkpoints every this many windows", default=5)
     # --- DSO extensions
@@ -243,21 +243,21 @@ class HParams:
                             "Negative: honest mu wanders around 0 on current training, a no-work peer sinks "
                             "(docs/scoring.md)", default=-0.25)
     help_share: float = _doc("help gate: a peer is not paid while its last two LossScores over their windows' "
-                             "medians fall below this (help_rule says how; 0.3 with mean_of_two; docs/scoring.md)",
-                             default=0.2)
+                             "medians fall below this (help_rule says how; 0.2 with best_of_two; docs/scoring.md)",
+                             default=0.3)
     help_rule: HelpRule = _doc(
-        "help gate: cut only when both of the last two ratios are below help_share (the DCT codec's noisier honest "
-        "scores need it), or when their mean is (a no-work evaluation counted 0: also cuts a lucky noise update; "
-        "for the raw-domain codec; docs/scoring.md)", default="best_of_two")
+        "help gate: cut when the mean of the last two ratios is below help_share (a no-work evaluation counted 0: "
+        "cuts a lucky noise update too), or only when both are (the DCT codec's noisier honest scores need it; "
+        "docs/scoring.md)", default="mean_of_two")
     help_memory: int = _doc("help gate: the evaluations a peer's help record keeps; it is not paid while 2 of them "
                             "did not lower the loss (docs/scoring.md)", default=3)
     weight_smoothing: float = _doc("posted weights = s * this window's + (1 - s) * the last posted, for peers "
                                    "still paid this window (others drop to 0 at once); 1 = no smoothing",
                                    default=0.5)
     # --- issue 13: codec domain, inner loop, outer step (docs/codec.md, docs/training.md)
-    dct: bool = _doc("codec: DCT each chunk before top-k; false = top-k of raw parameter chunks (trains better with "
-                     "outer.lr 2.5, but near-copy detection is not calibrated for it; docs/training.md, eleventh "
-                     "pass)", default=True)
+    dct: bool = _doc("codec: DCT each chunk before top-k (DeMo's; with it, set dso/presets.py's DCT_CODEC values); "
+                     "false = top-k of raw parameter chunks (Templar's current codec; docs/codec.md)",
+                     default=False)
     inner: InnerConfig = field(default_factory=InnerConfig)
     outer: OuterConfig = field(default_factory=OuterConfig)
 

@@ -146,7 +146,7 @@ def run_window(state: ValidatorState, model: torch.nn.Module, codec: Codec, data
         rows = decoded_rows(codec, [updates[u] for u in uids] + ([] if previous is None else [previous]),
                             device) if uids else torch.zeros(0)
         rejections.update(find_copies(codec, updates, seen_times(payloads), gains, previous, t,
-                                      thresholds_for(hp.inner.mode), device=device, rows=rows))
+                                      thresholds_for(hp.inner.mode, hp.dct), device=device, rows=rows))
         # 3. score window t at θ_t
         scored = {u: (p.update, p.sync_values) for u, p in payloads.items() if u not in rejections}
         report = score_window(state, model, codec, dataset, hp, t, scored, rejections, inputs.active,

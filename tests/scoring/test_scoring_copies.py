@@ -118,3 +118,18 @@ def test_a_mix_is_caught_from_a_lower_cosine_under_inner_steps():
     steps, gradient = thresholds_for("steps"), thresholds_for("gradient")
     assert gradient == DEFAULT_THRESHOLDS and steps.mix < gradient.mix
     assert replace(steps, mix=gradient.mix) == gradient
+    raw = thresholds_for("steps", dct=False)
+    assert raw.mix < steps.mix and replace(raw, mix=gradient.mix) == gradient
+    assert thresholds_for("gradient", dct=False) == gradient
+
+
+def test_the_mix_bar_rises_only_when_the_window_is_alike():
+    from scoring.copies import mix_bar
+
+    t = NearCopyThresholds(mix=0.5, mix_margin=0.15, mix_cap=0.9)
+    assert mix_bar([], t) == 0.5
+    assert mix_bar([0.0, 0.2, 0.25, 0.8], t) == 0.5                  # median 0.225: the fixed bar
+    assert math.isclose(mix_bar([0.7, 0.72, 0.78, 0.96], t), 0.9)    # median 0.75 + 0.15
+    assert math.isclose(mix_bar([0.66, 0.7, 0.72, 0.95], t), 0.86)   # median 0.71 + 0.15
+    assert mix_bar([0.95, 0.96, 0.97], t) == 0.9                      # a majority of mixers: no higher than the cap
+    assert mix_bar([0.1, 0.2], NearCopyThresholds()) == 0.9            # paper mode's mix is the cap: unchanged

@@ -68,9 +68,11 @@ def test_a_forged_last_modified_cannot_get_the_author_rejected(records):
     assert caught >= 0.7 * len(records) and kept >= 0.5 * len(records), (caught, kept)
 
 
-@pytest.fixture(scope="module")
-def steps_records(stdlib_corpus, tmp_path_factory):
-    """The default training (inner steps, 2-bit values) on the local-network tests' model."""
+@pytest.fixture(scope="module", params=[True, False], ids=["dct", "raw-domain"])
+def steps_records(request, stdlib_corpus, tmp_path_factory):
+    """The default training (inner steps, 2-bit values) on the local-network tests' model, in each codec domain.
+    In the raw domain the first window's honest updates are alike (one Adam step from θ_0: near sign vectors, top-k
+    among ties; honest best mixes 0.69–0.78), which the window-relative bar of scoring.copies.mix_bar is for."""
     from dso.config import HParams, ModelConfig
 
     hp = HParams(tokenizer="bytes",
@@ -78,6 +80,7 @@ def steps_records(stdlib_corpus, tmp_path_factory):
     hp.batch_size, hp.assigned_sequences, hp.micro_batch, hp.chunk, hp.topk = 8, 8, 8, 32, 16
     hp.eval_sequences, hp.eval_peers, hp.learning_rate, hp.warmup_windows = 8, 3, 5e-3, 0
     hp.inner.steps_max, hp.inner.warmup_steps = 1, 0
+    hp.dct = request.param
     ds = Dataset.from_config(str(stdlib_corpus), str(tmp_path_factory.mktemp("cache")), 32, hp.seed, 0.02)
     return SimNet(hp, ds, STEPS_ROLES).run(STEPS_WINDOWS)
 
