@@ -12,7 +12,7 @@ import json
 import sys
 import typing
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Mapping
 
 from dso.config import Config, ConfigError, HParams, ModelConfig
 from dso.presets import PAPER_MODE
@@ -114,11 +114,17 @@ def set_key(cfg: Config | HParams, key: str, value: Any) -> None:
     _apply(cfg, nested)
 
 
-def use_paper_mode(hp: HParams) -> HParams:
-    """``hp`` in the paper's mode (``presets.PAPER_MODE``), checked as a config file's values are; returns it."""
-    for key, value in PAPER_MODE.items():
+def use_settings(hp: HParams, settings: Mapping[str, str]) -> HParams:
+    """``hp`` with a named set of settings (``presets.DCT_CODEC``, ``presets.PAPER_MODE``), checked as a config
+    file's values are; returns it."""
+    for key, value in settings.items():
         set_key(hp, key, value)
     return hp
+
+
+def use_paper_mode(hp: HParams) -> HParams:
+    """``hp`` in the paper's mode (``presets.PAPER_MODE``); returns it."""
+    return use_settings(hp, PAPER_MODE)
 
 
 def set_hparams(cfg: Config, items: list[str]) -> None:

@@ -270,7 +270,7 @@ def find_copies(codec: Codec, updates: Mapping[int, Update], times: Mapping[int,
                 r2, sources, _ = best_mix(G, C, a, peers, thresholds.nearest, [prev] if prev is not None else [])
                 fits[a] = ((recompressed_cosine(codec, rows, a, sources, window, device), sources)
                            if r2 >= thresholds.mix_r2 else (0.0, sources))
-        if bar is None:
+        if bar is None:  # a row that no mix explains (R² < mix_r2) counts 0: mixers cannot lift the median alone
             bar = mix_bar([fits[row][0] for row in pending], thresholds)
         # the best-explained first: a mixer explains its sources better than they explain themselves through it
         # (early in a run, when honest updates are alike, an honest peer can fit a mix that uses its own mixer)

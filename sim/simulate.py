@@ -4,8 +4,8 @@
     python scripts/simulate.py figure2     [--windows 20]              [--out runs/sim-figure2]
     python scripts/simulate.py adversaries [--windows 20]              [--out runs/sim-adversaries]
 
-``honest``: N honest peers train the default model with DeMo compression and
-signed aggregation; the validation loss falls (``report.json``, ``val_loss.png``).
+``honest``: N honest peers train the default model with the run's defaults (inner steps, the compressed
+pseudo-gradient, the outer step); the validation loss falls (``report.json``, ``val_loss.png``).
 
 ``figure2``: the Gauntlet paper's Figure 2 — a baseline peer, a peer processing
 2× data and a peer that pauses for 3 windows and then goes on from its own,
@@ -73,7 +73,7 @@ def cmd_honest(args: argparse.Namespace, hp: HParams, out: Path) -> dict:
     print(f"simulate: {args.peers} honest peers, {args.windows} windows, data {ds.data_hash[:12]}")
     hist = run_honest(hp, ds, args.peers, args.windows,
                       on_window=lambda w, loss: print(f"window {w:3d}  val_loss {loss:.4f}", flush=True))
-    plot_loss(out / "val_loss.png", {"DeMo, signed aggregation": hist.rows()},
+    plot_loss(out / "val_loss.png", {f"network, {hp.outer.rule} outer step": hist.rows()},
               f"{args.peers} honest peers, default model")
     print(f"simulate: validation loss {hist.val_loss[0]:.3f} → {hist.val_loss[-1]:.3f} in {hist.seconds:.0f}s")
     return {"peers": args.peers, "val_loss": hist.rows(), "seconds": hist.seconds, "data_hash": ds.data_hash}

@@ -2,7 +2,8 @@
 none of the new attackers is paid and honest peers keep the weight."""
 import pytest
 
-from dso.config_sources import use_paper_mode
+from dso.config_sources import use_paper_mode, use_settings
+from dso.presets import DCT_CODEC
 from dso.data import Dataset
 from sim.simulator import SimNet, behaviour_shares
 
@@ -80,7 +81,8 @@ def steps_records(request, stdlib_corpus, tmp_path_factory):
     hp.batch_size, hp.assigned_sequences, hp.micro_batch, hp.chunk, hp.topk = 8, 8, 8, 32, 16
     hp.eval_sequences, hp.eval_peers, hp.learning_rate, hp.warmup_windows = 8, 3, 5e-3, 0
     hp.inner.steps_max, hp.inner.warmup_steps = 1, 0
-    hp.dct = request.param
+    if request.param:
+        use_settings(hp, DCT_CODEC)  # the DCT with its own measured settings
     ds = Dataset.from_config(str(stdlib_corpus), str(tmp_path_factory.mktemp("cache")), 32, hp.seed, 0.02)
     return SimNet(hp, ds, STEPS_ROLES).run(STEPS_WINDOWS)
 
