@@ -171,7 +171,7 @@ class HParams:
     val_sequences: int = _doc("validation sequences used per loss measurement", default=32)
     # --- codec
     codec: Literal["demo", "sketch"] = _doc("update codec", default="demo")
-    chunk: int = _doc("DCT chunk edge (largest divisor <= this, see docs/codec.md)", default=64)
+    chunk: int = _doc("codec chunk edge (largest divisor <= this, see docs/codec.md)", default=64)
     topk: int = _doc("coefficients kept per chunk (where embed_topk, attn_topk or ffn_topk does not say "
                      "otherwise: the norms' gains)", default=24)
     embed_topk: int = _doc("coefficients kept per chunk of the token embedding (tied with the output head: what "
@@ -202,8 +202,9 @@ class HParams:
                                "<= 0 often enough for the help gate to cut equal peers unequally; docs/scoring.md)",
                                default=16)
     topg: int = _doc("G: peers aggregated per window", default=15)
-    weight_power: float = _doc("c of the power normalisation of scores (< 1: the rating already rewards quality "
-                               "steeply; 0.7 with the DCT codec; docs/scoring.md, issue 17)", default=1.0)
+    weight_power: float = _doc("c of the power normalisation of scores (1: pay follows the rating; 0.7 with the "
+                               "DCT codec, whose rating already rewards quality steeply; docs/scoring.md, issue 17)",
+                               default=1.0)
     windows_per_weights: int = _doc("post weights every this many windows", default=1)
     checkpoint_every: int = _doc("validator checkpoints every this many windows", default=5)
     # --- DSO extensions
@@ -246,9 +247,9 @@ class HParams:
                              "medians fall below this (help_rule says how; 0.2 with best_of_two; docs/scoring.md)",
                              default=0.3)
     help_rule: HelpRule = _doc(
-        "help gate: cut when the mean of the last two ratios is below help_share (a no-work evaluation counted 0: "
-        "cuts a lucky noise update too), or only when both are (the DCT codec's noisier honest scores need it; "
-        "docs/scoring.md)", default="mean_of_two")
+        "help gate: mean_of_two cuts when the mean of the last two ratios is below help_share (a no-work evaluation "
+        "counted 0: cuts a lucky noise update too); best_of_two only when both are (the DCT codec's noisier honest "
+        "scores need it; docs/scoring.md)", default="mean_of_two")
     help_memory: int = _doc("help gate: the evaluations a peer's help record keeps; it is not paid while 2 of them "
                             "did not lower the loss (docs/scoring.md)", default=3)
     weight_smoothing: float = _doc("posted weights = s * this window's + (1 - s) * the last posted, for peers "

@@ -12,9 +12,10 @@ per-tensor normalisation the aggregation applies (:func:`dso.robust.decoded_rows
   *positive* combination of two or three of its nearest rows (the previous
   aggregate among the candidates): least squares picks the combination (R² ≥
   ``mix_r2`` to go on), then the combination is compressed and compared (cosine
-  ≥ ``mix``, a bar raised towards ``mix_cap`` when the window's updates are all
-  alike: :func:`mix_bar`).  Positive only: if C = (A + B)/2 then A = 2C − B, and the honest
-  A must not be taken for a mix of its own copier;
+  ≥ ``mix``; in the first window, when every update starts from the same θ_0,
+  also ≥ the other rows' median + ``mix_margin``: :func:`mix_bar`).  Positive only:
+  if C = (A + B)/2 then A = 2C − B, and the honest A must not be taken for a mix
+  of its own copier;
 * **previous aggregate**: cosine to the previous window's aggregate, compressed
   by the run's codec as a copier would, ≥ ``previous``.
 
@@ -71,8 +72,8 @@ class NearCopyThresholds:
     pair: float = 0.9       # cosine of two peers' normalised rows
     mix_r2: float = 0.5     # a positive combination of 2–3 nearest rows explains this much: worth the next test
     mix: float = 0.9        # cosine to the codec's compression of that combination
-    mix_margin: float = 0.15  # ... and this far above the window's median peer (when the window's updates are alike)
-    mix_cap: float = 0.9    # ... but that relative bar never above this (a majority of mixers cannot lift it further)
+    mix_margin: float = 0.15  # ... and in the first window this far above the median of the other rows tested
+    mix_cap: float = 0.9    # ... a relative bar capped here (paper mode's *mix*)
     previous: float = 0.8   # cosine to the previous window's aggregate
     nearest: int = 3        # candidates for a mix: this many nearest peers (+ the previous aggregate)
 
@@ -83,11 +84,11 @@ DEFAULT_THRESHOLDS = NearCopyThresholds()
 # least — where 0.9 missed most of them (docs/scoring.md, "Near-copies").
 STEPS_MIX = 0.78
 # The raw domain (``hparams.dct = false``) under inner steps separates further: honest mixes 0.20 (default model) and
-# 0.29 (the tests' model) past the first window, mixers 0.71 at the least (docs/scoring.md, "Near-copies").
+# 0.28 (the tests' model) past the first window, mixers 0.71 at the least (docs/scoring.md, "Near-copies").
 RAW_STEPS_MIX = 0.5
 
 
-def thresholds_for(inner_mode: str, dct: bool = True) -> NearCopyThresholds:
+def thresholds_for(inner_mode: str, dct: bool) -> NearCopyThresholds:
     """The thresholds for the run's inner mode (``hparams.inner.mode``) and codec domain (``hparams.dct``): a
     lower *mix* under inner steps, lower still in the raw domain."""
     if inner_mode != "steps":
@@ -95,17 +96,18 @@ def thresholds_for(inner_mode: str, dct: bool = True) -> NearCopyThresholds:
     return replace(DEFAULT_THRESHOLDS, mix=STEPS_MIX if dct else RAW_STEPS_MIX)
 
 
-def mix_bar(fit_cosines: Sequence[float], thresholds: NearCopyThresholds) -> float:
-    """The recompressed cosine from which a row is taken for a mix in this window: *mix*, raised to the median
-    row's cosine + *mix_margin* when the window's updates are alike, up to *mix_cap*.
+def mix_bar(others: Sequence[float], thresholds: NearCopyThresholds) -> float:
+    """The first window's bar for one row's recompressed cosine: *mix*, raised to the median of the ``others``
+    (the other rows still tested) + *mix_margin*, up to *mix_cap*.  A row never sets its own bar.
 
-    Why: where every peer takes its first optimiser step from the same θ_0 (error feedback empty), raw-domain
-    updates are near sign vectors whose top-k is picked among ties, and any honest row fits a mix of the others
-    (0.69–0.78 on the tests' model, against 0.25 afterwards).  A mix still stands out from the window's median
-    peer (0.93–0.97 there); an honest peer's best mix stayed within 0.06 of it."""
-    if not fit_cosines:
+    Why: in the first window every peer starts from the same θ_0 with fresh optimiser state and an empty error
+    feedback; after few inner steps raw-domain updates are near sign vectors whose top-k is picked among ties,
+    and any honest row fits a mix of the others (0.69–0.78 on the tests' model, against 0.25 afterwards).  A mix
+    still stands out from the median (0.93–0.97 there); an honest peer's best mix stayed within 0.06 of it.
+    Only the first window: mixers that outnumber the honest rows lift the median, so elsewhere *mix* stands."""
+    if not others:
         return thresholds.mix
-    return max(thresholds.mix, min(thresholds.mix_cap, statistics.median(fit_cosines) + thresholds.mix_margin))
+    return max(thresholds.mix, min(thresholds.mix_cap, statistics.median(others) + thresholds.mix_margin))
 
 
 def cosines(G: torch.Tensor) -> torch.Tensor:
@@ -262,7 +264,7 @@ def find_copies(codec: Codec, updates: Mapping[int, Update], times: Mapping[int,
     in_pair = {u for g in groups for u in g}
     pending = [a for a, uid in enumerate(uids) if uid not in out and uid not in in_pair]
     fits: dict[int, tuple[float, list[int]]] = {}  # row → (recompressed cosine, sources), while its sources stand
-    bar: float | None = None  # set from the first fits of every pending row
+    first_fits: dict[int, float] = {}  # the first window's bar reads every row's first fit (0: no mix explains it)
     while pending:
         for a in pending:
             if a not in fits:
@@ -270,12 +272,14 @@ def find_copies(codec: Codec, updates: Mapping[int, Update], times: Mapping[int,
                 r2, sources, _ = best_mix(G, C, a, peers, thresholds.nearest, [prev] if prev is not None else [])
                 fits[a] = ((recompressed_cosine(codec, rows, a, sources, window, device), sources)
                            if r2 >= thresholds.mix_r2 else (0.0, sources))
-        if bar is None:  # a row that no mix explains (R² < mix_r2) counts 0: mixers cannot lift the median alone
-            bar = mix_bar([fits[row][0] for row in pending], thresholds)
+        first_fits = first_fits or {row: fits[row][0] for row in pending}
         # the best-explained first: a mixer explains its sources better than they explain themselves through it
         # (early in a run, when honest updates are alike, an honest peer can fit a mix that uses its own mixer)
         a = max(pending, key=lambda row: (fits[row][0], -row))
         cos, sources = fits[a]
+        # the best-explained row has the lowest bar of all (its others are the rest), so none passes if it fails
+        bar = thresholds.mix if previous is not None else \
+            mix_bar([first_fits[row] for row in pending if row != a], thresholds)
         if cos < bar:
             break
         names = ", ".join("the previous aggregate" if s == prev else f"uid {uids[s]}" for s in sources)

@@ -148,11 +148,20 @@ def test_bad_inner_outer_and_codec_values_name_the_key(data, key):
 
 
 def test_inner_outer_flags_and_paper_mode():
-    cfg, _ = parse_args(["--hparams.inner.lr", "1e-3", "--hparams.outer.rule", "nesterov", "--hparams.dct", "false",
+    cfg, _ = parse_args(["--hparams.inner.lr", "1e-3", "--hparams.outer.rule", "nesterov", "--hparams.dct", "true",
                          "--hparams.inner.mode", "gradient"])
     hp = cfg.hparams
-    assert (hp.inner.lr, hp.outer.rule, hp.dct, hp.inner.mode) == (1e-3, "nesterov", False, "gradient")
+    assert (hp.inner.lr, hp.outer.rule, hp.dct, hp.inner.mode) == (1e-3, "nesterov", True, "gradient")
     assert hp.digest() != HParams().digest()
+    # paper mode: the Gauntlet's gradient and signed step, with the DCT codec's own measured settings
+    from dso.config_sources import use_paper_mode
+
+    paper = use_paper_mode(HParams())
+    assert (paper.inner.mode, paper.outer.rule, paper.dct, paper.outer.lr, paper.weight_power, paper.help_rule,
+            paper.help_share) == ("gradient", "signed", True, 2.0, 0.7, "best_of_two", 0.2)
+    default = HParams()
+    assert (default.dct, default.outer.lr, default.weight_power, default.help_rule, default.help_share) == \
+        (False, 2.5, 1.0, "mean_of_two", 0.3)
 
 
 def test_set_hparams_applies_command_line_items_in_order_and_names_a_bad_one():

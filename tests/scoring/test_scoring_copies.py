@@ -115,7 +115,7 @@ def test_a_mix_is_caught_from_a_lower_cosine_under_inner_steps():
 
     from scoring.copies import DEFAULT_THRESHOLDS, thresholds_for
 
-    steps, gradient = thresholds_for("steps"), thresholds_for("gradient")
+    steps, gradient = thresholds_for("steps", dct=True), thresholds_for("gradient", dct=True)
     assert gradient == DEFAULT_THRESHOLDS and steps.mix < gradient.mix
     assert replace(steps, mix=gradient.mix) == gradient
     raw = thresholds_for("steps", dct=False)
@@ -123,13 +123,30 @@ def test_a_mix_is_caught_from_a_lower_cosine_under_inner_steps():
     assert thresholds_for("gradient", dct=False) == gradient
 
 
-def test_the_mix_bar_rises_only_when_the_window_is_alike():
+def test_the_mix_bar_rises_with_the_other_rows():
     from scoring.copies import mix_bar
 
     t = NearCopyThresholds(mix=0.5, mix_margin=0.15, mix_cap=0.9)
-    assert mix_bar([], t) == 0.5
-    assert mix_bar([0.0, 0.2, 0.25, 0.8], t) == 0.5                  # median 0.225: the fixed bar
-    assert math.isclose(mix_bar([0.7, 0.72, 0.78, 0.96], t), 0.9)    # median 0.75 + 0.15
+    assert mix_bar([], t) == 0.5                                      # a lone row never sets its own bar
+    assert mix_bar([0.0, 0.2, 0.25, 0.8], t) == 0.5                   # median 0.225: the fixed bar
     assert math.isclose(mix_bar([0.66, 0.7, 0.72, 0.95], t), 0.86)   # median 0.71 + 0.15
-    assert mix_bar([0.95, 0.96, 0.97], t) == 0.9                      # a majority of mixers: no higher than the cap
-    assert mix_bar([0.1, 0.2], NearCopyThresholds()) == 0.9            # paper mode's mix is the cap: unchanged
+    assert mix_bar([0.95, 0.96, 0.97], t) == 0.9                      # never above the cap
+    assert mix_bar([0.7, 0.8], NearCopyThresholds(mix=0.9, mix_cap=0.9)) == 0.9  # paper mode: unchanged
+
+
+def test_alike_updates_are_left_alone_in_the_first_window_only():
+    """Eight honest rows sharing one direction (pair cosines about 0.6): each fits a mix of the others above the
+    raw domain's *mix* (0.5).  In the first window (no previous aggregate) the bar stands on the others' median, so
+    only the copier (half of uid 1 and uid 2, a near-copy of uid 1) is caught; later the same rows would be mixes."""
+    from scoring.copies import thresholds_for
+
+    codec = _codec()
+    base = _random(codec, 100)
+    dense = {u: {n: base[n] + 0.8 * _random(codec, u)[n] for n in codec.shapes} for u in range(1, 9)}
+    dense[9] = {n: 0.5 * (dense[1][n] + dense[2][n]) + 0.16 * _random(codec, 9)[n] for n in codec.shapes}
+    updates = {u: codec.compress(d, 0) for u, d in dense.items()}
+    seen, raw = {u: 0.0 for u in updates}, thresholds_for("steps", dct=False)
+    first = find_copies(codec, updates, seen, lambda *a: {}, None, thresholds=raw)
+    assert sorted(first) == [9] and first[9].detail.startswith("near-copy of uid 1")
+    later = find_copies(codec, updates, seen, lambda *a: {}, codec.compress(_random(codec, 99), 0), thresholds=raw)
+    assert 9 in later and len(later) >= 5

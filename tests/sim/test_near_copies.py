@@ -92,8 +92,9 @@ STEPS_WINDOWS = 10
 
 
 def test_under_inner_steps_the_mixer_is_caught_and_no_honest_peer_is(steps_records):
-    """With *mix* = 0.9 this mixer (recompressed cosine 0.867–0.939) went uncaught in most windows; honest peers'
-    own best mixes stay below 0.65 (docs/scoring.md)."""
+    """With *mix* = 0.9 this mixer (recompressed cosine 0.867–0.939 with the DCT) went uncaught in most windows;
+    honest peers' own best mixes stay below 0.65 with the DCT, and below 0.28 in the raw domain after its first
+    window, where they reach 0.69–0.78 (docs/scoring.md, "The help gate's rule", item 7)."""
     mixer = STEPS_ROLES.index("mixer") + 1
     caught = sum(r.rejections.get(mixer) == "duplicate" for r in steps_records)
     assert caught >= STEPS_WINDOWS - 1, [r.rejections for r in steps_records]
