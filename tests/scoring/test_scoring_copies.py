@@ -134,10 +134,12 @@ def test_the_mix_bar_rises_with_the_other_rows():
     assert mix_bar([0.7, 0.8], NearCopyThresholds(mix=0.9, mix_cap=0.9)) == 0.9  # paper mode: unchanged
 
 
-def test_alike_updates_are_left_alone_in_the_first_window_only():
+def test_alike_updates_are_left_alone_by_the_relative_bar():
     """Eight honest rows sharing one direction (pair cosines about 0.6): each fits a mix of the others above the
-    raw domain's *mix* (0.5).  In the first window (no previous aggregate) the bar stands on the others' median, so
-    only the copier (half of uid 1 and uid 2, a near-copy of uid 1) is caught; later the same rows would be mixes."""
+    raw domain's *mix* (0.5).  The bar stands on the other rows' median, so only the copier (half of uid 1 and
+    uid 2, a near-copy of uid 1) is caught; with the bar held at *mix* the honest rows would be mixes."""
+    from dataclasses import replace
+
     from scoring.copies import thresholds_for
 
     codec = _codec()
@@ -146,7 +148,7 @@ def test_alike_updates_are_left_alone_in_the_first_window_only():
     dense[9] = {n: 0.5 * (dense[1][n] + dense[2][n]) + 0.16 * _random(codec, 9)[n] for n in codec.shapes}
     updates = {u: codec.compress(d, 0) for u, d in dense.items()}
     seen, raw = {u: 0.0 for u in updates}, thresholds_for("steps", dct=False)
-    first = find_copies(codec, updates, seen, lambda *a: {}, None, thresholds=raw)
-    assert sorted(first) == [9] and first[9].detail.startswith("near-copy of uid 1")
-    later = find_copies(codec, updates, seen, lambda *a: {}, codec.compress(_random(codec, 99), 0), thresholds=raw)
-    assert 9 in later and len(later) >= 5
+    relative = find_copies(codec, updates, seen, lambda *a: {}, None, thresholds=raw)
+    assert sorted(relative) == [9] and relative[9].detail.startswith("near-copy of uid 1")
+    fixed = find_copies(codec, updates, seen, lambda *a: {}, None, thresholds=replace(raw, mix_cap=raw.mix))
+    assert 9 in fixed and len(fixed) >= 5
