@@ -12,8 +12,8 @@ per-tensor normalisation the aggregation applies (:func:`dso.robust.decoded_rows
   *positive* combination of two or three of its nearest rows (the previous
   aggregate among the candidates): least squares picks the combination (R² ≥
   ``mix_r2`` to go on), then the combination is compressed and compared (cosine
-  ≥ ``mix``, and ≥ the other rows' median + ``mix_margin`` for windows where
-  every update is alike: :func:`mix_bar`).  Positive only:
+  ≥ ``mix``, and ≥ the median row's + ``mix_margin`` for windows where every
+  update is alike: :func:`mix_bar`).  Positive only:
   if C = (A + B)/2 then A = 2C − B, and the honest A must not be taken for a mix
   of its own copier;
 * **previous aggregate**: cosine to the previous window's aggregate, compressed
@@ -72,7 +72,7 @@ class NearCopyThresholds:
     pair: float = 0.9       # cosine of two peers' normalised rows
     mix_r2: float = 0.5     # a positive combination of 2–3 nearest rows explains this much: worth the next test
     mix: float = 0.9        # cosine to the codec's compression of that combination
-    mix_margin: float = 0.15  # ... and this far above the median of the other rows tested (alike windows)
+    mix_margin: float = 0.15  # ... and this far above the median row tested (windows where all are alike)
     mix_cap: float = 0.9    # ... a relative bar capped here (paper mode's *mix*)
     previous: float = 0.8   # cosine to the previous window's aggregate
     nearest: int = 3        # candidates for a mix: this many nearest peers (+ the previous aggregate)
@@ -96,19 +96,21 @@ def thresholds_for(inner_mode: str, dct: bool) -> NearCopyThresholds:
     return replace(DEFAULT_THRESHOLDS, mix=STEPS_MIX if dct else RAW_STEPS_MIX)
 
 
-def mix_bar(others: Sequence[float], thresholds: NearCopyThresholds) -> float:
-    """The bar for one row's recompressed cosine: *mix*, raised to the median of the ``others`` (the other rows
-    still tested) + *mix_margin*, up to *mix_cap*.  A row never sets its own bar.
+def mix_bar(fit_cosines: Sequence[float], thresholds: NearCopyThresholds) -> float:
+    """The window's bar for a row's recompressed cosine: *mix*, raised to the median of every tested row's first
+    fit (``fit_cosines``) + *mix_margin*, up to *mix_cap*.
 
     Why: where peers start from the same θ_0 with fresh optimiser state and an empty error feedback (the first
     window, and a miner's first window wherever it joins), after few inner steps raw-domain updates are near sign
     vectors whose top-k is picked among ties, and any honest row fits a mix of the others (0.69–0.78 on the tests'
     model, against 0.25 afterwards).  A mix still stands out from the median (0.93–0.97 there); an honest peer's
     best mix stayed within 0.06 of it.  The price: mixers that outnumber the honest rows tested lift the bar
-    towards the cap (docs/scoring.md, "The help gate's rule", item 7)."""
-    if not others:
+    towards the cap, and a lone row tested is caught only from the cap (docs/scoring.md, "The help gate's rule",
+    item 7).  A leave-one-out median lowered the best-fitting honest row's bar and flagged one of three honest
+    miners in an end-to-end run."""
+    if not fit_cosines:
         return thresholds.mix
-    return max(thresholds.mix, min(thresholds.mix_cap, statistics.median(others) + thresholds.mix_margin))
+    return max(thresholds.mix, min(thresholds.mix_cap, statistics.median(fit_cosines) + thresholds.mix_margin))
 
 
 def cosines(G: torch.Tensor) -> torch.Tensor:
@@ -265,7 +267,7 @@ def find_copies(codec: Codec, updates: Mapping[int, Update], times: Mapping[int,
     in_pair = {u for g in groups for u in g}
     pending = [a for a, uid in enumerate(uids) if uid not in out and uid not in in_pair]
     fits: dict[int, tuple[float, list[int]]] = {}  # row → (recompressed cosine, sources), while its sources stand
-    first_fits: dict[int, float] = {}  # the bar reads every row's first fit (0: no mix explains it)
+    bar: float | None = None  # from every row's first fit (0: no mix explains it), the row tested included
     while pending:
         for a in pending:
             if a not in fits:
@@ -273,13 +275,11 @@ def find_copies(codec: Codec, updates: Mapping[int, Update], times: Mapping[int,
                 r2, sources, _ = best_mix(G, C, a, peers, thresholds.nearest, [prev] if prev is not None else [])
                 fits[a] = ((recompressed_cosine(codec, rows, a, sources, window, device), sources)
                            if r2 >= thresholds.mix_r2 else (0.0, sources))
-        first_fits = first_fits or {row: fits[row][0] for row in pending}
+        bar = mix_bar([fits[row][0] for row in pending], thresholds) if bar is None else bar
         # the best-explained first: a mixer explains its sources better than they explain themselves through it
         # (early in a run, when honest updates are alike, an honest peer can fit a mix that uses its own mixer)
         a = max(pending, key=lambda row: (fits[row][0], -row))
         cos, sources = fits[a]
-        # the best-explained row has the lowest bar of all (its others are the rest), so none passes if it fails
-        bar = mix_bar([first_fits[row] for row in pending if row != a], thresholds)
         if cos < bar:
             break
         names = ", ".join("the previous aggregate" if s == prev else f"uid {uids[s]}" for s in sources)

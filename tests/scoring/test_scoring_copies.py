@@ -123,11 +123,12 @@ def test_a_mix_is_caught_from_a_lower_cosine_under_inner_steps():
     assert thresholds_for("gradient", dct=False) == gradient
 
 
-def test_the_mix_bar_rises_with_the_other_rows():
+def test_the_mix_bar_rises_with_the_median_row():
     from scoring.copies import mix_bar
 
     t = NearCopyThresholds(mix=0.5, mix_margin=0.15, mix_cap=0.9)
-    assert mix_bar([], t) == 0.5                                      # a lone row never sets its own bar
+    assert mix_bar([], t) == 0.5                                      # nothing tested
+    assert mix_bar([0.8], t) == 0.9                                   # a lone row tested: caught only from the cap
     assert mix_bar([0.0, 0.2, 0.25, 0.8], t) == 0.5                   # median 0.225: the fixed bar
     assert math.isclose(mix_bar([0.66, 0.7, 0.72, 0.95], t), 0.86)   # median 0.71 + 0.15
     assert mix_bar([0.95, 0.96, 0.97], t) == 0.9                      # never above the cap
