@@ -106,8 +106,7 @@ def mix_bar(fit_cosines: Sequence[float], thresholds: NearCopyThresholds) -> flo
     model, against 0.25 afterwards).  A mix still stands out from the median (0.93–0.97 there); an honest peer's
     best mix stayed within 0.06 of it.  The price: mixers that outnumber the honest rows tested lift the bar
     towards the cap, and a lone row tested is caught only from the cap (docs/scoring.md, "The help gate's rule",
-    item 7).  A leave-one-out median lowered the best-fitting honest row's bar and flagged one of three honest
-    miners in an end-to-end run."""
+    item 7, which also says why the row tested counts in the median)."""
     if not fit_cosines:
         return thresholds.mix
     return max(thresholds.mix, min(thresholds.mix_cap, statistics.median(fit_cosines) + thresholds.mix_margin))
@@ -275,7 +274,8 @@ def find_copies(codec: Codec, updates: Mapping[int, Update], times: Mapping[int,
                 r2, sources, _ = best_mix(G, C, a, peers, thresholds.nearest, [prev] if prev is not None else [])
                 fits[a] = ((recompressed_cosine(codec, rows, a, sources, window, device), sources)
                            if r2 >= thresholds.mix_r2 else (0.0, sources))
-        bar = mix_bar([fits[row][0] for row in pending], thresholds) if bar is None else bar
+        if bar is None:
+            bar = mix_bar([fits[row][0] for row in pending], thresholds)
         # the best-explained first: a mixer explains its sources better than they explain themselves through it
         # (early in a run, when honest updates are alike, an honest peer can fit a mix that uses its own mixer)
         a = max(pending, key=lambda row: (fits[row][0], -row))
