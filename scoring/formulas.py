@@ -140,9 +140,9 @@ HELP_RULES: tuple[str, ...] = get_args(HelpRule)  # ``hparams.help_rule``'s valu
 
 def helped_recently(ratios: Sequence[float], share: float, rule: HelpRule) -> bool:
     """The help gate of the pay rule, on a peer's record of help ratios (``help_ratio``, oldest first, the last
-    ``help_memory`` evaluations): paid unless its last two ratios fall below ``share`` — both of them
-    (``rule`` "best_of_two") or on average, a no-work −1 counted 0 (``rule`` "mean_of_two"); its only one, after a
-    single evaluation — or ``NO_WORK_LIMIT`` of the record's evaluations did no work.  No record: not held against
+    ``help_memory`` evaluations): paid unless its record's score (``help_record_score``: of the last two ratios
+    or the whole record, per ``rule``) falls below ``share`` — its only ratio, after a single evaluation — or
+    ``NO_WORK_LIMIT`` of the record's evaluations did no work.  No record: not held against
     it (it has no proof of computation yet and is not paid anyway).
 
     Two ratios, not one: an honest LossScore can be about as noisy as it is large late in a run, so one honest
@@ -156,9 +156,25 @@ def helped_recently(ratios: Sequence[float], share: float, rule: HelpRule) -> bo
         raise ValueError(f"help rule must be one of {', '.join(HELP_RULES)}, got {rule!r}")
     if not ratios:
         return True
-    recent = ratios[-2:]
-    helped = max(recent) if rule == "best_of_two" else statistics.fmean(max(r, 0.0) for r in recent)
-    return helped >= share and sum(r < 0 for r in ratios) < NO_WORK_LIMIT
+    return help_record_score(ratios, rule) >= share and sum(r < 0 for r in ratios) < NO_WORK_LIMIT
+
+
+def help_record_score(ratios: Sequence[float], rule: HelpRule) -> float:
+    """What ``helped_recently`` compares with the share: the better of the last two ratios ("best_of_two"), their
+    mean with a no-work −1 counted 0 ("mean_of_two"), or the lower of that mean and the mean of the whole record
+    with a no-work −1 counted as −1 ("mean_of_record").
+
+    The record's mean is for noise: a random update's LossScore is ≤ 0 about half the time, and late in a run one
+    draw in a hundred reaches the window's median (the step's first-order term in the embedding), which the mean
+    of two pays beside any small positive neighbour; counted −1, a no-work draw in the record cancels it.  The
+    mean of two still cuts a turncoat at its second small draw (docs/scoring.md, "A noise update as good as the
+    median")."""
+    mean_of_two = statistics.fmean(max(r, 0.0) for r in ratios[-2:])
+    if rule == "best_of_two":
+        return max(ratios[-2:])
+    if rule == "mean_of_two":
+        return mean_of_two
+    return min(mean_of_two, statistics.fmean(ratios))
 
 
 def last_update_helped(loss_score: float | None) -> bool:

@@ -161,7 +161,7 @@ def test_inner_outer_flags_and_paper_mode():
             paper.help_share) == ("gradient", "signed", True, 2.0, 0.7, "best_of_two", 0.2)
     default = HParams()
     assert (default.dct, default.outer.lr, default.weight_power, default.help_rule, default.help_share) == \
-        (False, 2.5, 1.0, "mean_of_two", 0.3)
+        (False, 2.5, 1.0, "mean_of_record", 0.3)
 
 
 def test_set_hparams_applies_command_line_items_in_order_and_names_a_bad_one():

@@ -226,8 +226,22 @@ def test_the_mean_of_two_gate_cuts_a_single_lucky_draw(ratios, paid):
     assert helped_recently(ratios, share=0.2, rule="mean_of_two") is paid
 
 
+@pytest.mark.parametrize("ratios, paid", [([-1.0, 0.06, 1.0], False),  # a zoo noise miner's record when the mean
+                                          ([0.06, 1.0], True),          # of two paid it; its mean 0.02, here 0.53
+                                          ([1.0, 1.0, -1.0], True),     # an honest peer's one bad draw: exactly 1/3
+                                          ([0.49, -1.0, 0.73], False),  # ... beside two low ones: 0.073
+                                          ([0.3, 0.3, 0.29], False),    # 0.2967
+                                          ([0.25, 0.35, 0.3], True),
+                                          ([1.0, 0.05, 0.05], False),   # a turncoat's record: mean 0.37, of two 0.05
+                                          ([0.3], True), ([0.29], False), ([-1.0], False),
+                                          ([-1.0, 1.0, -1.0], False),   # two of three did no work
+                                          ([], True)])
+def test_the_mean_of_the_record_counts_no_work_against_a_lucky_draw(ratios, paid):
+    assert helped_recently(ratios, share=0.3, rule="mean_of_record") is paid
+
+
 def test_an_unknown_help_rule_is_refused_not_read_as_another():
-    with pytest.raises(ValueError, match="help rule must be one of best_of_two, mean_of_two, got 'mean'"):
+    with pytest.raises(ValueError, match="help rule must be one of best_of_two, mean_of_two, mean_of_record, got 'mean'"):
         helped_recently([0.9, 0.1], share=0.2, rule="mean")
 
 
@@ -240,7 +254,7 @@ def test_help_ratio_hand_values(loss_score, median, ratio):
     assert help_ratio(loss_score, median) == ratio
 
 
-@pytest.mark.parametrize("rule", ["best_of_two", "mean_of_two"])
+@pytest.mark.parametrize("rule", ["best_of_two", "mean_of_two", "mean_of_record"])
 def test_an_honest_peer_survives_one_low_draw_and_a_turncoat_is_cut_at_its_second_bad_evaluation(rule):
     low = help_ratio(-0.0001, 0.004)                          # late in a run: an honest LossScore ≤ 0
     assert low == -1.0 and helped_recently([0.9, 1.0, low], 0.2, rule)
