@@ -31,7 +31,8 @@ def _doc(text: str, **kw: Any) -> Any:
     return field(metadata={"doc": text}, **kw)
 
 
-HelpRule = Literal["best_of_two", "mean_of_two", "mean_of_record"]  # how the help gate reads the ratios (scoring.formulas)
+# how the help gate reads a peer's help ratios (scoring.formulas.help_record_score)
+HelpRule = Literal["best_of_two", "mean_of_two", "mean_of_record"]
 
 
 # ----------------------------------------------------------------- hparams

@@ -241,7 +241,8 @@ def test_the_mean_of_the_record_counts_no_work_against_a_lucky_draw(ratios, paid
 
 
 def test_an_unknown_help_rule_is_refused_not_read_as_another():
-    with pytest.raises(ValueError, match="help rule must be one of best_of_two, mean_of_two, mean_of_record, got 'mean'"):
+    message = "help rule must be one of best_of_two, mean_of_two, mean_of_record, got 'mean'"
+    with pytest.raises(ValueError, match=message):
         helped_recently([0.9, 0.1], share=0.2, rule="mean")
 
 
