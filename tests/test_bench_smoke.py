@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 from benchmarks import MODULES, SECTIONS, generic_markdown, markdown  # noqa: E402
 from benchmarks import codec as codec_section  # noqa: E402
 from benchmarks import convergence, energy, extra_compute, gather, incentives, privacy, targets, training  # noqa: E402
-from benchmarks import validator  # noqa: E402
+from benchmarks import noise_gate, validator  # noqa: E402
 from benchmarks.common import finite_or_none, proc_peak_rss_mb  # noqa: E402
 from dso.codec import DeMoCodec  # noqa: E402
 
@@ -244,6 +244,17 @@ def test_incentive_figures_by_hand():
     assert got["diligent_over_honest"] == pytest.approx(0.6 / 0.2)
     assert got["smoothed_honest_max_min_ratio"] == pytest.approx(0.4 / 0.3)   # means 0.3, 0.4, 0.3
     assert got["smoothed_diligent_over_honest"] == pytest.approx(0.3 / 0.35)
+
+
+def test_noise_gate_reads_each_rule_from_the_records():
+    # uids as the zoo's roles: 1 honest, 4 diligent, 6 noise; (help record, μ, evaluations) after one window
+    row = {1: ([0.49, -1.0, 0.73], 0.1, 3), 4: ([1.0, 1.0, -1.0], 0.2, 3), 6: ([-1.0, 0.06, 1.0], -0.15, 3)}
+    sunk = {**row, 6: ([-1.0, 0.06, 1.0], -0.3, 9)}                  # the same record below the PoC floor
+    runs = [{"seed": 7, "rows": [row, sunk], "poc_floor": -0.25, "help_share": 0.3}]
+    two, record = noise_gate.read_rule(runs, "mean_of_two"), noise_gate.read_rule(runs, "mean_of_record")
+    assert (two["noise_passing"], two["noise_paid"], two["noise_paid_seeds"], two["honest_cut"]) == (2, 1, [7], 0)
+    assert (record["noise_passing"], record["noise_paid"], record["honest_cut"], record["diligent_cut"]) == (0, 0, 2, 0)
+    assert record["honest_windows"] == record["noise_windows"] == 2
 
 
 def test_incentive_summary_medians_wins_and_markdown():
