@@ -18,7 +18,7 @@ import hashlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from dso import presets
 
@@ -435,14 +435,3 @@ def _positive(obj: Any, prefix: str, *names: str) -> None:
 def expand(path: str) -> Path:
     return Path(path).expanduser()
 
-
-# The readers moved to dso.config_sources (which imports this module); code written before the move that
-# imports them from here still runs.  Hidden from the type checker, so checked code names the real module.
-_MOVED = ("build_parser", "from_dict", "load_file", "parse_args", "set_key")
-
-if not TYPE_CHECKING:
-    def __getattr__(name: str) -> Any:
-        if name in _MOVED:
-            from dso import config_sources
-            return getattr(config_sources, name)
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

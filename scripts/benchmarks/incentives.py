@@ -110,7 +110,8 @@ def run_seed(seed: int, windows: int, honest: int, tiny: bool, levers: dict | No
     run's per-window records there (``trace-<seed>.json``, what scripts/benchmarks/pay_replay.py replays)."""
     from benchmarks.common import default_dataset, setup_worker
     setup_worker()
-    from dso.config import HParams, ModelConfig, set_key
+    from dso.config import HParams, ModelConfig
+    from dso.config_sources import set_key
     from sim.simulator import SimNet
 
     hp = HParams(seed=seed)
@@ -211,7 +212,8 @@ def run_turncoat(seed: int, windows: int, honest: int, switch: int, levers: dict
     """In a worker: ``honest`` honest peers (tiny model); the best-paid uploads noise from window ``switch`` on."""
     from benchmarks.common import default_dataset, setup_worker
     setup_worker()
-    from dso.config import HParams, ModelConfig, set_key
+    from dso.config import HParams, ModelConfig
+    from dso.config_sources import set_key
     from sim.simulator import SimNet
 
     hp = HParams(seed=seed, model=ModelConfig(d_model=32, n_layers=1, n_heads=2, ffn_hidden=64, seq_len=32))

@@ -216,7 +216,8 @@ def test_noise_for_target_refuses_nonsense():
 
 
 def test_the_config_derives_the_noise_from_a_target():
-    from dso.config import ConfigError, from_dict
+    from dso.config import ConfigError
+    from dso.config_sources import from_dict
 
     cfg = from_dict({"hparams": {"dp": {"enabled": True, "target_epsilon": 8.0, "target_rounds": 100}}})
     z, budget = dp_settings(cfg.hparams.dp)

@@ -122,14 +122,6 @@ def test_help_documents_the_presets_and_the_tokeniser(capsys):
     assert "--hparams.tokenizer" in out and "--data.tokenizer_file" in out
 
 
-def test_readers_moved_to_config_sources_still_import_from_config():
-    import dso.config
-    import dso.config_sources
-
-    for name in ("build_parser", "from_dict", "load_file", "parse_args", "set_key"):
-        assert getattr(dso.config, name) is getattr(dso.config_sources, name)
-    with pytest.raises(AttributeError):
-        dso.config.no_such_reader
 @pytest.mark.parametrize("data, key", [
     ({"hparams": {"inner": {"steps_max": 0}}}, "hparams.inner.steps_max: must be > 0"),
     ({"hparams": {"inner": {"beta2": 1.0}}}, "hparams.inner.beta2: must be in"),
