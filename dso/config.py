@@ -248,10 +248,11 @@ class HParams:
                              "medians fall below this (help_rule says how; 0.2 with best_of_two; docs/scoring.md)",
                              default=0.3)
     help_rule: HelpRule = _doc(
-        "help gate: mean_of_record cuts when the mean of the help record (help_memory ratios, a no-work evaluation "
-        "counted -1) is below help_share: a noise update needs a run of lucky draws; mean_of_two reads the last two "
-        "(no work counted 0); best_of_two cuts only when both are below (the DCT codec's noisier honest scores need "
-        "it; docs/scoring.md)", default="mean_of_record")
+        "help gate: mean_of_record cuts when the lower of two means is below help_share, the last two ratios' (a "
+        "no-work evaluation counted 0) and the whole record's (help_memory ratios, no work counted -1): a noise "
+        "update needs a run of lucky draws; mean_of_two reads the first alone; best_of_two cuts only when both of "
+        "the last two are below (the DCT codec's noisier honest scores need it; docs/scoring.md)",
+        default="mean_of_record")
     help_memory: int = _doc("help gate: the evaluations a peer's help record keeps; it is not paid while 2 of them "
                             "did not lower the loss (docs/scoring.md)", default=3)
     weight_smoothing: float = _doc("posted weights = s * this window's + (1 - s) * the last posted, for peers "

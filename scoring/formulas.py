@@ -147,13 +147,12 @@ def helped_recently(ratios: Sequence[float], share: float, rule: HelpRule) -> bo
 
     Two ratios, not one: an honest LossScore can be about as noisy as it is large late in a run, so one honest
     evaluation in 15–25 scores ≤ 0 (DCT codec), two in a row rarely; a peer that turns bad (noise scores ≈ 0 × the
-    median) is cut at its second bad evaluation.  The mean of two also cuts a noise update that scores above the
-    share once by luck, which the best of two pays; it is meant for the raw-domain codec, whose honest LossScores
-    are almost never ≤ 0 after the first windows (docs/scoring.md, "The help gate's rule").  The no-work count is
-    for a miner that does the work in some windows only (the ``gamer``): half its evaluations show none, an honest
-    peer's seldom two in a few (docs/scoring.md, "Fair, stable weights")."""
-    if rule not in HELP_RULES:
-        raise ValueError(f"help rule must be one of {', '.join(HELP_RULES)}, got {rule!r}")
+    median) is cut at its second bad evaluation.  The means also cut a noise update that scores above the
+    share once by luck, which the best of two pays; they are meant for the raw-domain codec, whose honest
+    LossScores are almost never ≤ 0 after the first windows (docs/scoring.md, "The help gate's rule").  The
+    no-work count is for a miner that does the work in some windows only (the ``gamer``): half its evaluations
+    show none, an honest peer's seldom two in a few (docs/scoring.md, "Fair, stable weights")."""
+    check_help_rule(rule)
     if not ratios:
         return True
     return help_record_score(ratios, rule) >= share and sum(r < 0 for r in ratios) < NO_WORK_LIMIT
@@ -168,13 +167,20 @@ def help_record_score(ratios: Sequence[float], rule: HelpRule) -> float:
     draw in a hundred reaches the window's median (the step's first-order term in the embedding), which the mean
     of two pays beside any small positive neighbour; counted −1, a no-work draw in the record cancels it.  The
     mean of two still cuts a turncoat at its second small draw (docs/scoring.md, "A noise update as good as the
-    median")."""
-    mean_of_two = statistics.fmean(max(r, 0.0) for r in ratios[-2:])
+    median").  ``ratios`` must not be empty."""
     if rule == "best_of_two":
         return max(ratios[-2:])
+    mean_of_two = statistics.fmean(max(r, 0.0) for r in ratios[-2:])
     if rule == "mean_of_two":
         return mean_of_two
+    check_help_rule(rule)
     return min(mean_of_two, statistics.fmean(ratios))
+
+
+def check_help_rule(rule: str) -> None:
+    """Refuse a help rule that is not one of ``HELP_RULES`` rather than read it as another."""
+    if rule not in HELP_RULES:
+        raise ValueError(f"help rule must be one of {', '.join(HELP_RULES)}, got {rule!r}")
 
 
 def last_update_helped(loss_score: float | None) -> bool:

@@ -2,7 +2,12 @@
 (scripts/benchmarks/noise_gate.py runs the adversary zoo's network in the simulator)."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from dso.config import HParams, ModelConfig
+
+if TYPE_CHECKING:
+    from sim.simulator import SimNet
 
 
 def small_network_hparams() -> HParams:
@@ -24,3 +29,18 @@ def small_network_hparams() -> HParams:
     hp.inner.steps_max = 1  # one inner AdamW step on the whole assignment (steps_max × batch_size)
     hp.inner.warmup_steps = 0  # one step a window: a 10-step warm-up would take most of a short test run
     return hp
+
+
+ZOO_ROLES = ["honest"] * 3 + ["diligent", "freerider", "noise", "copier", "malformed"]  # the zoo test's, uids 1..8
+ZOO_EVAL_PEERS = 5  # the zoo test's |S_t| (tests/e2e/test_adversaries.py)
+
+
+def zoo_simnet(seed: int, corpus: str, cache: str) -> SimNet:
+    """The adversary zoo's network in the simulator: its settings, roles and |S_t|, one inner step per window."""
+    from dso.data import Dataset
+    from sim.simulator import SimNet
+
+    hp = small_network_hparams()
+    hp.eval_peers, hp.seed = ZOO_EVAL_PEERS, seed
+    dataset = Dataset.from_config(corpus, cache, hp.model.seq_len, hp.seed, hp.val_fraction)
+    return SimNet(hp, dataset, ZOO_ROLES, inner_steps=1)

@@ -2,15 +2,16 @@
 
 The end-to-end zoo test (tests/e2e/test_adversaries.py) runs a few real processes for a dozen windows; a run
 where the ``noise`` miner is paid fails it, and one CI run did (docs/scoring.md, "A noise update as good as the
-median").  This script runs the same network (sim.networks, |S_t| = 5, the zoo's roles) in the simulator over
-many seeds, records each peer's help record and proof-of-computation μ after every window, and reads them under
-each ``help_rule``:
+median").  This script runs the same network (``sim.networks.zoo_simnet``: |S_t| = 5, the zoo's roles) in the
+simulator over many seeds, records each peer's help record and proof-of-computation μ after every window, and
+reads them under each ``help_rule``:
 
 * ``noise_passing``: noise peer-windows whose record passes the help gate;
 * ``noise_paid``: … whose μ also passes the proof-of-computation gate (``poc_floor``), and the seeds they fall in;
 * ``honest_cut`` / ``diligent_cut``: their peer-windows (with a record) that the help gate cuts.
 
-The run itself follows the default rule (the records do not depend on the rule; the top-G list does, slightly).
+The run itself follows the default rule.  A rule's cuts shape the top-G list, so a run under another rule would
+record slightly different histories; each rule here is read from the same ones.
 
     python scripts/benchmarks/noise_gate.py --seeds 50 --windows 20 --out noise_gate.json
 """
@@ -26,9 +27,7 @@ if __name__ == "__main__":
     sys.path.insert(1, str(Path(__file__).resolve().parents[2]))
 
 from benchmarks.common import setup_worker, worker_pool  # noqa: E402
-
-ROLES = ["honest"] * 3 + ["diligent", "freerider", "noise", "copier", "malformed"]  # the zoo's, uids 1..8
-EVAL_PEERS = 5  # the zoo test's |S_t|
+from sim.networks import ZOO_ROLES  # noqa: E402
 
 
 def run_seed(seed: int, windows: int) -> dict:
@@ -36,45 +35,46 @@ def run_seed(seed: int, windows: int) -> dict:
     setup_worker()
     import pydoc_data
 
-    from dso.data import Dataset
-    from sim.networks import small_network_hparams
-    from sim.simulator import SimNet
+    from sim.networks import zoo_simnet
 
-    hp = small_network_hparams()
-    hp.eval_peers, hp.seed = EVAL_PEERS, seed
     corpus = Path(pydoc_data.__file__).parent / "topics.py"
-    cache = Path.home() / ".cache" / "dso" / "noise_gate"
-    net = SimNet(hp, Dataset.from_config(str(corpus), str(cache), 32, hp.seed, 0.02), ROLES, inner_steps=1)
+    net = zoo_simnet(seed, str(corpus), str(Path.home() / ".cache" / "dso" / "noise_gate"))
     rows = []
     for t in range(windows):
         net.step(t)
         rows.append({uid: (list(p.help_ratios), p.mu, p.eval_count) for uid, p in net.state.peers.items()})
-    return {"seed": seed, "rows": rows, "poc_floor": hp.poc_floor, "help_share": hp.help_share}
+    return {"seed": seed, "rows": rows, "poc_floor": net.hp.poc_floor, "help_share": net.hp.help_share}
 
 
 def read_rule(runs: list[dict], rule: str) -> dict:
     """The gate figures of one help rule over every recorded peer-window."""
-    from scoring import formulas
-
     counts = {"noise_passing": 0, "noise_paid": 0, "honest_cut": 0, "diligent_cut": 0,
               "noise_windows": 0, "honest_windows": 0, "diligent_windows": 0}
     paid_seeds: set[int] = set()
     for run in runs:
         for row in run["rows"]:
-            for uid, (ratios, mu, evaluations) in row.items():
-                role = ROLES[int(uid) - 1]
-                if not ratios or role not in ("honest", "diligent", "noise"):
-                    continue
-                passes = formulas.helped_recently(ratios, run["help_share"], rule)
-                counts[f"{role}_windows"] += 1
-                if role != "noise":
-                    counts[f"{role}_cut"] += not passes
-                elif passes:
-                    counts["noise_passing"] += 1
-                    if formulas.poc_passes(mu, evaluations, run["poc_floor"]):
-                        counts["noise_paid"] += 1
-                        paid_seeds.add(run["seed"])
+            for uid, record in row.items():
+                if count_peer_window(counts, ZOO_ROLES[int(uid) - 1], record, run, rule):
+                    paid_seeds.add(run["seed"])
     return {**counts, "noise_paid_seeds": sorted(paid_seeds)}
+
+
+def count_peer_window(counts: dict, role: str, record: tuple, run: dict, rule: str) -> bool:
+    """Add one peer-window to ``counts``; True when it is a noise peer the rule would pay."""
+    from scoring import formulas
+
+    ratios, mu, evaluations = record
+    if not ratios or role not in ("honest", "diligent", "noise"):
+        return False
+    passes = formulas.helped_recently(ratios, run["help_share"], rule)
+    counts[f"{role}_windows"] += 1
+    if role != "noise":
+        counts[f"{role}_cut"] += not passes
+        return False
+    counts["noise_passing"] += passes
+    paid = passes and formulas.poc_passes(mu, evaluations, run["poc_floor"])
+    counts["noise_paid"] += paid
+    return paid
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from scipy.stats import rankdata
 
-from scoring.formulas import (MU_MAX, MU_MIN, competition_ranks, help_median, help_ratio, helped_recently,
-                              last_update_helped,
+from scoring.formulas import (MU_MAX, MU_MIN, competition_ranks, help_median, help_ratio, help_record_score,
+                              helped_recently, last_update_helped,
                               loss_delta, normalise_weights, peer_score, penalise, poc_no_work, poc_passes, poc_update,
                               smooth_weights, sync_score, top_g)
 
@@ -244,6 +244,8 @@ def test_an_unknown_help_rule_is_refused_not_read_as_another():
     message = "help rule must be one of best_of_two, mean_of_two, mean_of_record, got 'mean'"
     with pytest.raises(ValueError, match=message):
         helped_recently([0.9, 0.1], share=0.2, rule="mean")
+    with pytest.raises(ValueError, match=message):
+        help_record_score([0.9, 0.1], rule="mean")
 
 
 @pytest.mark.parametrize("loss_score, median, ratio", [(0.004, 0.008, 0.5), (0.02, 0.008, 1.0), (0.0, 0.008, -1.0),
