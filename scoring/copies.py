@@ -102,7 +102,8 @@ def mix_bar(fit_cosines: Sequence[float], thresholds: NearCopyThresholds) -> flo
 
     Why: where peers start from the same θ_0 with fresh optimiser state and an empty error feedback (the first
     window, and a miner's first window wherever it joins), after few inner steps raw-domain updates are near sign
-    vectors whose top-k is picked among ties, and any honest row fits a mix of the others (0.69–0.78 on the tests'
+    vectors whose top-k keeps the largest-gradient coordinates (Adam's ε orders the ±lr values by |g|), which
+    peers at the same θ_0 share, and any honest row fits a mix of the others (0.69–0.78 on the tests'
     model, against 0.25 afterwards).  A mix still stands out from the median (0.93–0.97 there); an honest peer's
     best mix stayed within 0.06 of it.  The price: mixers that outnumber the honest rows tested lift the bar
     towards the cap, and a lone row tested is caught only from the cap (docs/scoring.md, "The help gate's rule",

@@ -96,6 +96,14 @@ def poc_passes(mu: float, evaluations: int, floor: float) -> bool:
     return evaluations > 0 and mu >= floor
 
 
+def gates_pay(ratios: Sequence[float], mu: float, evaluations: int, share: float, floor: float,
+              rule: HelpRule) -> bool:
+    """Whether a peer's recorded standing passes both pay gates: the help gate (``helped_recently``) and the
+    proof of computation (``poc_passes``) — what a noise miner must pass by luck to be paid (the rating decides
+    how much; scoring/pay.py applies the gates to the score)."""
+    return helped_recently(ratios, share, rule) and poc_passes(mu, evaluations, floor)
+
+
 def peer_score(mu: float, rating: float, passed: bool) -> float:
     """PeerScore: the LossRating when the proof of computation passes (``passed``, from ``poc_passes``), else
     ``min(μ, rating, 0)``.

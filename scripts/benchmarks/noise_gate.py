@@ -27,6 +27,7 @@ if __name__ == "__main__":
     sys.path.insert(1, str(Path(__file__).resolve().parents[2]))
 
 from benchmarks.common import setup_worker, worker_pool  # noqa: E402
+from scoring import formulas  # noqa: E402
 from sim.networks import ZOO_ROLES  # noqa: E402
 
 
@@ -61,9 +62,7 @@ def read_rule(runs: list[dict], rule: str) -> dict:
 
 def count_peer_window(counts: dict, role: str, record: tuple, run: dict, rule: str) -> bool:
     """Add one peer-window to ``counts``; True when it is a noise peer the rule would pay."""
-    from scoring import formulas
-
-    ratios, mu, evaluations = record
+    ratios = record[0]
     if not ratios or role not in ("honest", "diligent", "noise"):
         return False
     passes = formulas.helped_recently(ratios, run["help_share"], rule)
@@ -72,7 +71,7 @@ def count_peer_window(counts: dict, role: str, record: tuple, run: dict, rule: s
         counts[f"{role}_cut"] += not passes
         return False
     counts["noise_passing"] += passes
-    paid = passes and formulas.poc_passes(mu, evaluations, run["poc_floor"])
+    paid = formulas.gates_pay(*record, run["help_share"], run["poc_floor"], rule)
     counts["noise_paid"] += paid
     return paid
 
@@ -84,15 +83,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=2, help="worker processes (one torch thread each)")
     parser.add_argument("--out", help="write the figures here as JSON")
     args = parser.parse_args(argv)
-    from scoring.formulas import HELP_RULES
-
     with worker_pool(args.workers) as pool:
         futures = [pool.submit(run_seed, seed, args.windows) for seed in range(args.seeds)]
         runs = []
         for seed, future in enumerate(futures):
             runs.append(future.result())
             print(f"[noise_gate] seed {seed} done ({seed + 1}/{args.seeds})", file=sys.stderr, flush=True)
-    rules = {rule: read_rule(runs, rule) for rule in HELP_RULES}
+    rules = {rule: read_rule(runs, rule) for rule in formulas.HELP_RULES}
     result = {"seeds": args.seeds, "windows": args.windows, "rules": rules}
     print(json.dumps(result, indent=2))
     if args.out:

@@ -72,8 +72,9 @@ def test_a_forged_last_modified_cannot_get_the_author_rejected(records):
 @pytest.fixture(scope="module", params=[True, False], ids=["dct", "raw-domain"])
 def steps_records(request, stdlib_corpus, tmp_path_factory):
     """The default training (inner steps, 2-bit values) on the local-network tests' model, in each codec domain.
-    In the raw domain the first window's honest updates are alike (one Adam step from θ_0: near sign vectors, top-k
-    among ties; honest best mixes 0.69–0.78), which the window-relative bar of scoring.copies.mix_bar is for."""
+    In the raw domain the first window's honest updates are alike (one Adam step from θ_0: near sign vectors whose top-k
+    keeps the shared largest gradients; honest best mixes 0.69–0.78), which the window-relative bar of
+    scoring.copies.mix_bar is for."""
     from dso.config import HParams, ModelConfig
 
     hp = HParams(tokenizer="bytes",

@@ -28,9 +28,7 @@ def noise_history(stdlib_corpus, tmp_path_factory):
 
 
 def _paid_by(rule: str, hp, record) -> bool:
-    ratios, mu, evaluations = record
-    return (formulas.helped_recently(ratios, hp.help_share, rule)
-            and formulas.poc_passes(mu, evaluations, hp.poc_floor))
+    return formulas.gates_pay(*record, hp.help_share, hp.poc_floor, rule)
 
 
 def test_the_mean_of_two_would_pay_the_noise_miner_here(noise_history):
