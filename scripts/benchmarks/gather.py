@@ -146,7 +146,8 @@ def bench_hostile(repeats: int = 3, deadline_seconds: float = 8.0) -> dict:
         honest = {}
         for uid in HONEST_UIDS:
             creds = server.provision(f"honest{uid}")
-            update = codec.compress({n: torch.randn(p.shape, generator=gen) for n, p in model.named_parameters()})
+            update = codec.compress({n: torch.randn(p.shape, generator=gen) for n, p in model.named_parameters()},
+                                    WINDOW)
             blob = encode_payload(codec, update, torch.randn(hp.sync_samples, generator=gen),
                                   PayloadMeta(uid, WINDOW, hp.protocol_version, hp.digest()))
             creds.write_client().put(creds.bucket, keys.gradient(WINDOW, uid, hp.protocol_version), blob)

@@ -76,7 +76,7 @@ def replay(trace: dict, hp: HParams, warmup: int = 5) -> dict:
 def poc_statistics(traces: list[dict], warmup: int = 5) -> dict:
     """From window ``warmup`` on, per role: how often δ_assigned > δ_rand (the PoC sign test), how often the
     LossScore is ≤ 0, and the LossScores' spread around the window's honest mean (what the calibrated test in
-    tests/scoring/test_scoring_pay.py draws from)."""
+    tests/unit/scoring/test_scoring_pay.py draws from)."""
     out: dict = {}
     for role in ("honest", "diligent"):
         signs, nonpositive, n, relative, gaps = 0, 0, 0, [], []
