@@ -80,3 +80,17 @@ def seaweedfs_engine():
     yield engine
     engine.stop()
 
+
+@pytest.fixture(scope="session")
+def sim_dataset(tmp_path_factory):
+    """The run's data for a simulated network, a factory: the default corpus (Shakespeare) with ``hp``'s tokeniser
+    and sequence length, tokenised once per setting for the session.  The proof of computation's calibration is
+    the default data's: on CPython's documentation prose, a few hundred kilobytes of repetitive text, a tiny model's
+    honest updates leave too faint a trace on the sequences they trained on (docs/scoring.md)."""
+    from dso.data import Dataset
+
+    cache = tmp_path_factory.mktemp("shakespeare")
+
+    def make(hp):
+        return Dataset.for_run(hp, "shakespeare", str(cache))
+    return make

@@ -5,7 +5,9 @@ import json
 
 import torch
 
-from storage.wire import PayloadMeta, encode_payload
+from dso.payload import PayloadMeta
+
+from storage.wire import encode_payload
 
 
 def build(entries: dict[str, tuple[str, list[int], bytes]], metadata: dict | None) -> bytes:

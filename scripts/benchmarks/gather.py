@@ -40,7 +40,8 @@ from storage import keys  # noqa: E402
 from storage.commitment import BucketInfo  # noqa: E402
 from storage.gather import ReaderCache, gather  # noqa: E402
 from storage.server import EmbeddedS3  # noqa: E402
-from storage.wire import Expect, PayloadMeta, decode_payload, encode_payload  # noqa: E402
+from dso.payload import PayloadMeta
+from storage.wire import Expect, decode_payload, encode_payload  # noqa: E402
 
 WINDOW = 1
 

@@ -158,7 +158,8 @@ def payload_object_bytes(hp) -> int:
 
     from dso.codec import DeMoCodec
     from dso.model import build_model, parameter_shapes
-    from storage.wire import PayloadMeta, encode_payload
+    from dso.payload import PayloadMeta
+    from storage.wire import encode_payload
 
     codec = DeMoCodec.from_hparams(parameter_shapes(build_model(hp.model, hp.seed)), hp)
     update = codec.compress({n: torch.randn(s) for n, s in codec.shapes.items()}, 99999)

@@ -20,7 +20,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 from benchmarks import MODULES, SECTIONS, generic_markdown, markdown  # noqa: E402
 from benchmarks import codec as codec_section  # noqa: E402
 from benchmarks import convergence, energy, extra_compute, gather, incentives, privacy, targets, training  # noqa: E402
-from benchmarks import noise_gate, validator  # noqa: E402
+from benchmarks import validator  # noqa: E402
 from benchmarks.common import finite_or_none, proc_peak_rss_mb  # noqa: E402
 from dso.codec import DeMoCodec  # noqa: E402
 
@@ -150,11 +150,14 @@ def _result(**over):
     res = {
         "codec": {"within_bound_pct": 6.3, "model_100m": {"within_bound_pct": 5.4}, "vs_templar_2_5_bytes": 1.56,
                   "compression_share_of_window": 0.07},
-        "validator": {"eval_forward_units_per_peer": 3.9},
+        "validator": {"eval_forward_units_per_peer": 4.1},
         "gather": {"scaling_exponent": 1.0, "hostile_worst_ratio": 1.5, "hostile_honest_ok": 1.0},
         "convergence": {"ratio": 1.05, "ratio_4bit_vs_fp32_values": 1.001},
         "data": {"rss_growth_mb": 32.0},
-        "incentives": {"honest_max_min_ratio": {"median": 2.0}, "diligent_wins_of_10": 8},
+        "incentives": {"wrong_data_share": 0.01, "replay_share": 0.0, "mix_share": 0.02, "mixer_majority_share": 0.0,
+                       "gamer_share": 0.0, "part_time_share": 0.0, "good_share": 0.95, "honest_max_min_ratio": 1.5,
+                       "diligent_over_honest": 2.5, "diligent_over_honest_30w": 1.49,
+                       "split_over_concentrated": 1.0, "poc_honest_pass_rate": 0.95},
         "training": {"loss_ratio_vs_ddp": 1.05, "bytes_ratio_vs_ddp": 999.0, "miner_utilisation": 0.85},
     }
     res.update(over)
@@ -176,8 +179,10 @@ def test_targets_verdicts_on_boundaries():
     assert met["bytes per kept within 15% of the bound (~100 M shapes)"] is True
     assert met["miner peak RSS flat across corpus sizes (growth in MB)"] is True          # exactly 32
     assert rows["bytes per kept ≥ 1.5× smaller than 2.5 B"]["threshold"] == ">= 1.5"
-    assert met["identical honest peers within 2x of each other (median seed)"] is True        # exactly 2
-    assert met["diligent peer >= 1.5x the honest mean, seeds of 10"] is False
+    incentive = {name: m for name, m in met.items() if name.startswith("incentives:")}
+    assert [name for name, m in incentive.items() if not m] == [                               # the rest exactly at
+        "incentives: share of the best-paid mixer",                                            # their thresholds
+        "incentives: 2x compute / honest, 30 windows (median seed), at least"]
     assert met["training: network loss / DDP AdamW at equal tokens"] is True                   # exactly 1.05
     assert met["training: bf16 all-reduce bytes / bytes one peer sends per window"] is False   # 999 < 1000
     assert met["training: miner utilisation in the local network (least-utilised miner)"] is True  # exactly 0.85
@@ -238,35 +243,31 @@ def test_incentive_figures_by_hand():
     assert incentives.windows_to_lose([0.3, 0.2, 0.02, 0.005, 0.0], switch=1) == 3   # windows 1, 2 still ≥ 1 %
     assert incentives.windows_to_lose([0.3, 0.005], switch=1) == 1 and incentives.windows_to_lose([0.3, 0.2], 1) is None
     assert incentives.over_mean(0.3, [0.1, 0.2]) == pytest.approx(2.0)
-    weights = [{1: 0.5, 2: 0.5, 3: 0.0}, {1: 0.1, 2: 0.3, 3: 0.6}]
-    got = incentives.seed_figures(weights, honest=[1, 2], diligent=3, smooth=2)
-    assert got["honest_max_min_ratio"] == pytest.approx(3.0)
-    assert got["diligent_over_honest"] == pytest.approx(0.6 / 0.2)
-    assert got["smoothed_honest_max_min_ratio"] == pytest.approx(0.4 / 0.3)   # means 0.3, 0.4, 0.3
-    assert got["smoothed_diligent_over_honest"] == pytest.approx(0.3 / 0.35)
+    rows = [{1: 0.0, 2: 0.0, 3: 0.0}, {1: 0.5, 2: 0.5, 3: 0.0}, {1: 0.1, 2: 0.3, 3: 0.6}]
+    assert incentives.share_over(rows, [3]) == pytest.approx(0.3)                 # of what was posted: 2 rows
+    assert incentives.share_over(rows[:1], [3]) == 0.0
+    got = incentives.curve_figures(rows[2], honest=[1, 2], diligent=3)
+    assert got == pytest.approx({"honest_max_min_ratio": 3.0, "diligent_over_honest": 3.0,
+                                 "split_over_concentrated": 0.4 / 0.6})
+    records = [{"poc_statistics": {"1": 3.0, "2": 0.2, "9": 5.0}}, {"poc_statistics": {"2": 1.5}}]
+    assert incentives.pass_rate(records, [1, 2], 1.5) == (2, 3)
 
 
-def test_noise_gate_reads_each_rule_from_the_records():
-    # uids as the zoo's roles: 1 honest, 4 diligent, 6 noise; (help record, μ, evaluations) after one window
-    row = {1: ([0.49, -1.0, 0.73], 0.1, 3), 4: ([1.0, 1.0, -1.0], 0.2, 3), 6: ([-1.0, 0.06, 1.0], -0.15, 3)}
-    sunk = {**row, 6: ([-1.0, 0.06, 1.0], -0.3, 9)}                  # the same record below the PoC floor
-    runs = [{"seed": 7, "rows": [row, sunk], "poc_floor": -0.25, "help_share": 0.3}]
-    two, record = noise_gate.read_rule(runs, "mean_of_two"), noise_gate.read_rule(runs, "mean_of_record")
-    assert (two["noise_passing"], two["noise_paid"], two["noise_paid_seeds"], two["honest_cut"]) == (2, 1, [7], 0)
-    assert (record["noise_passing"], record["noise_paid"], record["honest_cut"], record["diligent_cut"]) == (0, 0, 2, 0)
-    assert record["honest_windows"] == record["noise_windows"] == 2
-
-
-def test_incentive_summary_medians_wins_and_markdown():
-    per_seed = [{"honest_max_min_ratio": r, "diligent_over_honest": d, "smoothed_honest_max_min_ratio": r,
-                 "smoothed_diligent_over_honest": d} for r, d in [(1.5, 2.0), (3.0, 1.4), (2.5, 1.5), (1.2, 0.9)]]
-    s = incentives.summarise(per_seed)
-    assert s["honest_max_min_ratio"]["median"] == pytest.approx(2.0)
-    assert s["honest_max_min_ratio"]["per_seed"] == [1.5, 3.0, 2.5, 1.2]
-    assert s["diligent_wins_of_10"] == 5.0                                   # 2 of 4 seeds, scaled to 10
-    s.update(windows=3, honest_peers=4, tiny_model=True, levers={})
-    text = incentives.markdown(s)
-    assert "| honest_max_min_ratio | 2 |" in text and "in 5 of 10 seeds" in text
+def test_incentive_summary_takes_the_worst_of_each_family_and_medians_of_the_curve():
+    def seed(wrong: float, ratio: float) -> dict:
+        shares = {b: 0.0 for family in incentives.FAMILIES.values() for b in family}
+        shares["fixedbatch"], shares["parttime2"] = wrong, 0.004
+        return {"shares": shares, "good_share": 1 - wrong, "honest_max_min_ratio": ratio, "diligent_over_honest": 2.0,
+                "diligent_over_honest_30w": ratio, "split_over_concentrated": 0.9, "poc_passed": 9,
+                "poc_evaluated": 10}
+    s = incentives.summarise([seed(0.02, 1.2), seed(0.0, 1.4), seed(0.01, 3.0)], [0.0, 0.03])
+    assert s["wrong_data_share"] == pytest.approx(0.01) and s["replay_share"] == 0.0
+    assert s["gamer_share"] == pytest.approx(0.004) and s["part_time_share"] == pytest.approx(0.004)
+    assert s["mixer_majority_share"] == pytest.approx(0.015)
+    assert s["honest_max_min_ratio"] == pytest.approx(1.4) and s["diligent_over_honest_30w"] == pytest.approx(1.4)
+    assert s["poc_honest_pass_rate"] == pytest.approx(0.9)
+    s.update(seeds=3, model="tiny", inner_steps=2, windows=6, majority_windows=4)
+    assert "| fixedbatch | 0.0100 | 0.0200 |" in incentives.markdown(s)
 
 
 # ---------------------------------------------------------------- privacy

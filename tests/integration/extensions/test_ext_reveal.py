@@ -19,7 +19,8 @@ from storage.gather import ReaderCache
 from storage.jsonobj import encode_json
 from storage.reveal import (commit_object, fetch_revealed, gather_window, parse_commit, parse_reveal, put_commit,
                             put_reveal, reveal_object, seal)
-from storage.wire import Expect, Payload, PayloadMeta, encode_payload
+from dso.payload import Payload, PayloadMeta
+from storage.wire import Expect, encode_payload
 
 torch.set_num_threads(1)
 W = 9  # the window every test uses

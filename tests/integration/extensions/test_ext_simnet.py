@@ -9,15 +9,14 @@ import numpy as np
 import pytest
 
 from dso.config import HParams, ModelConfig
-from dso.data import Dataset
 from sim.simulator import SimNet, behaviour_shares
 
 WINDOWS = 12
 
 
 @pytest.fixture(scope="module")
-def dataset(stdlib_corpus, tmp_path_factory):
-    return Dataset.from_config(str(stdlib_corpus), str(tmp_path_factory.mktemp("cache")), 32, 1234, 0.02)
+def dataset(sim_dataset):
+    return sim_dataset(tiny())
 
 
 def tiny(**changes) -> HParams:

@@ -5,7 +5,6 @@ to end.)"""
 import pytest
 
 from dso.config_sources import use_paper_mode
-from dso.data import Dataset
 from sim.simulator import SimNet, behaviour_shares
 
 ROLES = ["honest", "honest", "honest", "diligent", "freerider", "noise", "signflip", "copier", "late",
@@ -13,22 +12,22 @@ ROLES = ["honest", "honest", "honest", "diligent", "freerider", "noise", "signfl
 
 
 @pytest.fixture(scope="module")
-def records(stdlib_corpus, tmp_path_factory, simnet_hparams):
+def records(sim_dataset, tmp_path_factory, simnet_hparams):
     hp = simnet_hparams()
     hp.learning_rate = 5e-3
     # paper mode (one gradient, signed step): the copy tie-break's figures below were set for it; the steps mode
     # (inner AdamW + sgd outer step) is checked by test_inner_steps_network_pays_only_good_peers
     use_paper_mode(hp)
-    ds = Dataset.from_config(str(stdlib_corpus), str(tmp_path_factory.mktemp("cache")), 32, hp.seed, 0.02)
+    ds = sim_dataset(hp)
     return SimNet(hp, ds, ROLES).run(12)
 
 
-def test_inner_steps_network_pays_only_good_peers(stdlib_corpus, tmp_path_factory, simnet_hparams):
+def test_inner_steps_network_pays_only_good_peers(sim_dataset, tmp_path_factory, simnet_hparams):
     """The default training (inner AdamW steps, sgd outer step, its evaluation step): attacks still earn
     nothing, the copier next to nothing, and the shared model learns."""
     hp = simnet_hparams()
     hp.inner.steps_max = 2
-    ds = Dataset.from_config(str(stdlib_corpus), str(tmp_path_factory.mktemp("cache")), 32, hp.seed, 0.02)
+    ds = sim_dataset(hp)
     records = SimNet(hp, ds, ROLES).run(12)
     final = behaviour_shares(ROLES, records[-1].weights)
     for role in ("freerider", "noise", "signflip", "late", "malformed", "absent"):
@@ -62,7 +61,7 @@ def test_loss_falls(records):
 
 
 @pytest.mark.parametrize("stays_behind", [False, True])
-def test_desynchronised_peer_catches_up_or_stays_behind(stdlib_corpus, tmp_path_factory, stays_behind):
+def test_desynchronised_peer_catches_up_or_stays_behind(sim_dataset, tmp_path_factory, stays_behind):
     """Figure 2's peer pauses for windows 1–2; the paper's version then goes on from its stale model."""
     from dso.config import HParams, ModelConfig
     from dso.model import model_hash
@@ -70,7 +69,7 @@ def test_desynchronised_peer_catches_up_or_stays_behind(stdlib_corpus, tmp_path_
     hp = HParams(model=ModelConfig(d_model=16, n_layers=1, n_heads=2, ffn_hidden=32, seq_len=16))
     hp.batch_size, hp.assigned_sequences, hp.micro_batch, hp.chunk, hp.topk = 4, 8, 4, 8, 4
     hp.eval_sequences, hp.eval_peers, hp.warmup_windows = 4, 2, 0
-    ds = Dataset.from_config(str(stdlib_corpus), str(tmp_path_factory.mktemp("cache")), 16, hp.seed, 0.02)
+    ds = sim_dataset(hp)
     net = SimNet(hp, ds, ["honest", "desync"], desync_windows={1, 2}, desync_stays_behind=stays_behind)
     peer = net.peers[1]
     lagging = []

@@ -16,7 +16,8 @@ from st_craft import hostile, honest
 from storage import keys
 from storage.commitment import BucketInfo
 from storage.gather import ReaderCache, gather
-from storage.wire import Expect, Payload, payload_size_cap
+from dso.payload import Payload
+from storage.wire import Expect, payload_size_cap
 
 WINDOW = 6
 FORMAT_REASONS = ["malformed", "bad_keys", "bad_dtype", "bad_shape", "index_out_of_range", "wrong_count",

@@ -15,7 +15,8 @@ from storage import keys
 from storage.commitment import BucketInfo
 from storage.gather import ReaderCache, gather
 from storage.look import LOOK_MARGIN_SECONDS, Look, Seen, certain_after, look
-from storage.wire import Expect, Payload
+from dso.payload import Payload
+from storage.wire import Expect
 
 WINDOW = 6
 

@@ -20,7 +20,8 @@ from storage.client import S3Client, StorageError
 from storage.gather import fetch_payload
 from storage.peers import PeersList, get_peers, put_peers
 from storage.server import AdminCredentials, main as server_main
-from storage.wire import Expect, Payload
+from dso.payload import Payload
+from storage.wire import Expect
 
 FAR = time.monotonic() + 3600  # a deadline that never bites
 

@@ -12,7 +12,7 @@ from dso.model import build_model, parameter_shapes
 from dso.rejections import Reason, Rejection
 from scoring import ValidatorState, score_window
 from scoring.pay import pay
-from scoring.window import is_banned, penalty_multiplier
+from scoring.window import Scorer, WindowEvidence, is_banned, penalty_multiplier
 
 SECRET = "7a" * 16
 PHI = 0.75
@@ -30,8 +30,9 @@ def score(setup, state, window, rejections, active):
     """One window in which nobody uploads anything usable: only penalties move μ (no evaluation)."""
     hp, model, codec = setup
     randomness = hashlib.sha256(f"w{window}".encode()).digest()
-    return score_window(state, model, codec, None, hp, window, {}, rejections, active, randomness,
-                        hashlib.sha256(f"eval{window}".encode()).digest())
+    evidence = WindowEvidence(window, {}, rejections, active, randomness,
+                              hashlib.sha256(f"eval{window}".encode()).digest())
+    return score_window(state, Scorer(model, codec, None, hp), evidence)
 
 
 OFFENCES = {1: Reason.NO_COMMIT, 2: Reason.NO_REVEAL, 3: Reason.REVEAL_MISMATCH, 4: Reason.DUPLICATE,
@@ -86,10 +87,13 @@ def test_the_third_invalid_update_bans_until_the_hotkey_changes(setup):
     # on the stored state (scoring/pay.py), nobody failing a check: the two others share the weight, uid 1 gets none
     for uid in active:
         state.peers[uid].mu, state.peers[uid].rating_mu, state.peers[uid].rating_sigma = 0.5, 30.0, 1.0
-        state.peers[uid].eval_count = 10  # a record of evaluations: the proof of computation passes
+        peer = state.peers[uid]  # a record of evaluations: the proof of computation and the help gate pass
+        peer.eval_count, peer.poc_record, peer.work, peer.help_ratios, peer.passes = 10, [3.0, 3.0], [16, 16], \
+            [1.0, 1.0], 10
     banned = {uid for uid in active if is_banned(state.peers[uid], hp)}
     assert banned == {1}
-    _, scores, weights, _ = pay({uid: state.peers[uid] for uid in active}, hp, {}, banned)
+    result = pay({uid: state.peers[uid] for uid in active}, hp, {}, 3, banned)
+    scores, weights = result.scores, result.weights
     assert scores[2] > 0 and weights[2] > 0.4 and weights[3] > 0
     assert weights[1] == 0.0 and scores[1] <= 0
     # a window in which nobody uploads: a missing upload fails the fast check, so nobody is paid in it (issue 17)

@@ -15,10 +15,25 @@ def test_assignment_is_deterministic_and_differs_across_uids_and_windows(dataset
     assert np.array_equal(a, dataset.assigned_rows(uid=3, window=10, n=8))
     assert not np.array_equal(a, dataset.assigned_rows(uid=4, window=10, n=8))
     assert not np.array_equal(a, dataset.assigned_rows(uid=3, window=11, n=8))
-    assert np.unique(a).size == 8 and np.all(np.diff(a) > 0)
+    assert np.unique(a).size == 8
     assert dataset.assigned(3, 10, 8).shape == (8, 33)
     pool = dataset.assigned(3, 10, 16)
     assert np.array_equal(dataset.training_batch(3, 10, 16, 8).numpy(), pool[:8].numpy())
+
+
+def test_the_prefix_a_miner_trains_on_is_a_random_sample_of_the_corpus(dataset):
+    """A miner trains on the first sequences of its assignment, as far as its compute goes: they must be spread over
+    the whole corpus like the assignment itself (in row order they were its start: the first 64 of 512 rows drawn
+    came from the first ~13 % of the corpus)."""
+    n_rows = dataset.n_sequences
+    starts = [dataset.assigned_rows(uid, 5, 512)[:64] / n_rows for uid in range(20)]
+    prefix = np.concatenate(starts)
+    # uniform on [0, 1): mean 1/2, and a Kolmogorov-Smirnov test cannot tell the prefix from uniform
+    assert abs(prefix.mean() - 0.5) < 0.05
+    assert stats.kstest(prefix, "uniform").pvalue > 1e-3
+    whole = dataset.assigned_rows(3, 5, 512)
+    assert not np.all(np.diff(whole) > 0)                      # not in row order
+    assert np.array_equal(np.sort(whole), np.unique(whole))   # the same set: distinct rows
 
 
 def test_rows_are_consecutive_slices_of_the_corpus(stdlib_corpus, dataset):
@@ -66,7 +81,7 @@ def test_small_pools_are_drawn_exactly():
     """Fewer training rows than asked for: every one of them, once (the listing path)."""
     ds = Dataset(np.arange(10 * 5, dtype=np.uint8), "x", seq_len=4, seed=1, val_fraction=0.2)
     train = np.flatnonzero(~ds.is_validation(np.arange(ds.n_sequences)))
-    assert np.array_equal(ds.assigned_rows(0, 0, 100), train)
+    assert np.array_equal(np.sort(ds.assigned_rows(0, 0, 100)), train)
     rest = ds.unassigned(np.random.default_rng(0), train[:2], 100)
     assert rest.shape[0] == train.size - 2
     assert ds.n_val >= 1 and ds.validation(5).shape[0] == ds.n_val

@@ -11,7 +11,7 @@ from dso.model import build_model, model_hash, parameter_shapes
 from dso.outer import OuterState
 from dso.train import autocast_dtype, compute_gradients, mixed_precision
 from neurons.engine import aggregate_window
-from storage.wire import Payload, PayloadMeta
+from dso.payload import Payload, PayloadMeta
 
 
 def test_autocast_only_on_cuda_with_bf16():

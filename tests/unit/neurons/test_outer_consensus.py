@@ -13,7 +13,7 @@ from neurons.catchup import apply_bundle
 from neurons.engine import aggregate_window
 from storage.aggregate import Bundle
 from storage.checkpoint import decode_checkpoint, encode_checkpoint
-from storage.wire import Payload, PayloadMeta
+from dso.payload import Payload, PayloadMeta
 
 WINDOWS = 4
 PEERS = [3, 1, 2]

@@ -22,6 +22,10 @@ def hp(tiny_hparams):
     hp.topg = 3
     # the scripted miners send one gradient per window: the paper's mode, scored with the signed rule
     use_paper_mode(hp)
+    # one gradient of four sequences leaves too faint a trace for the proof of computation to be decisive on this
+    # model: these tests check the scoring's machinery, with a lenient test that still fails an update that is
+    # worse than nothing on its data (its calibration is the seeded simulator's: tests/integration/sim)
+    hp.poc_threshold, hp.poc_cooldown = -1.0, 2
     return hp
 
 

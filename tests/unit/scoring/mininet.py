@@ -8,6 +8,7 @@ import torch
 from dso.codec import DeMoCodec, ErrorFeedback
 from dso.data import Dataset
 from dso.model import build_model, parameter_shapes, sync_sample_count
+from dso.payload import Payload, PayloadMeta
 from dso.train import compute_gradients, learning_rate
 from scoring.sync import sample_parameters, sync_positions
 
@@ -34,7 +35,7 @@ class MiniNet:
         self.codec = DeMoCodec.from_hparams(self.shapes, hp)
         self.feedback = {uid: ErrorFeedback(self.codec, hp.ef_beta) for uid in behaviours}
 
-    def payloads(self, window: int) -> dict[int, tuple]:
+    def payloads(self, window: int) -> dict[int, Payload]:
         positions = sync_positions(chain_randomness(window), self.shapes, sync_sample_count(self.hp))
         named = dict(self.model.named_parameters())
         in_sync = sample_parameters(named, positions)
@@ -56,13 +57,14 @@ class MiniNet:
                 update = self.codec.compress({n: torch.randn(s, generator=gen) for n, s in self.shapes.items()}, window)
             else:
                 raise ValueError(behaviour)
-            out[uid] = (update, sync)
+            meta = PayloadMeta(uid, window, self.hp.protocol_version, self.hp.digest(), trained=self.hp.batch_size)
+            out[uid] = Payload(meta, update, sync, 0)
         return out
 
     @torch.no_grad()
-    def apply_aggregate(self, window: int, top_g: list[int], payloads: dict[int, tuple]) -> None:
+    def apply_aggregate(self, window: int, top_g: list[int], payloads: dict[int, Payload]) -> None:
         """θ ← θ − α·sign(Σ decoded updates of the top-G) (a stand-in for the real aggregation)."""
-        chosen = [payloads[uid][0] for uid in top_g if uid in payloads]
+        chosen = [payloads[uid].update for uid in top_g if uid in payloads]
         if not chosen:
             return
         total = {n: torch.zeros(s) for n, s in self.shapes.items()}

@@ -7,38 +7,87 @@ import statistics
 
 import numpy as np
 import pytest
-from scipy.stats import rankdata
+from scipy.stats import rankdata, ttest_ind
 
-from scoring.formulas import (MU_MAX, MU_MIN, competition_ranks, help_median, help_ratio, help_record_score,
-                              helped_recently, last_update_helped,
-                              loss_delta, normalise_weights, peer_score, penalise, poc_no_work, poc_passes, poc_update,
-                              smooth_weights, sync_score, top_g)
+from scoring.formulas import (MU_MAX, MU_MIN, competition_ranks, cooled_down, help_median, help_ratio,
+                              help_record_score, helped_recently, last_update_helped, loss_delta, normalise_weights,
+                              pay_score, peer_score, penalise, poc_pays, poc_statistic, poc_update, poc_verdict,
+                              quality, smooth_weights, sync_score, top_g, work_proven, POC_BOUND, bound_statistic)
 
 
 # ------------------------------------------------------------- proof of computation
-def test_poc_update_hand_values():
-    mu = poc_update(0.0, delta_assigned=0.3, delta_rand=0.1, gamma=0.95)
+def test_poc_statistic_is_welchs_t_as_scipy_computes_it():
+    rng = np.random.default_rng(3)
+    trained, rand = rng.normal(0.012, 0.01, 32), rng.normal(0.004, 0.013, 24)
+    expected = ttest_ind(trained, rand, equal_var=False).statistic
+    assert poc_statistic(trained.tolist(), rand.tolist()) == pytest.approx(expected, rel=1e-12)
+
+
+def test_poc_statistic_hand_value():
+    # means 2 and 1, sample variances 1 and 1, n = 3 each: t = 1 / sqrt(1/3 + 1/3)
+    assert poc_statistic([1.0, 2.0, 3.0], [0.0, 1.0, 2.0]) == pytest.approx(1 / math.sqrt(2 / 3))
+
+
+def test_poc_statistic_without_evidence_fails():
+    assert poc_statistic([0.1], [0.0, 0.1]) == -math.inf            # one trained sequence: no test
+    assert poc_statistic([], [0.0, 0.1]) == -math.inf
+    assert poc_statistic([0.1, math.nan], [0.0, 0.1]) == -math.inf  # a step that broke the loss
+    assert poc_statistic([0.1, math.inf], [0.0, 0.1]) == -math.inf
+    assert poc_statistic([0.0, 0.0], [0.0, 0.0]) == 0.0              # a zero update: no spread, no difference
+    assert poc_statistic([0.2, 0.2], [0.1, 0.1]) == math.inf
+    assert not poc_verdict(poc_statistic([0.0, 0.0], [0.0, 0.0]), 2.0)
+    assert poc_verdict(2.0, 2.0) and not poc_verdict(1.999, 2.0) and not poc_verdict(math.nan, 2.0)
+
+
+def test_poc_update_is_an_ema_of_verdicts():
+    mu = poc_update(0.0, True, 0.95)
     assert mu == pytest.approx(0.05, abs=1e-15)
-    mu = poc_update(mu, 0.2, 0.1, 0.95)                   # 0.95·0.05 + 0.05
+    mu = poc_update(mu, True, 0.95)                   # 0.95·0.05 + 0.05
     assert mu == pytest.approx(0.0975, abs=1e-15)
-    mu = poc_update(mu, 0.1, 0.2, 0.95)                   # 0.95·0.0975 − 0.05
+    mu = poc_update(mu, False, 0.95)                  # 0.95·0.0975 − 0.05
     assert mu == pytest.approx(0.042625, abs=1e-15)
-    assert poc_update(0.4, 0.1, 0.1, 0.95) == pytest.approx(0.38)   # equal deltas: pure decay
+    assert poc_update(MU_MIN, False, 0.95) == MU_MIN and poc_update(math.nan, False, 0.9) == MU_MIN
+    assert poc_update(MU_MAX, True, 0.95) == MU_MAX
 
 
-def test_an_update_that_does_no_good_counts_against_the_proof():
-    assert poc_no_work(0.4, 0.95) == pytest.approx(0.33)          # 0.95·0.4 − 0.05, where equal deltas give 0.38
-    assert poc_no_work(0.0, 0.95) == pytest.approx(-0.05)
-    assert poc_no_work(MU_MIN, 0.95) == MU_MIN and poc_no_work(math.nan, 0.9) == MU_MIN
+@pytest.mark.parametrize("record, proven", [([], False), ([3.7], False), ([3.7, 3.1], True), ([0.4, 3.7, 2.9], True),
+                                            ([3.7, 0.75], True), ([3.7, 0.7499], False), ([3.9, -0.5], False),
+                                            ([0.9, 0.3, 2.0], False), ([1.5, 1.5], True), ([1.5, 1.4999], False)])
+def test_work_is_proven_by_the_mean_of_at_least_two_tests_and_a_last_one_not_failed(record, proven):
+    assert work_proven(record, threshold=1.5) is proven
 
 
-def test_poc_update_magnitude_does_not_matter_only_sign():
-    assert poc_update(0.2, 1e-9, 0.0, 0.9) == poc_update(0.2, 5.0, 0.0, 0.9)
+@pytest.mark.parametrize("failed, window, paid", [(-1, 0, True), (5, 15, False), (5, 16, True), (20, 20, False)])
+def test_no_pay_within_the_cooldown_of_an_upload_without_work(failed, window, paid):
+    assert cooled_down(failed, window, cooldown=10) is paid
 
 
-def test_poc_update_non_finite_difference_earns_no_credit():
-    assert poc_update(0.0, -math.inf, -math.inf, 0.95) == pytest.approx(-0.05)
-    assert poc_update(0.0, math.nan, 0.1, 0.95) == pytest.approx(-0.05)
+def test_the_proof_of_computation_pays_only_proven_cooled_down_work_at_or_above_the_floor():
+    assert poc_pays([3.0, 2.0], -1, 12, 0.1, 10, -0.25, 1.5)
+    assert not poc_pays([3.0, 2.0], 3, 12, 0.1, 10, -0.25, 1.5)     # a replay 9 windows ago
+    assert not poc_pays([3.0, -0.5], -1, 12, 0.1, 10, -0.25, 1.5)   # mean 1.25
+    assert not poc_pays([3.0, 2.0], -1, 12, -0.3, 10, -0.25, 1.5)   # penalised below the floor
+    assert not poc_pays([3.0, 2.0], -1, 12, math.nan, 10, -0.25, 1.5)
+
+
+def test_statistics_are_recorded_within_bounds():
+    assert bound_statistic(math.inf) == POC_BOUND and bound_statistic(-math.inf) == -POC_BOUND
+    assert bound_statistic(math.nan) == -POC_BOUND and bound_statistic(2.5) == 2.5
+
+
+def test_pay_score_is_declared_work_times_quality():
+    assert pay_score([144, 144, 144], 1.0) == 144.0
+    assert pay_score([288, 288, 144], 0.75) == pytest.approx(240 * 0.75)
+    assert pay_score([], 1.0) == 0.0
+    # twice the sequences at the same quality: twice the pay; split over two uids: the same total, no more
+    assert pay_score([288, 288], 0.9) == pytest.approx(2 * pay_score([144, 144], 0.9))
+
+
+@pytest.mark.parametrize("ratios, expected", [([], 0.0), ([1.0, 1.0, 1.0], 1.0), ([0.5, 1.0, 0.9], 0.8),
+                                              ([1.0, -1.0, 1.0], 1 / 3), ([-1.0, -1.0], 0.0)])
+def test_quality_is_the_help_record_score_in_zero_one(ratios, expected):
+    # mean_of_record: the lower of the last two's mean (−1 as 0) and the record's mean (−1 as −1)
+    assert quality(ratios, "mean_of_record") == pytest.approx(expected)
 
 
 def test_loss_delta():
@@ -67,7 +116,7 @@ def test_mu_is_bounded_by_construction_and_an_offline_peer_can_recover():
     """Finding 3: a negative μ was scaled by 1.25 per penalty without bound and reached -inf after ~3,200
     windows (then the saved state was refused and the validator stopped).  Now it stops at MU_MIN, and
     from there ceil(ln 2 / -ln γ) = 14 proofs of computation bring it back above zero (docs/scoring.md)."""
-    mu = poc_update(0.0, 0.0, 1.0, 0.95)            # -0.05, as in the issue
+    mu = poc_update(0.0, False, 0.95)               # -0.05
     for _ in range(5000):
         mu = penalise(mu, 0.75)
         assert math.isfinite(mu) and MU_MIN <= mu <= MU_MAX
@@ -75,13 +124,13 @@ def test_mu_is_bounded_by_construction_and_an_offline_peer_can_recover():
     assert penalise(mu, 0.0) == MU_MIN              # a ban's φ = 0 too
     windows = 0
     while mu <= 0:
-        mu = poc_update(mu, 1.0, 0.0, 0.95)
+        mu = poc_update(mu, True, 0.95)
         windows += 1
     assert windows == math.ceil(math.log(2) / -math.log(0.95)) == 14
     for _ in range(5000):
-        mu = poc_update(mu, 1.0, 0.0, 0.95)
+        mu = poc_update(mu, True, 0.95)
     assert mu <= MU_MAX
-    assert penalise(math.nan, 0.75) == MU_MIN and poc_update(math.inf, 1.0, 0.0, 0.9) <= MU_MAX
+    assert penalise(math.nan, 0.75) == MU_MIN and poc_update(math.inf, True, 0.9) <= MU_MAX
 
 
 # ---------------------------------------------------------------- sync score
@@ -110,43 +159,26 @@ def test_sync_score_non_finite_peer_value_fails_and_bad_inputs_raise():
         sync_score([0.0], [0.0], 0.0)
 
 
-# ---------------------------------------------------------------- peer score
-@pytest.mark.parametrize("mu, evaluations, passed", [(0.0, 0, False), (0.4, 0, False), (0.0, 1, True),
-                                                     (-0.25, 3, True), (-0.2501, 3, False), (0.31, 20, True),
-                                                     (MU_MIN, 20, False), (math.nan, 5, False)])
-def test_proof_of_computation_passes_once_evaluated_and_at_or_above_the_floor(mu, evaluations, passed):
-    assert poc_passes(mu, evaluations, floor=-0.25) is passed
-
-
-def test_a_peer_that_does_no_work_fails_the_proof_after_six_evaluations():
-    # μ_n = −(1 − 0.95ⁿ): −0.2262 after 5 no-work verdicts (still passes −0.25), −0.2649 after 6
-    mu, passing = 0.0, []
-    for n in range(1, 9):
-        mu = poc_no_work(mu, 0.95)
-        passing.append(poc_passes(mu, n, -0.25))
-    assert mu == pytest.approx(-(1 - 0.95 ** 8))
-    assert passing == [True] * 5 + [False] * 3
-
-
+# ---------------------------------------------------------------- standing
 @pytest.mark.parametrize("mu, rating, passed, score", [(0.0, 20.8, True, 20.8), (-0.2, 20.8, True, 20.8),
                                                        (0.0, 20.8, False, 0.0), (-0.3, 20.8, False, -0.3),
                                                        (0.1, 0.0, True, 0.0), (0.1, -3.5, True, -3.5),
                                                        (-0.3, -3.5, False, -3.5)])
-def test_peer_score_is_the_rating_when_the_proof_passes_and_never_positive_when_it_fails(mu, rating, passed, score):
+def test_standing_is_the_rating_when_the_proof_passes_and_never_positive_when_it_fails(mu, rating, passed, score):
     assert peer_score(mu, rating, passed) == score
 
 
 def test_two_negatives_never_make_a_reward():
     naive = -0.3 * -18.9
     assert naive > 5                              # what the published formula μ·LossRating pays
-    assert peer_score(-0.3, -18.9, poc_passes(-0.3, 10, -0.25)) == -18.9
+    assert peer_score(-0.3, -18.9, False) == -18.9
     weights = normalise_weights({1: peer_score(0.1, 10.0, True), 2: peer_score(-0.3, -18.9, False), 3: 0.0}, 2.0)
     assert weights[2] == 0.0 and weights[1] == 1.0
 
 
-def test_peer_score_is_monotone_so_a_penalty_never_raises_it():
+def test_standing_is_monotone_so_a_penalty_never_raises_it():
     def score(mu: float, rating: float) -> float:
-        return peer_score(mu, rating, poc_passes(mu, 5, -0.25))
+        return peer_score(mu, rating, mu >= -0.25)
     for mu, rating in itertools.product(np.linspace(MU_MIN, MU_MAX, 25), np.linspace(-30, 30, 25)):
         mu, rating = float(mu), float(rating)
         s = score(mu, rating)
@@ -154,7 +186,7 @@ def test_peer_score_is_monotone_so_a_penalty_never_raises_it():
         assert score(penalise(mu, 0.75), rating) <= s
 
 
-def test_peer_score_non_finite_gets_no_weight_and_stays_finite():
+def test_standing_non_finite_gets_no_weight_and_stays_finite():
     assert peer_score(math.nan, 1.0, True) == MU_MIN and peer_score(0.5, math.inf, True) == MU_MIN
     assert peer_score(-0.3, -math.inf, False) == MU_MIN
 
@@ -193,7 +225,7 @@ def test_normalise_nobody_to_pay_gives_all_zeros():
     assert normalise_weights({}, 2.0) == {}
 
 
-# ------------------------------------------------------------- the pay gate (issue 17)
+# ------------------------------------------------------------- the help gate
 @pytest.mark.parametrize("loss_score, paid", [(0.003, True), (1e-12, True), (None, True), (0.0, False),
                                               (-0.002, False), (-math.inf, False), (math.nan, False)])
 def test_only_a_peer_whose_last_update_lowered_the_loss_may_be_paid(loss_score, paid):
@@ -269,7 +301,7 @@ def test_an_honest_peer_survives_one_low_draw_and_a_turncoat_is_cut_at_its_secon
     assert not helped_recently([help_ratio(-1e-4, 0.004), help_ratio(-1e-5, 0.004), 0.3], 0.2, rule)
 
 
-# ------------------------------------------------------------- smoothing (issue 17)
+# ------------------------------------------------------------- smoothing
 def test_smooth_weights_hand_values():
     # 0.5·(0.2, 0.8) + 0.5·(0.5, 0.5) = (0.35, 0.65): sums to 1, nothing to renormalise
     assert smooth_weights({1: 0.5, 2: 0.5}, {1: 0.2, 2: 0.8}, 0.5) == pytest.approx({1: 0.35, 2: 0.65})

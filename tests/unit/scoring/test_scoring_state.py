@@ -62,8 +62,9 @@ def test_save_is_atomic_and_leaves_no_temp_files(tmp_path, monkeypatch):
     (lambda d: d.pop("peers"), "missing fields"),
     (lambda d: d.update(extra=1), "unknown fields"),
     (lambda d: d.update(version=1), "earlier version"),
-    (lambda d: d.update(version=3), "version"),
-    (lambda d: d.update(version="2"), "version"),
+    (lambda d: d.update(version=2), "earlier version"),
+    (lambda d: d.update(version=4), "version"),
+    (lambda d: d.update(version="3"), "version"),
     (lambda d: d["peers"]["3"].update(mu=-1.5), "peers.3.mu.*outside its bounds"),
     (lambda d: d["peers"]["3"].update(rating_mu=1e6), "rating_mu.*outside"),
     (lambda d: d.update(weights={"3": 2.0}), "weights.3"),
@@ -78,6 +79,10 @@ def test_save_is_atomic_and_leaves_no_temp_files(tmp_path, monkeypatch):
     (lambda d: d["peers"]["3"].update(passes="2"), "peers.3.passes"),
     (lambda d: d["peers"]["3"].update(help_ratios=[0.5, 1.5]), "peers.3.help_ratios.1."),
     (lambda d: d["peers"]["3"].update(help_ratios=["nan"]), "peers.3.help_ratios.0."),
+    (lambda d: d["peers"]["3"].update(poc_record=[2.0, 11.0]), "peers.3.poc_record"),
+    (lambda d: d["peers"]["3"].update(poc_record=["nan"]), "peers.3.poc_record"),
+    (lambda d: d["peers"]["3"].update(work=[144, -1]), "peers.3.work"),
+    (lambda d: d["peers"]["3"].update(poc_failed_window=-2), "peers.3.poc_failed_window"),
     (lambda d: d["peers"]["3"].update(rating_sigma=0.0), "rating_sigma"),
     (lambda d: d["peers"]["3"]["offences"].update(bribery=1), "bribery"),
     (lambda d: d["peers"].update({"x": d["peers"]["3"]}), "not a uid"),
@@ -151,13 +156,12 @@ def test_standing_orders_peers_by_last_weight_then_mu_then_uid():
     assert state.standing() == [3, 1, 2, 4, 5]
 
 
-def test_a_state_saved_before_the_copy_record_loads_with_an_empty_record(tmp_path):
+def test_a_state_of_the_earlier_proof_of_computation_is_refused_with_how_to_start_afresh(tmp_path):
     data = sample_state().to_dict()
+    data["version"] = 2
     for peer in data["peers"].values():
-        del peer["copies"], peer["passes"], peer["help_ratios"]
+        del peer["poc_record"], peer["work"], peer["poc_failed_window"]
     path = tmp_path / "state.json"
     path.write_text(json.dumps(data))
-    again = load(path, run_digest="abc123")
-    assert (again.peers[3].copies, again.peers[3].passes) == (0, 0)
-    assert again.peers[3].help_ratios == []   # no help record yet
-    assert again.peers[3].mu == 0.1 + 0.2
+    with pytest.raises(StateError, match="earlier version.*move the state away"):
+        load(path, run_digest="abc123")

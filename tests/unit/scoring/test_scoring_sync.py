@@ -108,7 +108,8 @@ def test_wire_checks_take_the_same_length():
     from dso.codec import DeMoCodec
     from dso.config import HParams, ModelConfig
     from dso.model import build_model, parameter_shapes, sync_sample_count
-    from storage.wire import Expect, PayloadMeta, decode_payload, encode_payload, payload_size_cap
+    from dso.payload import PayloadMeta
+    from storage.wire import Expect, decode_payload, encode_payload, payload_size_cap
 
     hp = HParams(model=ModelConfig(d_model=8, n_layers=12, n_heads=2, ffn_hidden=16, seq_len=8))
     hp.chunk, hp.topk = 8, 4

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 
 import pytest
@@ -10,71 +11,89 @@ from mininet import MiniNet, chain_randomness, eval_seed
 
 from dso.model import model_hash
 from dso.rejections import Reason, Rejection
-from dso.train import evaluate, learning_rate
+from dso.train import learning_rate, sequence_losses
 from scoring import ValidatorState, WindowAlreadyScored, load, plan_fast_set, score_window
-from scoring.evaluation import ParameterSnapshot, evaluate_peer, update_signs
-from scoring.formulas import helped_recently, peer_score, poc_passes, poc_update
-from scoring.rating import ordinal
+from scoring.evaluation import ParameterSnapshot, evaluate_peer, random_losses, update_signs
+from scoring.formulas import helped_recently, poc_pays, poc_update, poc_verdict
+from scoring.window import Scorer, WindowEvidence
 
 SECRET = "5e" * 16
 
 
+def score(net: MiniNet, state: ValidatorState, window: int, payloads, rejections=None, active=None, dataset=None):
+    evidence = WindowEvidence(window, payloads, rejections or {}, sorted(net.behaviours) if active is None else active,
+                              chain_randomness(window), eval_seed(window))
+    return score_window(state, Scorer(net.model, net.codec, net.dataset if dataset is None else dataset, net.hp),
+                        evidence)
+
+
 def run(net: MiniNet, state: ValidatorState, window: int, payloads=None, rejections=None, active=None):
     payloads = net.payloads(window) if payloads is None else payloads
-    report = score_window(state, net.model, net.codec, net.dataset, net.hp, window, payloads, rejections or {},
-                          sorted(net.behaviours) if active is None else active, chain_randomness(window),
-                          eval_seed(window))
+    report = score(net, state, window, payloads, rejections, active)
     net.apply_aggregate(window, state.top_g, payloads)
     return report
 
 
 # --------------------------------------------------------------- in-place evaluation
 def test_in_place_evaluation_matches_a_model_copy_and_restores_theta_bit_exactly(hp, dataset):
-    net = MiniNet(hp, dataset, {3: "honest"})
-    update, _ = net.payloads(0)[3]
-    signs = update_signs(net.codec.decompress, update, net.shapes)
-    step = hp.eval_scale * learning_rate(hp, 0)
+    net = MiniNet(hp, dataset, {3: "honest", 4: "honest"})
+    payloads = net.payloads(0)
+    size = hp.eval_scale * learning_rate(hp, 0)
+    step = {n: size * s for n, s in update_signs(net.codec.decompress, payloads[3].update, net.shapes).items()}
+    control = {n: size * s for n, s in update_signs(net.codec.decompress, payloads[4].update, net.shapes).items()}
     assigned, rand = dataset.assigned(3, 0, 4), dataset.validation(4)
     before = model_hash(net.model)
 
-    oracle = copy.deepcopy(net.model)
-    base_assigned, base_rand = evaluate(oracle, assigned, 4), evaluate(oracle, rand, 4)
-    with torch.no_grad():
-        for name, p in oracle.named_parameters():
-            p.sub_(signs[name], alpha=step)
-    expected = (base_assigned, evaluate(oracle, assigned, 4), base_rand, evaluate(oracle, rand, 4))
+    def at(displacement):
+        oracle = copy.deepcopy(net.model)
+        with torch.no_grad():
+            for name, p in oracle.named_parameters():
+                p.sub_(displacement[name])
+        return oracle
 
-    got = evaluate_peer(net.model, ParameterSnapshot(net.model), signs, step, assigned, rand, base_rand, 4)
-    assert (got.base_assigned, got.stepped_assigned, got.base_rand, got.stepped_rand) == pytest.approx(expected)
-    assert got.delta_rand == pytest.approx(expected[2] - expected[3])
+    snapshot = ParameterSnapshot(net.model)
+    random = random_losses(net.model, snapshot, control, rand, 4)
+    got = evaluate_peer(net.model, snapshot, step, control, assigned, random, 4)
+    expected = [sequence_losses(at(control), assigned, 4), sequence_losses(at(step), assigned, 4),
+                sequence_losses(net.model, rand, 4), sequence_losses(at(control), rand, 4),
+                sequence_losses(at(step), rand, 4)]
+    for name, want in zip(("control_assigned", "stepped_assigned", "base_rand", "control_rand", "stepped_rand"),
+                          expected):
+        assert getattr(got, name).tolist() == pytest.approx(want.tolist()), name
+    assert got.delta_rand == pytest.approx(float(expected[2].mean() - expected[4].mean()))
     assert model_hash(net.model) == before
     # The naive undo θ − a + a is not exact, which is why a snapshot is restored instead.
     w = torch.randn(1000, generator=torch.Generator().manual_seed(0)) * 0.02
-    assert not torch.equal(w - step + step, w)
+    assert not torch.equal(w - 0.01 + 0.01, w)
 
 
 def test_model_is_restored_even_when_a_forward_pass_fails(hp, dataset):
     net = MiniNet(hp, dataset, {0: "honest"})
-    signs = update_signs(net.codec.decompress, net.payloads(0)[0][0], net.shapes)
+    step = {n: 0.01 * s for n, s in update_signs(net.codec.decompress, net.payloads(0)[0].update, net.shapes).items()}
     before = model_hash(net.model)
     bad_rand = torch.full((2, hp.model.seq_len + 1), 999)          # token ids outside the vocabulary
+    snapshot = ParameterSnapshot(net.model)
+    random = random_losses(net.model, snapshot, None, dataset.validation(2), 4)
     with pytest.raises(IndexError):
-        evaluate_peer(net.model, ParameterSnapshot(net.model), signs, 0.01, dataset.assigned(0, 0, 4), bad_rand,
-                      1.0, 4)
+        evaluate_peer(net.model, snapshot, step, None, dataset.assigned(0, 0, 4),
+                      dataclasses.replace(random, batch=bad_rand), 4)
     assert model_hash(net.model) == before
 
 
-def test_forward_passes_per_window_are_one_plus_three_per_evaluated_peer(hp, dataset):
+def test_forward_passes_per_window_are_two_plus_three_per_evaluated_peer(hp, dataset):
     hp.eval_peers = 3
     net = MiniNet(hp, dataset, {u: "honest" for u in range(5)})
     payloads = net.payloads(0)
     calls = []
-    original = net.model.loss
-    net.model.loss = lambda batch: calls.append(batch.shape[0]) or original(batch)
-    report = score_window(ValidatorState.new(secret=SECRET), net.model, net.codec, dataset, hp, 0, payloads, {},
-                          range(5), chain_randomness(0), eval_seed(0))
+    original = net.model.sequence_losses
+    net.model.sequence_losses = lambda batch: calls.append(batch.shape[0]) or original(batch)
+    zero = {n: torch.zeros(s) for n, s in net.shapes.items()}
+    evidence = WindowEvidence(0, payloads, {}, range(5), chain_randomness(0), eval_seed(0), control=zero)
+    report = score_window(ValidatorState.new(secret=SECRET), Scorer(net.model, net.codec, dataset, hp), evidence)
     assert len(report.evaluated) == 3
-    assert len(calls) == 1 + 3 * 3 and set(calls) == {hp.eval_sequences}   # ≤ 3.5 passes per peer
+    # the random sequences at θ_t and at the control once; per peer its trained sample at θ' and at the control,
+    # and the random ones at θ' (each one micro-batch here)
+    assert len(calls) == 2 + 3 * 3 and set(calls) == {hp.eval_sequences}
 
 
 # ---------------------------------------------------------------- fast checks
@@ -85,17 +104,16 @@ def test_fast_failures_are_penalised_once_and_counted_by_category(hp, dataset):
     payloads = net.payloads(0)
     del payloads[1]                                                            # missing
     rejections = {2: Rejection(Reason.TOO_LATE, "5 s after close")}            # timing (payload also present)
-    payloads[4] = (payloads[4][0], torch.zeros(3))                             # sync vector of the wrong shape
-    payloads[5] = ({"embed.weight": "garbage"}, payloads[5][1])                # does not decode
-    payloads[6] = ({k: v for k, v in list(payloads[6][0].items())[1:]}, payloads[6][1])   # a tensor missing
-    payloads[7] = "not a tuple"
+    payloads[4] = dataclasses.replace(payloads[4], sync_values=torch.zeros(3))  # sync vector of the wrong shape
+    payloads[5] = dataclasses.replace(payloads[5], update={"embed.weight": "garbage"})  # does not decode
+    payloads[6] = dataclasses.replace(payloads[6], update=dict(list(payloads[6].update.items())[1:]))  # one missing
+    payloads[7] = dataclasses.replace(payloads[7], sync_values=torch.full((hp.sync_samples,), float("nan")))
     state = ValidatorState.new(secret=SECRET)
     for uid in range(8):
         state.peer(uid).mu = 0.4
     state.peer(3).mu = -0.2                                                    # penalty must push it down
     before = model_hash(net.model)
-    report = score_window(state, net.model, net.codec, dataset, hp, 0, payloads, rejections, range(8),
-                          chain_randomness(0), eval_seed(0))
+    report = score(net, state, 0, payloads, rejections, active=range(8), dataset=dataset)
     assert model_hash(net.model) == before
     assert sorted(report.rejections) == [1, 2, 3, 4, 5, 6, 7]
     assert report.rejections[3].startswith("out_of_sync") and report.sync_scores[3] == pytest.approx(5.0, rel=1e-3)
@@ -105,8 +123,8 @@ def test_fast_failures_are_penalised_once_and_counted_by_category(hp, dataset):
         assert state.peers[uid].offences == {category: 1}, uid
         assert state.peers[uid].mu == pytest.approx(-0.25 if uid == 3 else 0.3, abs=1e-15), uid
     assert report.evaluated == [0]                                             # 5 and 6 were chosen but fail to decode
-    assert state.peers[0].offences == {} and state.peers[0].mu == pytest.approx(
-        poc_update(0.4, report.assigned_deltas[0], report.loss_scores[0], hp.poc_gamma))
+    passed = poc_verdict(report.poc_statistics[0], hp.poc_threshold)
+    assert state.peers[0].offences == {} and state.peers[0].mu == pytest.approx(poc_update(0.4, passed, hp.poc_gamma))
     assert str(Reason.BAD_KEYS.value) in report.rejections[6] and "malformed" in report.rejections[5]
     json.dumps(report.to_dict(), allow_nan=False)                              # loggable as one JSON line
 
@@ -126,16 +144,17 @@ def test_penalties_persist_across_windows_and_scores_are_recomputed_from_them(hp
         assert 1 not in report.rejections
         mu = state.peers[1].mu
         if 1 in report.evaluated:                                # the EMA continues from the penalised μ
-            assert mu == pytest.approx(poc_update(previous, report.assigned_deltas[1], report.loss_scores[1], 0.95))
+            passed = poc_verdict(report.poc_statistics[1], hp.poc_threshold)
+            assert mu == pytest.approx(poc_update(previous, passed, 0.95))
         else:
             assert mu == previous
         previous = mu
-        for uid in (0, 1):  # the run's rule: LossRating μ − z·σ while μ passes its floor, nothing unless one of
-            peer = state.peers[uid]  # its last two updates helped
-            expected = peer_score(peer.mu, ordinal(peer.rating, hp.rating_z),
-                                  poc_passes(peer.mu, peer.eval_count, hp.poc_floor))
-            helped = helped_recently(peer.help_ratios, hp.help_share, hp.help_rule)
-            assert report.scores[uid] == (expected if helped else min(expected, 0.0))
+        for uid in (0, 1):  # paid (a score > 0) only with proven work, no cooldown, μ at its floor and help
+            peer = state.peers[uid]
+            gates = poc_pays(peer.poc_record, peer.poc_failed_window, window, peer.mu, hp.poc_cooldown, hp.poc_floor,
+                             hp.poc_threshold) and \
+                helped_recently(peer.help_ratios, hp.help_share, hp.help_rule)
+            assert (report.scores[uid] > 0) is (gates and sum(peer.work) > 0 and bool(peer.help_ratios))
     assert state.peers[1].offences == {"missing": 1} and first.rejections[1].startswith("missing")
 
 
@@ -193,10 +212,8 @@ def test_cold_start_top_g_is_the_passing_peers_by_uid(hp, dataset):
     del payloads[3]
     state = ValidatorState.new(secret=SECRET)
     report = run(net, state, 0, payloads)
-    # zero updates prove no work (μ = −0.05 for each evaluated one since issue 17), still above the PoC floor after
-    # one verdict, but a LossScore of 0 is not paid: everyone scores 0; uid 3 uploaded nothing
-    assert [state.peers[u].mu for u in (5, 7, 9)] == pytest.approx([-0.05] * 3) and state.peers[3].mu == 0
-    assert report.scores == {3: 0.0, 5: 0.0, 7: 0.0, 9: 0.0}
+    # zero updates prove no work: a LossScore of 0 is not paid, and the help gate cuts them; uid 3 uploaded nothing
+    assert report.scores == {3: 0.0, 5: 0.0, 7: 0.0, 9: 0.0} and state.peers[3].mu == 0
     assert report.top_g == [5, 7] and state.top_g == [5, 7]
     assert report.weights == {3: 0.0, 5: 0.0, 7: 0.0, 9: 0.0}
 
@@ -248,8 +265,7 @@ def test_a_failing_window_leaves_the_state_untouched(hp, dataset):
             raise RuntimeError("disk gone")
 
     with pytest.raises(RuntimeError):
-        score_window(state, net.model, net.codec, BrokenDataset(), hp, 0, payloads, {}, [0, 1], chain_randomness(0),
-                     eval_seed(0))
+        score(net, state, 0, payloads, active=[0, 1], dataset=BrokenDataset())
     assert state.to_dict() == before
     report = run(net, state, 0, payloads)                             # the retry penalises exactly once
     assert state.peers[1].mu == pytest.approx(0.3) and state.peers[1].offences == {"missing": 1}

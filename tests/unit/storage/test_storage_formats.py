@@ -21,7 +21,8 @@ from storage.commitment import BucketInfo, bucket_name_problem, format_commitmen
 from storage.gather import check_time
 from storage.peers import PeersList, encode_peers, parse_peers
 from storage.tensorfile import read_header
-from storage.wire import Expect, Payload, PayloadMeta, decode_payload, encode_payload, payload_size_cap
+from dso.payload import Payload, PayloadMeta
+from storage.wire import Expect, decode_payload, encode_payload, payload_size_cap
 
 
 # ------------------------------------------------------------------ keys
@@ -186,7 +187,8 @@ def test_every_documented_metadata_field_is_compared(codec, make_update, hp):
     base = {"data_hash": "ab" * 32, "model_hash": "ef" * 32}
     assert isinstance(decode_payload(_with_meta(codec, update, pinned, 1, 2, **base), codec, expect), Payload)
     changes = {"format": "dso-other", "protocol_version": str(hp.protocol_version + 1), "uid": "2", "window": "3",
-               "hparams": "0" * 16, "data_hash": "cd" * 32, "model_hash": "01" * 32}
+               "hparams": "0" * 16, "data_hash": "cd" * 32, "model_hash": "01" * 32,
+               "trained": str(hp.assigned_sequences + 1)}   # more than its assignment holds
     for name, value in codec.settings().items():
         changes[f"codec.{name}"] = str(value) + "0"
     _, md = split(honest(codec, update, pinned, 1, 2))
