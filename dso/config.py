@@ -33,6 +33,7 @@ def _doc(text: str, **kw: Any) -> Any:
 
 # how the help gate reads a peer's help ratios (scoring.formulas.help_record_score)
 HelpRule = Literal["best_of_two", "mean_of_two", "mean_of_record"]
+PayRule = Literal["work", "peerscore"]
 
 
 # ----------------------------------------------------------------- hparams
@@ -216,6 +217,11 @@ class HParams:
     weight_power: float = _doc("c of the power normalisation of scores (1: pay follows the rating; 0.7 with the "
                                "DCT codec, whose rating already rewards quality steeply; docs/scoring.md, issue 17)",
                                default=1.0)
+    pay_rule: PayRule = _doc(
+        "what a paid peer's weight follows: 'work', the sequences it proved it trained times the quality of its "
+        "updates, behind the proof-of-computation, help and copy gates (docs/scoring.md); 'peerscore', the Gauntlet "
+        "paper's PeerScore = PoC mu x LossRating behind the same cuts (the gauntlet profile, with weight_power 2)",
+        default="work")
     windows_per_weights: int = _doc("post weights every this many windows", default=1)
     checkpoint_every: int = _doc("validator checkpoints every this many windows", default=5)
     # --- DSO extensions
@@ -269,8 +275,8 @@ class HParams:
                                    "still paid this window (others drop to 0 at once); 1 = no smoothing",
                                    default=0.5)
     # --- issue 13: codec domain, inner loop, outer step (docs/codec.md, docs/training.md)
-    dct: bool = _doc("codec: DCT each chunk before top-k (DeMo's; with it, set dso/presets.py's DCT_CODEC values); "
-                     "false = top-k of raw parameter chunks (Templar's current codec; docs/codec.md)",
+    dct: bool = _doc("codec: DCT each chunk before top-k (DeMo's; configs/dct.toml sets it with the values measured "
+                     "for it); false = top-k of raw parameter chunks (Templar's current codec; docs/codec.md)",
                      default=False)
     inner: InnerConfig = field(default_factory=InnerConfig)
     outer: OuterConfig = field(default_factory=OuterConfig)

@@ -174,6 +174,14 @@ def peer_score(mu: float, rating: float, passed: bool) -> float:
     return rating if passed else min(mu, rating, 0.0)
 
 
+def paper_peer_score(mu: float, rating: float) -> float:
+    """The Gauntlet paper's PeerScore: the proof-of-computation average μ times the LossRating (non-finite: MU_MIN).
+    Two negatives make no reward: when either factor is at most 0 the score is the lower of them and 0."""
+    if not (math.isfinite(mu) and math.isfinite(rating)):
+        return MU_MIN
+    return mu * rating if mu > 0 and rating > 0 else min(mu, rating, 0.0)
+
+
 def help_median(loss_scores: Iterable[float]) -> float | None:
     """The window's reference for help ratios: the median LossScore of the evaluated updates that lowered the loss
     (finite and > 0); None when none did.

@@ -14,7 +14,7 @@ Two numbers per peer come out of it:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable, Mapping
+from typing import Callable, Iterable, Mapping
 
 from dso.config import HParams
 from scoring import formulas
@@ -54,6 +54,26 @@ def record_evaluation(peer: PeerState, evaluation: Evaluation, median: float | N
     peer.eval_count += 1
 
 
+def work_scores(peers: Mapping[int, PeerState], ratings: Mapping[int, float], proofs: Mapping[int, bool],
+                standing: Mapping[int, float], cut: set[int], hp: HParams) -> dict[int, float]:
+    """This project's rule: the proven work times its quality, for a peer that passes every gate."""
+    return {uid: (formulas.pay_score(p.work, formulas.quality(p.help_ratios, hp.help_rule))
+                  if proofs[uid] and uid not in cut else min(standing[uid], 0.0))
+            for uid, p in peers.items()}
+
+
+def peerscore_scores(peers: Mapping[int, PeerState], ratings: Mapping[int, float], proofs: Mapping[int, bool],
+                     standing: Mapping[int, float], cut: set[int], hp: HParams) -> dict[int, float]:
+    """The Gauntlet paper's rule (its eq. 4 before the power): PeerScore = PoC μ × LossRating, at most 0 when cut."""
+    return {uid: (formulas.paper_peer_score(p.mu, ratings[uid]) if uid not in cut else min(standing[uid], 0.0))
+            for uid, p in peers.items()}
+
+
+PayRuleFn = Callable[[Mapping[int, PeerState], Mapping[int, float], Mapping[int, bool], Mapping[int, float], set[int],
+                      HParams], dict[int, float]]
+PAY_RULES: dict[str, PayRuleFn] = {"work": work_scores, "peerscore": peerscore_scores}  # hparams.pay_rule
+
+
 def pay(peers: Mapping[int, PeerState], hp: HParams, previous: Mapping[int, float], window: int,
         unpaid: Iterable[int] = ()) -> Pay:
     """The peers' standing, pay scores and posted weights after ``window``.
@@ -73,9 +93,7 @@ def pay(peers: Mapping[int, PeerState], hp: HParams, previous: Mapping[int, floa
     cut = unhelped | barred | (set(unpaid) & set(peers))
     for uid in cut:
         standing[uid] = min(standing[uid], 0.0)
-    scores = {uid: (formulas.pay_score(p.work, formulas.quality(p.help_ratios, hp.help_rule))
-                    if proofs[uid] and uid not in cut else min(standing[uid], 0.0))
-              for uid, p in peers.items()}
+    scores = PAY_RULES[hp.pay_rule](peers, ratings, proofs, standing, cut, hp)
     weights = formulas.smooth_weights(previous, formulas.normalise_weights(scores, hp.weight_power),
                                       hp.weight_smoothing)
     unhelpful = unhelped | {uid for uid, p in peers.items() if not formulas.last_update_helped(p.loss_score)}

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from dso.config import Config, HParams
 from dso.config import ModelConfig
-from dso.config_sources import from_dict, use_paper_mode
+from dso.config_sources import from_dict, use_profile
 from storage.server import EmbeddedS3
 
 
@@ -37,5 +37,6 @@ def tiny_node_hparams() -> HParams:
     hp.inner.steps_max = 2  # the assignment holds steps_max × batch_size
     # identity holds in any mode; paper mode keeps every window's list non-trivial in 6 windows (with inner steps
     # and the sgd rule an early list can hold only a freerider, and the model does not move: see the steps test)
-    use_paper_mode(hp)
+    use_profile(hp, "gauntlet")
+    hp.pay_rule, hp.weight_power = "work", 0.7  # the paper's training, this project's pay
     return hp

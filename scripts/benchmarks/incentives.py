@@ -159,30 +159,50 @@ def summarise(zoo: list[dict], majority: list[float]) -> dict:
     return out
 
 
-def _collect(futures: list, label: str) -> list[dict]:
-    """The workers' results in submission order, with a line on stderr as each one finishes (long runs)."""
+def _collect(futures: list, label: str, trace_dir: str | None = None) -> list[dict]:
+    """The workers' results in submission order, with a line on stderr as each one finishes (long runs), each
+    run's records written to ``trace_dir`` as it arrives (``--reread`` sums up whatever finished)."""
     for done, future in enumerate(as_completed(futures), 1):
         row = future.result()
+        if trace_dir:
+            write_trace(row, trace_dir)
         print(f"[incentives] {label}: seed {row.get('seed')} done ({done}/{len(futures)})", file=sys.stderr, flush=True)
     return [f.result() for f in futures]
+
+
+def write_trace(run: dict, trace_dir: str) -> None:
+    name = "zoo" if run["roles"] == ZOO_ROLES else "majority"
+    Path(trace_dir).mkdir(parents=True, exist_ok=True)
+    (Path(trace_dir) / f"{name}-{run['seed']}.json").write_text(json.dumps(run) + "\n")
+
+
+def summarise_runs(cfg: dict, zoo_runs: list[dict], major_runs: list[dict]) -> dict:
+    zoo = [zoo_figures(r) for r in zoo_runs]
+    majority = [share_over(weights_of(r), uids_of(r["roles"], MAJORITY["mixers"])) for r in major_runs]
+    return {**cfg, **summarise(zoo, majority), "mixer_majority_per_seed": majority, "zoo_runs": zoo}
+
+
+def reread(cfg: dict, trace_dir: str) -> dict:
+    """The section's figures from the runs written to ``trace_dir`` (the seeds that finished)."""
+    runs = [json.loads(p.read_text()) for p in sorted(Path(trace_dir).glob("*.json"))]
+    zoo_runs = [r for r in runs if r["roles"] == ZOO_ROLES]
+    major_runs = [r for r in runs if r["roles"] != ZOO_ROLES]
+    windows = min(len(r["records"]) for r in zoo_runs)
+    return summarise_runs({**cfg, "seeds": len(zoo_runs), "windows": windows,
+                           "majority_seeds": len(major_runs)}, zoo_runs, major_runs)
 
 
 def measure(cfg: dict, workers: int = 2, trace_dir: str | None = None) -> dict:
     majority_roles = ["honest"] * MAJORITY["honest"] + list(MAJORITY["mixers"])
     with worker_pool(workers) as pool:
-        zoo_f = [pool.submit(run_network, seed, ZOO_ROLES, cfg["windows"], cfg["model"], cfg["inner_steps"])
-                 for seed in range(1, cfg["seeds"] + 1)]
-        major_f = [pool.submit(run_network, seed, majority_roles, cfg["majority_windows"], cfg["model"],
-                               cfg["inner_steps"]) for seed in range(1, cfg["seeds"] + 1)]
-        zoo_runs, major_runs = _collect(zoo_f, "zoo"), _collect(major_f, "mixer majority")
-    if trace_dir:
-        Path(trace_dir).mkdir(parents=True, exist_ok=True)
-        for run in zoo_runs + major_runs:
-            name = "zoo" if run["roles"] == ZOO_ROLES else "majority"
-            (Path(trace_dir) / f"{name}-{run['seed']}.json").write_text(json.dumps(run) + "\n")
-    zoo = [zoo_figures(r) for r in zoo_runs]
-    majority = [share_over(weights_of(r), uids_of(r["roles"], MAJORITY["mixers"])) for r in major_runs]
-    return {**cfg, **summarise(zoo, majority), "mixer_majority_per_seed": majority, "zoo_runs": zoo}
+        zoo_f, major_f = [], []
+        for seed in range(1, cfg["seeds"] + 1):  # interleaved: a run cut short still holds both kinds of seed
+            zoo_f.append(pool.submit(run_network, seed, ZOO_ROLES, cfg["windows"], cfg["model"], cfg["inner_steps"]))
+            major_f.append(pool.submit(run_network, seed, majority_roles, cfg["majority_windows"], cfg["model"],
+                                       cfg["inner_steps"]))
+        runs = _collect(zoo_f + major_f, "zoo and mixer majority", trace_dir)
+    zoo_runs, major_runs = runs[:len(zoo_f)], runs[len(zoo_f):]
+    return summarise_runs(cfg, zoo_runs, major_runs)
 
 
 def windows_to_lose(shares: list[float], switch: int, lost: float = LOST) -> int | None:
@@ -258,12 +278,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--windows", type=int, help="zoo windows (default: the mode's)")
     parser.add_argument("--workers", type=int, default=2, help="worker processes (one torch thread each)")
     parser.add_argument("--turncoat", action="store_true", help="also measure the turncoat (tiny model)")
+    parser.add_argument("--reread", action="store_true", help="sum up the runs already in --trace-dir")
     parser.add_argument("--out", help="write the result as JSON")
     parser.add_argument("--trace-dir", help="write each run's per-window records there")
     args = parser.parse_args(argv)
     cfg = dict(QUICK if args.quick else FULL)
     cfg.update({k: v for k, v in (("seeds", args.seeds), ("windows", args.windows)) if v})
-    result = measure(cfg, args.workers, args.trace_dir)
+    if args.reread and not args.trace_dir:
+        parser.error("--reread needs --trace-dir")
+    result = reread(cfg, args.trace_dir) if args.reread else measure(cfg, args.workers, args.trace_dir)
     if args.turncoat:
         result["turncoat"] = measure_turncoat({**TURNCOAT, "seeds": cfg["seeds"]}, args.workers)
     print(markdown(result))

@@ -2,8 +2,7 @@
 none of the new attackers is paid and honest peers keep the weight."""
 import pytest
 
-from dso.config_sources import use_paper_mode, use_settings
-from dso.presets import DCT_CODEC
+from dso.config_sources import use_profile
 from sim.simulator import SimNet, behaviour_shares
 
 ATTACKERS = ["noisycopy", "mixer", "scaledcopy", "replayer", "backdater", "hider"]
@@ -21,7 +20,8 @@ def records(sim_dataset, tmp_path_factory, simnet_hparams):
     # sees the source a round earlier, docs/scoring.md) proof of computation kept a copy over its author in 10 of 14
     # windows and the noise-added copy earned 1.06 % of the cumulative weight (0 % final; re-land, *mix* = 0.78,
     # which now catches the mixer in 14 of 14): open (issue 17)
-    use_paper_mode(hp)
+    use_profile(hp, "gauntlet")
+    hp.pay_rule, hp.weight_power = "work", 0.7  # the paper's training, this project's pay
     ds = sim_dataset(hp)
     return SimNet(hp, ds, ROLES).run(WINDOWS)
 
@@ -83,7 +83,7 @@ def steps_records(request, sim_dataset, tmp_path_factory):
     hp.eval_sequences, hp.eval_peers, hp.learning_rate, hp.warmup_windows = 8, 3, 5e-3, 0
     hp.inner.steps_max, hp.inner.warmup_steps = 1, 0
     if request.param:
-        use_settings(hp, DCT_CODEC)  # the DCT with its own measured settings
+        use_profile(hp, "dct")  # the DCT with its own measured settings
     ds = sim_dataset(hp)
     return SimNet(hp, ds, STEPS_ROLES).run(STEPS_WINDOWS)
 

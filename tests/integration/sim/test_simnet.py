@@ -4,7 +4,7 @@
 to end.)"""
 import pytest
 
-from dso.config_sources import use_paper_mode
+from dso.config_sources import use_profile
 from sim.simulator import SimNet, behaviour_shares
 
 ROLES = ["honest", "honest", "honest", "diligent", "freerider", "noise", "signflip", "copier", "late",
@@ -17,7 +17,8 @@ def records(sim_dataset, tmp_path_factory, simnet_hparams):
     hp.learning_rate = 5e-3
     # paper mode (one gradient, signed step): the copy tie-break's figures below were set for it; the steps mode
     # (inner AdamW + sgd outer step) is checked by test_inner_steps_network_pays_only_good_peers
-    use_paper_mode(hp)
+    use_profile(hp, "gauntlet")
+    hp.pay_rule, hp.weight_power = "work", 0.7  # the paper's training, this project's pay
     ds = sim_dataset(hp)
     return SimNet(hp, ds, ROLES).run(12)
 

@@ -145,12 +145,13 @@ def test_inner_outer_flags_and_paper_mode():
     hp = cfg.hparams
     assert (hp.inner.lr, hp.outer.rule, hp.dct, hp.inner.mode) == (1e-3, "nesterov", True, "gradient")
     assert hp.digest() != HParams().digest()
-    # paper mode: the Gauntlet's gradient and signed step, with the DCT codec's own measured settings
-    from dso.config_sources import use_paper_mode
+    # the gauntlet profile: the paper's gradient, DCT codec and signed step, and its PeerScore with c = 2
+    from dso.config_sources import use_profile
 
-    paper = use_paper_mode(HParams())
-    assert (paper.inner.mode, paper.outer.rule, paper.dct, paper.outer.lr, paper.weight_power, paper.help_rule,
-            paper.help_share) == ("gradient", "signed", True, 2.0, 0.7, "best_of_two", 0.2)
+    paper = use_profile(HParams(), "gauntlet")
+    assert (paper.inner.mode, paper.outer.rule, paper.dct, paper.outer.lr, paper.weight_power, paper.pay_rule,
+            paper.help_rule, paper.help_share) == ("gradient", "signed", True, 2.0, 2.0, "peerscore", "best_of_two",
+                                                   0.2)
     default = HParams()
     assert (default.dct, default.outer.lr, default.weight_power, default.help_rule, default.help_share) == \
         (False, 2.5, 1.0, "mean_of_record", 0.3)
@@ -165,3 +166,34 @@ def test_set_hparams_applies_command_line_items_in_order_and_names_a_bad_one():
     for bad in ("topk=3", "hparams.topk"):
         with pytest.raises(ConfigError, match="expected hparams.KEY=VALUE"):
             set_hparams(cfg, [bad])
+
+
+def test_a_profile_is_the_base_that_a_config_file_and_flags_override(tmp_path):
+    from dso.config_sources import profile_names
+
+    assert {"default", "dct", "gauntlet"} <= set(profile_names())
+    assert parse_args([])[0].hparams.digest() == HParams().digest()  # the default profile is the defaults
+    cfg, _ = parse_args(["--profile", "gauntlet"])
+    assert (cfg.hparams.outer.rule, cfg.hparams.inner.mode, cfg.hparams.weight_power) == ("signed", "gradient", 2.0)
+    file = tmp_path / "c.toml"
+    file.write_text("[hparams]\nweight_power = 1.5\n")
+    cfg, _ = parse_args(["--profile", "gauntlet", "--config", str(file), "--hparams.outer.lr", "3.0"])
+    assert (cfg.hparams.weight_power, cfg.hparams.outer.lr, cfg.hparams.outer.rule) == (1.5, 3.0, "signed")
+
+
+@pytest.mark.parametrize("name", ["nosuch", "../default", "Default", ""])
+def test_an_unknown_or_malformed_profile_name_is_refused_with_the_known_ones(name, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        parse_args(["--profile", name])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert "no such profile" in err and "gauntlet" in err
+
+
+def test_a_profile_holds_only_protocol_keys(tmp_path, monkeypatch):
+    from dso import config_sources
+
+    (tmp_path / "odd.toml").write_text("[hparams]\ntopk = 8\n[storage]\nbucket = 'x'\n")
+    monkeypatch.setattr(config_sources, "PROFILES", tmp_path)
+    with pytest.raises(ConfigError, match=r"only \[hparams\] belongs in a profile"):
+        config_sources.profile_data("odd")

@@ -1,11 +1,13 @@
 """θ_{t+1} and the outer state are bit-identical on the validator, a follower and a node catching up from a
-checkpoint, with a stateful outer rule (nesterov) and the default one (sgd)."""
+checkpoint, for every outer rule (signed, sgd, and the stateful nesterov)."""
 import copy
+import typing
 
 import pytest
 import torch
 
 from dso.codecs import make_codec
+from dso.config import OuterConfig
 from dso.inner import InnerLoop
 from dso.model import build_model, model_hash, parameter_shapes
 from dso.outer import OuterState
@@ -33,7 +35,14 @@ def _payloads(hp, model, codec, window: int) -> dict[int, Payload]:
     return out
 
 
-@pytest.mark.parametrize("rule", ["nesterov", "sgd"])
+OUTER_RULES = typing.get_args(typing.get_type_hints(OuterConfig)["rule"])
+
+
+def test_every_outer_rule_is_covered():
+    assert set(OUTER_RULES) == {"signed", "sgd", "nesterov"}
+
+
+@pytest.mark.parametrize("rule", OUTER_RULES)
 def test_validator_follower_and_catch_up_agree_bit_for_bit(tiny_hparams, rule):
     hp = tiny_hparams
     hp.outer.rule, hp.outer.lr = rule, 0.5

@@ -188,3 +188,29 @@ def test_a_record_of_copying_bars_pay_and_an_author_that_keeps_its_update_is_pai
                                                     (3, 2, True), (2, 3, False), (12, 2, True)])
 def test_copy_record_bars_pay_from_half_of_its_windows(copies, passes, barred):
     assert formulas.copy_record_bars_pay(copies, passes) is barred
+
+
+def test_paper_peer_score_is_mu_times_rating_and_never_rewards_two_negatives():
+    assert formulas.paper_peer_score(0.5, 2.0) == 1.0
+    assert formulas.paper_peer_score(-0.5, -2.0) == -2.0   # not +1.0
+    assert formulas.paper_peer_score(0.5, -2.0) == -2.0
+    assert formulas.paper_peer_score(float("nan"), 1.0) == formulas.MU_MIN
+
+
+def test_the_peerscore_rule_pays_mu_times_rating_with_power_two():
+    """The gauntlet profile's rule: weights ∝ (μ·LossRating)², behind the same cuts (a peer cut by the help gate
+    gets nothing); literal expected values."""
+    hp = HParams()
+    hp.pay_rule, hp.weight_power, hp.weight_smoothing = "peerscore", 2.0, 1.0
+    peers = {uid: PeerState() for uid in (1, 2, 3)}
+    for uid, mu in ((1, 0.5), (2, 0.5), (3, 0.9)):
+        peers[uid].mu, peers[uid].help_ratios = mu, [1.0, 1.0]
+    peers[3].help_ratios = [0.0, 0.0]  # cut: its updates did not help
+    got = pay(peers, hp, {}, window=5)
+    r1, r2 = got.ratings[1], got.ratings[2]
+    assert r1 == pytest.approx(r2) and r1 > 0  # equal fresh ratings
+    assert got.scores[1] == pytest.approx(0.5 * r1) and got.scores[3] <= 0
+    assert got.weights == pytest.approx({1: 0.5, 2: 0.5, 3: 0.0})
+    peers[2].mu = 0.25  # half the μ: a quarter of the weight before normalising (c = 2)
+    got = pay(peers, hp, {}, window=6)
+    assert got.weights[1] == pytest.approx(0.8) and got.weights[2] == pytest.approx(0.2)
