@@ -54,13 +54,17 @@ def network(tmp_path_factory, stdlib_corpus, network_hparams):
 
 
 def test_weights_reach_the_chain_and_pay_every_honest_miner(network):
+    """The posted row sums to 1 over the miners, and every honest miner was paid in some window (one whose last
+    proof-of-computation test fell short is unpaid for a window: how often is the simulator's figure)."""
     net, _ = network
     validator = next(n for n in net.nodes if n.role == "validator")
     posted = net.chain.weights().get(validator.uid)
     assert posted, "the validator posted no weights"
-    for miner in (n for n in net.nodes if n.role == "miner"):
-        assert posted.get(miner.uid, 0.0) > 0, f"honest {miner.name} got no weight: {posted}"
     assert sum(posted.values()) == pytest.approx(1.0)
+    rows = [line["weights"] for line in net.validator_lines()]
+    for miner in (n for n in net.nodes if n.role == "miner"):
+        paid = [row.get(str(miner.uid), 0.0) > 0 for row in rows]
+        assert sum(paid) >= 2, f"honest {miner.name} was paid in {sum(paid)} windows: {rows}"
 
 
 def test_miners_hold_the_validators_model_after_every_window(network):
@@ -68,7 +72,9 @@ def test_miners_hold_the_validators_model_after_every_window(network):
     reference = {line["window"]: line["model_hash"] for line in net.validator_lines()}
     for name, lines in net.miner_lines().items():
         compared = [line["window"] for line in lines if line["window"] in reference]
-        assert len(compared) >= WINDOWS - 3, f"{name} followed too few windows: {compared}"
+        # a miner may join late on a loaded machine; from its first window on it misses at most three
+        since_joined = [w for w in reference if compared and w >= compared[0]]
+        assert len(compared) >= max(WINDOWS // 2, len(since_joined) - 3), f"{name} followed too few: {compared}"
         for line in lines:
             if line["window"] in reference:
                 assert line["model_hash"] == reference[line["window"]], f"{name} diverged at {line['window']}"
@@ -135,8 +141,9 @@ def test_nodes_serve_their_metrics(network):
     assert one(v, "dso_node_info", role="validator", uid=str(validator.uid), hparams=net.hp.digest()) == 1
     assert 0 < one(v, "dso_windows_total") <= len(lines) and one(v, "dso_window") <= lines[-1]["window"]
     nats = one(v, "dso_validation_loss_nats_per_token")
-    assert nats in [line["val_loss"] for line in lines]
-    assert one(v, "dso_validation_loss_bits_per_byte") == pytest.approx(nats / math.log(2))
+    line = next(line for line in lines if line["val_loss"] == nats)
+    assert one(v, "dso_validation_loss_bits_per_byte") == pytest.approx(line["val_bits_per_byte"])
+    assert 0 < line["val_bits_per_byte"] < nats / math.log(2)  # a BPE token stands for more than one byte
     weights = by_label(v, "dso_peer_weight_ratio", "uid")
     assert set(weights) == {str(n.uid) for n in miners} and sum(weights.values()) == pytest.approx(1.0)
     assert set(by_label(v, "dso_peer_score", "uid")) == set(weights)
@@ -159,12 +166,14 @@ def test_nodes_serve_their_metrics(network):
     assert one(m, "dso_node_info", role="miner", uid=str(miners[0].uid), hparams=net.hp.digest()) == 1
     windows = one(m, "dso_windows_total")
     assert windows >= WINDOWS - 3
-    per_window = net.hp.batch_size * net.hp.model.seq_len     # an honest miner trains on the baseline share
-    assert one(m, "dso_trained_tokens_total") == windows * per_window
+    # what it recorded, window by window: whole batches of its assignment (one or two inner steps, as time allows)
+    records = net.miner_lines()[miners[0].name][:int(windows)]
+    per_batch, most = net.hp.batch_size * net.hp.model.seq_len, net.hp.assigned_sequences * net.hp.model.seq_len
+    assert one(m, "dso_trained_tokens_total") == sum(r["tokens"] for r in records)
+    assert all(r["tokens"] % per_batch == 0 and r["tokens"] <= most for r in records), records
     assert one(m, "dso_uploads_total", result="ok") >= windows - 1
     assert 0 < one(m, "dso_train_loss_nats_per_token") < 6
-    assert one(m, "dso_train_loss_bits_per_byte") == pytest.approx(one(m, "dso_train_loss_nats_per_token")
-                                                                   / math.log(2))
+    assert 0 < one(m, "dso_train_loss_bits_per_byte") < one(m, "dso_train_loss_nats_per_token") / math.log(2)
     assert 0 < one(m, "dso_utilisation_ratio") <= 1 and one(m, "dso_s3_sent_bytes_total") > 0
     assert one(m, "dso_chain_writes_total", call="register", result="ok") == 1
     assert 0 <= one(m, "dso_inner_steps") <= net.hp.inner.steps_max  # inner optimiser steps of the last window
