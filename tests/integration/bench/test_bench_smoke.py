@@ -365,7 +365,7 @@ def test_parse_variant():
     assert spec["set"] == {"tokenizer": "bytes", "model.vocab_size": "256"}
     name, spec = training.parse_variant("paper", 4, 8, 3)
     assert (spec["windows"], spec["steps"]) == (24, 1) and spec["set"]["inner.mode"] == "gradient"
-    assert spec["set"]["outer.rule"] == "signed" and spec["set"]["dct"] == "true"
+    assert spec["set"]["outer.rule"] == "signed" and spec["set"]["dct"] is True  # configs/gauntlet.toml
 
 
 def test_training_quick_mode_runs_the_real_loop(monkeypatch, tmp_path):
