@@ -30,7 +30,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from dso.config import HParams  # noqa: E402
 from dso.corpus import DataError, corpus_files, total_bytes  # noqa: E402
 from dso.progress import Progress  # noqa: E402
-from dso.shards import SHARD_TOKENS, iter_all_text, write_shards  # noqa: E402
+from dso.shard_writer import iter_all_text, write_shards  # noqa: E402
+from dso.shards import SHARD_TOKENS  # noqa: E402
 from dso.tokenizer import Tokenizer, train_bpe  # noqa: E402
 
 

@@ -56,7 +56,7 @@ def prepare(source: Path, out: Path) -> dict:
     from benchmarks.common import setup_worker
     setup_worker()
     from dso.corpus import corpus_files
-    from dso.shards import write_shards
+    from dso.shard_writer import write_shards
     from dso.tokenizer import Tokenizer
     manifest = write_shards(corpus_files(str(source)), Tokenizer.bytes(), out)
     return {"tokens": manifest.tokens, "shards": len(manifest.shards), "prepare_peak_rss_mb": own_peak_rss_mb()}
