@@ -30,12 +30,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from storage.client import StorageError
+from storage.client import S3Client, StorageError
 from storage.credentials import (ADMIN_USER, BUCKET_PREFIX, REGION, AdminCredentials, PeerCredentials,
                                  _write_private, check_peer_name)
 from storage.engines import Engine
 
 ADMIN_ACTIONS = ["Admin", "Read", "Write", "List", "Tagging"]
+ANONYMOUS = "anonymous"  # the identity SeaweedFS applies to unsigned requests
 
 
 def find_weed() -> str | None:
@@ -93,6 +94,15 @@ class IdentityFile:
     def add_admin(self, keys: tuple[str, str]) -> None:
         self.add([{"name": ADMIN_USER, "credentials": [{"accessKey": keys[0], "secretKey": keys[1]}],
                    "actions": ADMIN_ACTIONS}])
+
+    def add_public_reader(self, bucket: str) -> None:
+        """Let unsigned requests read and list ``bucket`` (SeaweedFS's ``anonymous`` identity; other buckets
+        it already opened stay open): a public-read dataset bucket."""
+        config = self.load()
+        anonymous: dict[str, Any] = next((i for i in config.get("identities", []) if i.get("name") == ANONYMOUS), {})
+        actions = [a for a in anonymous.get("actions", []) if isinstance(a, str)]
+        actions += [a for a in (f"Read:{bucket}", f"List:{bucket}") if a not in actions]
+        self.add([{"name": ANONYMOUS, "actions": actions}])
 
     def add_peer(self, name: str, endpoint: str, region: str = REGION) -> PeerCredentials:
         """New keys for peer ``name`` (bucket ``dso-<name>``), written to the file; the server needs a reload."""
@@ -222,6 +232,22 @@ class SeaweedS3(Engine):
             self.reload()
             self._wait_for_key(creds, timeout)
         return creds
+
+    def make_public(self, bucket: str, timeout: float = 20.0) -> None:
+        """Open ``bucket`` to unsigned reads and lists, and wait until the gateway applies it."""
+        with self._lock:
+            self.identities.add_public_reader(bucket)
+            self.reload()
+        anonymous = S3Client(self.endpoint, self.region, timeout=5, max_attempts=1, use_environment=False)
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                anonymous.list(bucket, limit=1)
+                return
+            except StorageError as e:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"SeaweedFS did not open {bucket} to unsigned reads: {e}") from None
+            time.sleep(0.05)
 
     def _wait_for_key(self, creds: PeerCredentials, timeout: float) -> None:
         """Until the gateway knows the new read key (the reload is asynchronous)."""
