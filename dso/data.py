@@ -253,18 +253,18 @@ class Dataset:
         return cls.from_shards(shards, seq_len, seed, val_fraction)
 
     @classmethod
-    def from_shard_set(cls, hp: HParams, shards: ShardSet, tokenizer_file: str = "") -> "Dataset":
-        """The data of a run from shards opened elsewhere (a remote corpus), checked as :meth:`for_run` checks."""
+    def from_shard_set(cls, hp: HParams, shards: ShardSet, tokenizer_file: str = "", corpus: str = "") -> "Dataset":
+        """The data of a run from opened shards (local, or a remote corpus): its tokeniser is the run's and its
+        data hash the pinned one; ``corpus`` names it in messages (default: where the shards are)."""
         spec = TokenizerSpec(hp.tokenizer, hp.model.vocab_size, tokenizer_file)
-        check_shards(shards, spec, hp.data_hash, shards.origin)
+        check_shards(shards, spec, hp.data_hash, corpus or shards.origin)
         return cls.from_shards(shards, hp.model.seq_len, hp.seed, hp.val_fraction)
 
     @classmethod
     def for_run(cls, hp: HParams, corpus: str, cache_dir: str, tokenizer_file: str = "") -> "Dataset":
         """The data of a run with hyper-parameters ``hp``: its tokeniser, sequence length, seed and split,
         checked against its pinned ``hp.data_hash`` — what every node and experiment should call."""
-        spec = TokenizerSpec(hp.tokenizer, hp.model.vocab_size, tokenizer_file)
-        return cls.from_config(corpus, cache_dir, hp.model.seq_len, hp.seed, hp.val_fraction, hp.data_hash, spec)
+        return cls.from_shard_set(hp, run_shards(hp, corpus, cache_dir, tokenizer_file), tokenizer_file, corpus)
 
 
 def check_shards(shards: ShardSet, spec: TokenizerSpec, expected_hash: str, corpus: str) -> None:
@@ -306,6 +306,12 @@ def corpus_tokenizer(corpus: str) -> TokenizerSpec | None:
     path = Path(corpus).expanduser()
     manifest = read_manifest(path.parent if path.name == MANIFEST else path)
     return TokenizerSpec(manifest.tokenizer_kind, manifest.vocab_size)
+
+
+def run_shards(hp: HParams, corpus: str, cache_dir: str, tokenizer_file: str = "") -> ShardSet:
+    """The shards of a local corpus tokenised as the run asks (not yet checked against the run: see
+    :meth:`Dataset.from_shard_set`)."""
+    return load_corpus(corpus, cache_dir, TokenizerSpec(hp.tokenizer, hp.model.vocab_size, tokenizer_file))
 
 
 def load_corpus(corpus: str, cache_dir: str | Path, spec: TokenizerSpec) -> ShardSet:
