@@ -2,7 +2,7 @@
 """Turn a folder of text or JSON-lines files into pre-tokenised shards, and publish them to a dataset bucket.
 
     python scripts/prepare_data.py FOLDER [--out DIR] [--tokenizer bytes|bpe] [--vocab-size N]
-                                   [--tokenizer-file tokenizer.json] [--shard-tokens N]
+                                   [--tokenizer-file tokenizer.json] [--shard-tokens N] [--chunk-bytes N]
                                    [--upload s3://BUCKET/PREFIX [--storage.endpoint URL]
                                     [--storage.credentials FILE]]
 
@@ -41,7 +41,7 @@ from dso.config import HParams  # noqa: E402
 from dso.corpus import DataError, corpus_files, total_bytes  # noqa: E402
 from dso.progress import Progress  # noqa: E402
 from dso.shard_writer import iter_all_text, write_shards  # noqa: E402
-from dso.shards import SHARD_TOKENS, is_shard_corpus  # noqa: E402
+from dso.shards import CHUNK_BYTES, SHARD_TOKENS, is_shard_corpus  # noqa: E402
 from dso.tokenizer import Tokenizer, train_bpe  # noqa: E402
 
 
@@ -56,6 +56,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                    help="BPE vocabulary (default: %(default)s)")
     p.add_argument("--tokenizer-file", help="use this byte-level tokenizer.json instead of training one")
     p.add_argument("--shard-tokens", type=int, default=SHARD_TOKENS, help="ids per shard (default: %(default)s)")
+    p.add_argument("--chunk-bytes", type=int, default=CHUNK_BYTES,
+                   help="bytes per checked piece of a shard, read with one ranged GET from a bucket (a multiple of "
+                        "64; default: %(default)s; docs/decisions/0500-chunked-remote-shards.md)")
     p.add_argument("--upload", metavar="s3://BUCKET/PREFIX", help="publish the shards to this dataset bucket")
     p.add_argument("--storage.endpoint", dest="endpoint", default="",
                    help="S3 endpoint of the dataset bucket (default: the credentials file's, else AWS)")
@@ -99,7 +102,8 @@ def main(argv: list[str] | None = None) -> int:
         total = total_bytes(files)
         print(f"prepare_data: {len(files)} files, {total / 1e6:.1f} MB → {out} ({tok.describe()})", file=sys.stderr)
         with Progress(total, "tokenising") as bar:
-            manifest = write_shards(files, tok, out, args.shard_tokens, progress=bar.advance)
+            manifest = write_shards(files, tok, out, args.shard_tokens, progress=bar.advance,
+                                    chunk_bytes=args.chunk_bytes)
     except DataError as e:
         print(f"prepare_data: error: {e}", file=sys.stderr)
         return 2

@@ -136,6 +136,8 @@ def test_prepare_data_script_writes_shards_and_says_how_to_train(folder, tmp_pat
     assert ds.tokenizer.vocab_size == 300 and (out / "tokenizer.json").is_file()
     again = run_prepare(str(folder), "--out", str(out), "--tokenizer", "bytes")
     assert again.returncode == 2 and "already holds a shard manifest" in again.stderr
+    odd = run_prepare(str(folder), "--out", str(tmp_path / "odd"), "--tokenizer", "bytes", "--chunk-bytes", "1000")
+    assert odd.returncode == 2 and "chunk size 1000: a multiple of 64" in odd.stderr
     (folder / "empty.md").write_text("")
     bad = run_prepare(str(folder), "--out", str(tmp_path / "other"), "--tokenizer", "bytes")
     assert bad.returncode == 2 and "empty.md: empty file" in bad.stderr
