@@ -270,7 +270,8 @@ class RemoteCorpus:
     def chunk(self, shard: int, index: int) -> bytes:
         """Chunk ``index`` of the shard, checked: from the cache, or fetched now (waiting out any outage)."""
         file, _, _ = self.info(shard)
-        data = self.cache.get(self.key(file, index))
+        key = self.key(file, index)
+        data = self.cache.get(key) if key in self.cache else None  # (no failed open for a chunk on its way)
         if data is not None:
             if self.check_chunk(shard, index, data) is None:
                 return data

@@ -12,7 +12,7 @@ the background), then AdamW steps of 16 sequences on the default model shape (by
   median over ``pairs`` runs of each, interleaved (local, remote, local, remote, …), of each remote run's
   tokens/s ÷ the local run just before it — a shared machine's load drifts more between runs than the
   data path costs (``remote_vs_local_means`` is the ratio of the means); ``cpu_s`` the CPU seconds of each run;
-* ``cache_peak_mb``: the largest size of the miner's cache folder on disk, sampled every 50 ms by a thread
+* ``cache_peak_mb``: the largest size of the miner's cache folder on disk, sampled every 0.5 s by a thread
   of the worker (not the cache's own accounting, which ``cache_accounted_peak_mb`` gives), against
   ``cache_mb`` (``--data.cache_mb`` of the run; smaller than what the windows fetch, so chunks are evicted);
 * ``remote_rss_mb`` / ``remote_rss_growth_mb``: the remote miner's peak RSS on a small corpus (2 shards)
@@ -41,6 +41,7 @@ FULL = {"shards": 32, "small_shards": 2, "shard_tokens": 1 << 25, "windows": 4, 
 QUICK = {"shards": 2, "small_shards": 1, "shard_tokens": 1 << 24, "windows": 3, "steps": 4, "assigned": 64,
          "cache_mb": 8.0, "pairs": 1}
 BATCH = 16
+SAMPLE_SECONDS = 0.5  # a scan of ~1,500 cache files costs ~5 ms of CPU: every 50 ms took 10 % of a core
 
 
 def write_random_shards(out: Path, shards: int, shard_tokens: int, seed: int = 0) -> None:
@@ -96,7 +97,7 @@ def miner_work(corpus: str, endpoint: str, keys: tuple[str, str], cache_dir: str
     peak, stop = [0], threading.Event()
     if remote is not None:
         def sample() -> None:
-            while not stop.wait(0.05):
+            while not stop.wait(SAMPLE_SECONDS):
                 peak[0] = max(peak[0], _dir_bytes(remote.cache.dir))
         threading.Thread(target=sample, daemon=True).start()
     model = build_model(hp.model, hp.seed)
