@@ -18,7 +18,7 @@ TARGETS = [
     ("convergence (a)/(c) within 5% of AdamW", "convergence", ("ratio",), "<=", 1.05),
     # issue 14: ten times the corpus may not cost a miner more than a few MB of peak RSS
     ("miner peak RSS flat across corpus sizes (growth in MB)", "data", ("rss_growth_mb",), "<=", 32.0),
-    # issue 35: the corpus served from a dataset bucket
+    # the corpus served from a dataset bucket
     ("data: miner tokens/s from the dataset bucket ÷ from local shards", "data", ("remote_vs_local",), ">=", 0.95),
     ("data: chunk cache peak on disk ÷ --data.cache_mb", "data", ("cache_peak_share",), "<=", 1.0),
     ("data: remote miner peak RSS, 2 GiB corpus − 2-shard corpus (MB)", "data", ("remote_rss_growth_mb",), "<=",
