@@ -205,8 +205,15 @@ class Dataset:
         return np.sort(np.array(picked, dtype=np.int64))
 
     def assigned_rows(self, uid: int, window: int, n: int) -> np.ndarray:
-        """Row numbers of SelectData(seed, uid, window): the ``n`` sequences assigned to a peer for a window."""
-        return self._draw(_rng(self.seed, 0xA551, uid, window), n)
+        """Row numbers of SelectData(seed, uid, window): the ``n`` sequences assigned to a peer for a window, in the
+        order it trains on them — a shuffle of the draw, drawn from the same seed.
+
+        A miner gets through a prefix of its assignment (as far as its compute goes), so the order decides what the
+        network learns from: in row order every prefix came from the start of the corpus, and the sequences a miner
+        trained on differed in kind from a random sample (the proof of computation compares the two)."""
+        rng = _rng(self.seed, 0xA551, uid, window)
+        drawn = self._draw(rng, n)
+        return drawn[rng.permutation(drawn.size)]
 
     def assigned(self, uid: int, window: int, n: int) -> torch.Tensor:
         return self._batch(self.assigned_rows(uid, window, n))

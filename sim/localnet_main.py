@@ -32,7 +32,7 @@ from typing import Any
 from rich.console import Console
 
 from dso.config import Config, ConfigError, HParams
-from dso.config_sources import set_hparams
+from dso.config_sources import profile_names, set_hparams, use_profile
 from dso.data import DataError, corpus_tokenizer, is_remote_corpus
 from sim import report as run_report
 from sim.behaviours import BEHAVIOURS, GOOD
@@ -76,6 +76,9 @@ def parse(argv: list[str] | None) -> tuple[argparse.Namespace, HParams]:
     p.add_argument("--validators", type=positive, default=1, help="validators, with decreasing stakes (default 1)")
     p.add_argument("--report-dir", default="runs/localnet", help="report and run files (default runs/localnet)")
     p.add_argument("--seed", type=int, default=None, help="run seed (model init, data assignment)")
+    p.add_argument("--profile", default="default", metavar="NAME",
+                   help=f"the protocol variant every node runs, configs/NAME.toml: one of {', '.join(profile_names())} "
+                        "(default: default); --set overrides it")
     p.add_argument("--set", action="append", default=[], metavar="hparams.KEY=VALUE",
                    help="override a run hyper-parameter, e.g. --set hparams.commit_reveal=true")
     p.add_argument("--block-time", type=float, default=1.0, help="seconds per block (default 1)")
@@ -122,6 +125,7 @@ def parse(argv: list[str] | None) -> tuple[argparse.Namespace, HParams]:
                 "shard folder (nodes on other machines take --data.corpus s3://… directly)")
     cfg = Config()
     try:
+        use_profile(cfg.hparams, args.profile)
         shards = corpus_tokenizer(args.corpus)
         if shards is not None:  # the shards' tokeniser is the run's, unless --set overrides it below
             cfg.hparams.tokenizer, cfg.hparams.model.vocab_size = shards.kind, shards.vocab_size

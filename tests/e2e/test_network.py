@@ -19,7 +19,6 @@ from scrape import by_label, one, scrape
 from dso.config_sources import from_dict
 from sim.localnet import LocalNet, plan_nodes, wait_for
 
-pytestmark = pytest.mark.slow
 WINDOWS = 20
 RESTART_AFTER = 5  # k: the state saved after this window is the restart point
 

@@ -9,7 +9,6 @@ import pytest
 
 from sim.localnet import LocalNet, plan_nodes, wait_for
 
-pytestmark = pytest.mark.slow
 WINDOWS = 6
 
 

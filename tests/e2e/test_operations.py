@@ -20,7 +20,6 @@ from dso.config import HParams
 from dso.processes import has_parent_death_signal
 from sim.localnet import ROOT
 
-pytestmark = pytest.mark.slow
 WINDOW_LINE = re.compile(r"^window (\d+)  val loss (\d+\.\d{4}) nats/token \((\d+\.\d{3}) bits/byte\)  "
                          r"weights: .+  rejected: .+  \[(\d+)/\d+, \d+ s\]$")
 

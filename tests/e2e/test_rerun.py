@@ -14,7 +14,6 @@ from dso.model import build_model, model_hash
 from sim.localnet import LocalNet, plan_nodes, wait_for
 from storage.server import EmbeddedS3
 
-pytestmark = pytest.mark.slow
 WINDOWS = 8
 JOINING = 4  # windows a miner may spend starting up and joining the run (a loaded machine, training miners)
 
