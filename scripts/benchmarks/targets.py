@@ -20,6 +20,11 @@ TARGETS = [
     ("convergence (a)/(c) within 5% of AdamW", "convergence", ("ratio",), "<=", 1.05),
     # ten times the corpus may not cost a miner more than a few MB of peak RSS
     ("miner peak RSS flat across corpus sizes (growth in MB)", "data", ("rss_growth_mb",), "<=", 32.0),
+    # the corpus served from a dataset bucket
+    ("data: miner tokens/s from the dataset bucket ÷ from local shards", "data", ("remote_vs_local",), ">=", 0.95),
+    ("data: chunk cache peak on disk ÷ --data.cache_mb", "data", ("cache_peak_share",), "<=", 1.0),
+    ("data: remote miner peak RSS, 2 GiB corpus − 2-shard corpus (MB)", "data", ("remote_rss_growth_mb",), "<=",
+     32.0),
     # only work is paid, in proportion to it
     ("incentives: share of the best-paid miner on other data", "incentives", ("wrong_data_share",), "<=", 0.01),
     ("incentives: share of the best-paid replayer", "incentives", ("replay_share",), "<=", 0.01),

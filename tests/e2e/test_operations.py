@@ -153,6 +153,11 @@ def test_make_run_into_a_file_then_sigterm(tmp_path, stdlib_corpus, network_hpar
     assert report["tokens"] > 0 and len(report["miner_utilisation"]) == 2      # the two honest miners
     assert all(0 < u <= 1.5 for u in report["miner_utilisation"].values())
     assert len(report["samples"]) == 2 and all(s["text"] for s in report["samples"])
+    # the corpus went to a dataset bucket on the network's own S3 server, and every node read it from there
+    source = report["data_source"]
+    assert source.startswith("s3://dso-dataset/") and f"data: published to {source}" in text
+    for name in ("validator0", "miner0", "miner1"):
+        assert f" from {source}, hparams " in (logs / f"{name}.log").read_text(), name
     sampled = subprocess.run([sys.executable, str(ROOT / "scripts" / "sample.py"), str(state), "--prompt", "The ",
                               "--tokens", "12", "--seed", "1"], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert sampled.returncode == 0 and "--- prompt 'The '" in sampled.stdout, sampled.stderr[-2000:]

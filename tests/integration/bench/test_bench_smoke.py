@@ -153,7 +153,7 @@ def _result(**over):
         "validator": {"eval_forward_units_per_peer": 4.1},
         "gather": {"scaling_exponent": 1.0, "hostile_worst_ratio": 1.5, "hostile_honest_ok": 1.0},
         "convergence": {"ratio": 1.05, "ratio_4bit_vs_fp32_values": 1.001},
-        "data": {"rss_growth_mb": 32.0},
+        "data": {"rss_growth_mb": 32.0, "remote_vs_local": 0.95, "cache_peak_share": 1.0, "remote_rss_growth_mb": 33.0},
         "incentives": {"wrong_data_share": 0.01, "replay_share": 0.0, "mix_share": 0.02, "mixer_majority_share": 0.0,
                        "gamer_share": 0.0, "part_time_share": 0.0, "good_share": 0.95, "honest_max_min_ratio": 1.5,
                        "diligent_over_honest": 2.5, "diligent_over_honest_30w": 1.49,
@@ -178,6 +178,9 @@ def test_targets_verdicts_on_boundaries():
     assert met["4-bit values converge no worse than float32 values: (a)/(a')"] is False
     assert met["bytes per kept within 15% of the bound (~100 M shapes)"] is True
     assert met["miner peak RSS flat across corpus sizes (growth in MB)"] is True          # exactly 32
+    assert met["data: miner tokens/s from the dataset bucket ÷ from local shards"] is True     # exactly 0.95
+    assert met["data: chunk cache peak on disk ÷ --data.cache_mb"] is True                     # exactly 1
+    assert met["data: remote miner peak RSS, 2 GiB corpus − 2-shard corpus (MB)"] is False     # 33 > 32
     assert rows["bytes per kept ≥ 1.5× smaller than 2.5 B"]["threshold"] == ">= 1.5"
     incentive = {name: m for name, m in met.items() if name.startswith("incentives:")}
     assert [name for name, m in incentive.items() if not m] == [                               # the rest exactly at
@@ -224,6 +227,29 @@ def test_data_section_growth_and_generated_corpus(tmp_path):
     text = files[0].read_text()
     assert text.count("\n") > 100 and len(set(text.split())) > 500   # lines of many distinct words
     assert "data" in SECTIONS and list(SECTIONS)[-1] == "convergence"
+
+
+def test_remote_data_figures_by_hand(tmp_path):
+    """The bucket-against-local figures from the runs' numbers, and the generated random corpus is a valid
+    shard folder (opening it checks every hash and chunk digest)."""
+    from benchmarks import data_remote
+
+    from dso.shards import open_shards
+    data_remote.write_random_shards(tmp_path / "c", 2, 5000)
+    shards = open_shards(tmp_path / "c")
+    assert [a.shape[0] for a in shards.arrays] == [5000, 5000] and shards.manifest.chunk_bytes == 1 << 16
+    window = {"seconds": 2.0, "data_wait_s": 0.1, "tokens": 100, "fetched_mb": 30.0, "chunks": 500}
+    run = {"tokens_per_s": 0.0, "first_window_s": 3.0, "windows": [window, window], "rss_mb": 700.0, "cpu_s": 9.0,
+           "shards": 32, "cache_peak_mb": 90.0, "cache_accounted_peak_mb": 89.0, "outages": 0}
+    runs = {"local": [{**run, "tokens_per_s": 1000.0}, {**run, "tokens_per_s": 1200.0}],
+            "remote": [{**run, "tokens_per_s": 1050.0}, {**run, "tokens_per_s": 1040.0, "rss_mb": 705.0}]}
+    out = data_remote.summarise(runs, {**run, "rss_mb": 690.0, "shards": 2}, data_remote.FULL, "seaweedfs",
+                                2 ** 31, 1.0, 2.0)
+    assert out["remote_vs_local"] == pytest.approx((1050 / 1000 + 1040 / 1200) / 2, abs=1e-4)   # median of 2
+    assert out["remote_vs_local_means"] == pytest.approx(1045 / 1100, abs=1e-4)
+    assert out["cache_peak_share"] == pytest.approx(90 / 96, abs=1e-3) and out["corpus_token_gb"] == 2.0
+    assert out["remote_rss_growth_mb"] == 15.0 and out["per_window"]["chunks"] == 500
+    assert "bucket ÷ local shards" in data_remote.markdown(out)
 # ------------------------------------------------------------- extra compute
 def test_extra_compute_figures_by_hand():
     rows = [{"scores": {1: 0.2, 2: 0.4, 3: 0.5}, "val_loss": 7.0},   # honest mean 0.3: diligent 5/3

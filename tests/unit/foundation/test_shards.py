@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from dso.data import DataError, Dataset, corpus_tokenizer
-from dso.shards import MANIFEST, ShardFile, open_shards, write_shards
+from dso.shard_writer import write_shards
+from dso.shards import MANIFEST, ShardFile, open_shards
 from dso.tokenizer import Tokenizer, TokenizerSpec, train_bpe
 
 RECORDS = [{"text": "first record"}, {"text": "second record\n", "id": 2}, {"text": "   "}]
@@ -135,6 +136,54 @@ def test_prepare_data_script_writes_shards_and_says_how_to_train(folder, tmp_pat
     assert ds.tokenizer.vocab_size == 300 and (out / "tokenizer.json").is_file()
     again = run_prepare(str(folder), "--out", str(out), "--tokenizer", "bytes")
     assert again.returncode == 2 and "already holds a shard manifest" in again.stderr
+    odd = run_prepare(str(folder), "--out", str(tmp_path / "odd"), "--tokenizer", "bytes", "--chunk-bytes", "1000")
+    assert odd.returncode == 2 and "chunk size 1000: a multiple of 64" in odd.stderr
     (folder / "empty.md").write_text("")
     bad = run_prepare(str(folder), "--out", str(tmp_path / "other"), "--tokenizer", "bytes")
     assert bad.returncode == 2 and "empty.md: empty file" in bad.stderr
+
+
+def test_chunk_digests_are_written_checked_and_in_the_data_hash(folder, tmp_path):
+    """Each shard's .chunks file holds the sha256 of every chunk_bytes piece of the shard's file; the manifest
+    holds its hash, opening checks it, and the data hash covers it (so a reader that checks chunk by chunk
+    checks against the run's data hash)."""
+    import hashlib
+
+    from dso.shards import chunk_digests, data_hash, read_manifest
+    out = tmp_path / "out"
+    manifest = write_shards([folder / "a.txt"], Tokenizer.bytes(), out, shard_tokens=20_000, chunk_bytes=4096)
+    raw = (out / "shard-00001.npy").read_bytes()
+    digests = (out / "shard-00001.chunks").read_bytes()
+    assert len(digests) == 32 * -(-len(raw) // 4096)
+    assert digests[32:64] == hashlib.sha256(raw[4096:8192]).digest()
+    assert digests == chunk_digests(raw, 4096)
+    assert manifest.shards[1].chunks_sha256 == hashlib.sha256(digests).hexdigest()
+    assert read_manifest(out) == manifest and manifest.chunk_bytes == 4096
+    again = write_shards([folder / "a.txt"], Tokenizer.bytes(), tmp_path / "again", shard_tokens=20_000,
+                         chunk_bytes=8192)
+    assert data_hash(again) != data_hash(manifest)        # same tokens, other chunks: another manifest
+    edited = json.loads((out / MANIFEST).read_text())
+    edited["shards"][1]["chunks_sha256"] = "0" * 64
+    (out / MANIFEST).write_text(json.dumps(edited))
+    with pytest.raises(DataError, match=r"shard-00001\.npy: its chunk digests hash to .* the manifest says 0000"):
+        open_shards(out)
+
+
+def test_a_version_1_folder_still_opens_with_its_old_hash(folder, tmp_path):
+    """Shard folders made before chunk digests existed open as before, with the data hash they always had."""
+    import hashlib
+
+    from dso.shards import Manifest, ShardInfo, data_hash, file_sha256
+    out = tmp_path / "v1"
+    write_shards([folder / "a.txt"], Tokenizer.bytes(), out, shard_tokens=30_000)
+    v2 = open_shards(out).manifest
+    v1 = Manifest("bytes", 256, v2.tokenizer_hash, "uint16",
+                  [ShardInfo(s.file, file_sha256(out / s.file), s.tokens) for s in v2.shards])
+    (out / MANIFEST).write_text(v1.to_json())
+    assert json.loads((out / MANIFEST).read_text())["version"] == 1
+    opened = open_shards(out)
+    legacy = hashlib.sha256(f"dso-data-v2|{v2.tokenizer_hash}|uint16".encode())
+    for s in v2.shards:
+        legacy.update(f"|{s.sha256}:{s.tokens}".encode())
+    assert opened.data_hash == v2.tokenizer_hash[:16] + legacy.hexdigest()[:48] == data_hash(v1)
+    assert opened.data_hash != data_hash(v2)
