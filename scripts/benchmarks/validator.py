@@ -175,8 +175,8 @@ def measure_miner_footprint() -> dict:
 
 
 def run(quick: bool) -> dict:
-    with worker_pool(1) as pool:
-        cost = pool.submit(measure_eval_cost, quick).result()
+    with worker_pool(1) as pool:  # quick: a smoke run of the same code, two peers, one round
+        cost = pool.submit(measure_eval_cost, quick, None, 1 if quick else None, 2 if quick else None).result()
     if not quick:  # what the fixed per-peer work (decode, apply, restore) weighs against a 4x larger batch
         with worker_pool(1) as pool:
             big = pool.submit(measure_eval_cost, quick, 4 * cost["eval_sequences"], 3, 2).result()
@@ -185,9 +185,9 @@ def run(quick: bool) -> dict:
                                                           "forward_cpu_ms", "breakdown_cpu_ms")}
     with worker_pool(1) as pool:
         miner = pool.submit(measure_miner_footprint).result()
-    with worker_pool(1) as pool:  # the ~125 M preset built for real: two peers, few sequences in quick mode
-        cost["model_125m"] = pool.submit(measure_eval_cost, quick, 2 if quick else None, 1 if quick else 2, 2,
-                                         "125m", 1).result()
+    if not quick:
+        with worker_pool(1) as pool:  # the ~125 M preset built for real: two peers
+            cost["model_125m"] = pool.submit(measure_eval_cost, quick, None, 2, 2, "125m", 1).result()
     out = {"eval_forward_units_per_peer": cost.pop("eval_forward_units_per_peer"), **cost}
     out["miner_inprocess_peak_rss_mb"] = miner["inprocess_peak_rss_mb"]
     if quick:
