@@ -123,15 +123,16 @@ def build(lines: Sequence[JSONLine], peers: Mapping[int, tuple[str, str]], poste
                     bits_per_byte=line.get("val_bits_per_byte", math.nan)) for line in lines]
     utilisation = {str(u): round(f["utilisation"], 4) for u, f in sorted(work.items()) if peers[u][1] in GOOD}
     final_bpb = val[-1]["bits_per_byte"] if val else None
-    report: Report = {"windows": len(lines), "val_loss": val, "peers": rows,
-              "summary": summarise(rows, val, work, utilisation),
-              "final_val_bits_per_byte": final_bpb if final_bpb is not None and math.isfinite(final_bpb) else None,
-              "unigram_bits_per_byte": unigram_bpb,
-              "tokens": sum(f["tokens"] for f in work.values()) if work else None,
-              "miner_utilisation": utilisation,
-            "history": {"weights": [{str(u): w for u, w in pw.items()} for pw in per_window],
-                        "ratings": [line.get("loss_ratings", {}) for line in lines],
-                        "windows": [line["window"] for line in lines]}}
+    report: Report = {
+        "windows": len(lines), "val_loss": val, "peers": rows,
+        "summary": summarise(rows, val, work, utilisation),
+        "final_val_bits_per_byte": final_bpb if final_bpb is not None and math.isfinite(final_bpb) else None,
+        "unigram_bits_per_byte": unigram_bpb,
+        "tokens": sum(f["tokens"] for f in work.values()) if work else None,
+        "miner_utilisation": utilisation,
+        "history": {"weights": [{str(u): w for u, w in pw.items()} for pw in per_window],
+                    "ratings": [line.get("loss_ratings", {}) for line in lines],
+                    "windows": [line["window"] for line in lines]}}
     if validators and len(validators) > 1:
         report["validators"] = agreement.weight_agreement(validators)
         honest = {peers[u][0]: ls for u, ls in (miners or {}).items() if u in peers and peers[u][1] in GOOD}
