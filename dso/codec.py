@@ -23,7 +23,7 @@ from dso.model import parameter_kind
 from dso.packing import EliasFano, PackingError, codes_nbytes, index_bound_bits, pack_codes, unpack_codes
 
 if TYPE_CHECKING:
-    from dso.codecs import Codec
+    from dso.codecs import TensorCodec
     from dso.config import HParams
 
 
@@ -285,7 +285,7 @@ class DeMoCodec:
 class ErrorFeedback:
     """Per-parameter residual buffers e, kept on the miner (and saved across restarts)."""
 
-    def __init__(self, codec: Codec, beta: float, device: str | torch.device = "cpu"):
+    def __init__(self, codec: TensorCodec, beta: float, device: str | torch.device = "cpu"):
         self.codec, self.beta = codec, beta
         self.buffers = {n: torch.zeros(s, device=device) for n, s in codec.shapes.items()}
 

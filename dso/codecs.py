@@ -21,14 +21,21 @@ Update = Any          # one codec's compressed update (parameter name → per-te
 WireSpec = dict[str, tuple[str, tuple[int, ...]]]  # key → (numpy dtype name, shape)
 
 
-class Codec(Protocol):
+class TensorCodec(Protocol):
+    """What error feedback needs of a codec: one parameter's update out and back (every :class:`Codec` is
+    one, and so is the simulator's uncompressed baseline)."""
     shapes: Shapes
-
-    def settings(self) -> dict[str, str]:
-        """What a receiver must agree on to read an update (goes into payload metadata)."""
 
     def compress_tensor(self, name: str, x: torch.Tensor, window: int, uid: int = 0) -> Any:
         """One parameter's update for ``window`` (``uid`` seeds any per-sender randomness)."""
+
+    def to_dense(self, name: str, u: Any, device: str | torch.device = "cpu") -> torch.Tensor:
+        """One parameter's record decoded to the parameter's shape."""
+
+
+class Codec(TensorCodec, Protocol):
+    def settings(self) -> dict[str, str]:
+        """What a receiver must agree on to read an update (goes into payload metadata)."""
 
     def compress(self, tensors: Mapping[str, torch.Tensor], window: int, uid: int = 0) -> Update:
         """Every parameter's update for ``window``."""
@@ -38,9 +45,6 @@ class Codec(Protocol):
 
     def normalised_values(self, u: Any) -> torch.Tensor | None:
         """Those values scaled to unit L2 norm; None when they carry no direction."""
-
-    def to_dense(self, name: str, u: Any, device: str | torch.device = "cpu") -> torch.Tensor:
-        """One parameter's record decoded to the parameter's shape."""
 
     def decompress(self, update: Update, device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
         """Every parameter decoded."""

@@ -6,9 +6,36 @@ network with more than one validator shows them, and the three-validator end-to-
 from __future__ import annotations
 
 import itertools
-from typing import Mapping, Sequence
+from typing import Any, Mapping, Sequence, TypedDict
 
 TARGET_MEAN_L1 = 0.1   # mean pairwise L1 over the last windows (the protocol's target, docs/protocol.md)
+
+JSONLine = Mapping[str, Any]  # one parsed JSON line of a node's log: read with .get, nothing assumed present
+
+
+class WindowL1(TypedDict):
+    window: int
+    mean_l1: float
+
+
+class MinerSync(TypedDict):
+    applied: int
+    in_sync: int
+    forked: list[list[str | int]]  # [miner name, window] pairs (JSON arrays in report.json)
+
+
+class _AgreementFigures(TypedDict):
+    validators: list[str]
+    per_window: list[WindowL1]
+    last_windows: int
+    mean_l1_last: float | None
+    target: float
+    met: bool
+    leaders: dict[str, list[str]]  # window (as a JSON key) → the validators that reported leading it
+
+
+class Agreement(_AgreementFigures, total=False):
+    miner_sync: MinerSync  # added by the report when it has the miners' lines
 
 
 def l1(a: Mapping[int, float], b: Mapping[int, float]) -> float:
@@ -21,7 +48,7 @@ def mean_pairwise_l1(rows: Sequence[Mapping[int, float]]) -> float:
     return sum(l1(a, b) for a, b in pairs) / len(pairs) if pairs else 0.0
 
 
-def weighted_windows(by_validator: Mapping[str, Sequence[dict]]) -> dict[int, dict[str, dict[int, float]]]:
+def weighted_windows(by_validator: Mapping[str, Sequence[JSONLine]]) -> dict[int, dict[str, dict[int, float]]]:
     """window → validator → its row, for the windows every validator scored with some positive weight (rows of
     a cold start, all zero, agree trivially and would flatter the figure)."""
     rows = {name: {line["window"]: {int(u): float(w) for u, w in line.get("weights", {}).items()} for line in lines}
@@ -31,13 +58,13 @@ def weighted_windows(by_validator: Mapping[str, Sequence[dict]]) -> dict[int, di
             if all(sum(r[w].values()) > 0 for r in rows.values())}
 
 
-def weight_agreement(by_validator: Mapping[str, Sequence[dict]], last: int = 10) -> dict:
+def weight_agreement(by_validator: Mapping[str, Sequence[JSONLine]], last: int = 10) -> Agreement:
     """Per-window mean pairwise L1 of the validators' rows, and its mean over the ``last`` such windows."""
     windows = weighted_windows(by_validator)
-    per_window = [{"window": w, "mean_l1": mean_pairwise_l1(list(rows.values()))} for w, rows in windows.items()]
+    per_window = [WindowL1(window=w, mean_l1=mean_pairwise_l1(list(rows.values()))) for w, rows in windows.items()]
     tail = per_window[-last:]
     mean_last = sum(p["mean_l1"] for p in tail) / len(tail) if tail else None
-    leaders = {}
+    leaders: dict[int, list[str]] = {}
     for name, lines in by_validator.items():
         for line in lines:
             if line.get("leading"):
@@ -48,7 +75,7 @@ def weight_agreement(by_validator: Mapping[str, Sequence[dict]], last: int = 10)
             "leaders": {str(w): names for w, names in sorted(leaders.items())}}
 
 
-def miner_sync(by_validator: Mapping[str, Sequence[dict]], miners: Mapping[str, Sequence[dict]]) -> dict:
+def miner_sync(by_validator: Mapping[str, Sequence[JSONLine]], miners: Mapping[str, Sequence[JSONLine]]) -> MinerSync:
     """Whether every bundle a miner applied gave the model of that window's leader (the validators that
     reported leading it): ``applied`` bundles, how many were ``in_sync``, and the ``forked`` (miner, window)s.
     A window nobody reported leading (its leader died in it) is not counted."""
@@ -57,7 +84,8 @@ def miner_sync(by_validator: Mapping[str, Sequence[dict]], miners: Mapping[str, 
         for line in lines:
             if line.get("leading") and line.get("model_hash"):
                 leader_hash.setdefault(line["window"], set()).add(line["model_hash"])
-    applied, forked = 0, []
+    applied = 0
+    forked: list[list[str | int]] = []
     for name, lines in sorted(miners.items()):
         for line in lines:
             hashes = leader_hash.get(line.get("window", -1))
@@ -68,14 +96,15 @@ def miner_sync(by_validator: Mapping[str, Sequence[dict]], miners: Mapping[str, 
     return {"applied": applied, "in_sync": applied - len(forked), "forked": forked}
 
 
-def markdown(agreement: dict) -> list[str]:
+def markdown(agreement: Agreement) -> list[str]:
     m = agreement["mean_l1_last"]
     out = ["## Validators", "",
            f"{len(agreement['validators'])} validators ({', '.join(agreement['validators'])}). Mean pairwise L1 "
            f"distance of their weight rows over the last {agreement['last_windows']} windows they all weighted: "
            + (f"**{m:.4f}** (target ≤ {agreement['target']}: {'met' if agreement['met'] else 'not met'})."
               if m is not None else "no window that all of them weighted."), ""]
-    changes, previous = [], None
+    changes: list[str] = []
+    previous: list[str] | None = None
     for window, names in agreement["leaders"].items():
         if names != previous:
             changes.append(f"window {window}: {', '.join(names)}")

@@ -15,7 +15,8 @@ ATTACKS = ("sign_flip", "scaling", "ipm", "alie", "infinite")
 def alie_z(n: int, f: int) -> float:
     """z of 'A Little Is Enough' (Baruch et al. 2019): s = ⌊n/2 + 1⌋ − f, z = Φ⁻¹((n − s)/n)."""
     s = math.floor(n / 2 + 1) - f
-    return float(torch.distributions.Normal(0.0, 1.0).icdf(torch.tensor((n - s) / n, dtype=torch.float64)))
+    p = torch.tensor((n - s) / n, dtype=torch.float64)
+    return float(torch.erfinv(2 * p - 1) * math.sqrt(2))  # the standard normal's icdf, as torch's Normal has it
 
 
 def byzantine_rows(honest: torch.Tensor, attack: str, f: int, generator: torch.Generator,
@@ -30,8 +31,9 @@ def byzantine_rows(honest: torch.Tensor, attack: str, f: int, generator: torch.G
         return -honest[torch.arange(f) % honest.shape[0]]
     if attack == "scaling":
         noise = torch.randn(f, d, generator=generator, dtype=honest.dtype)
-        norm = torch.linalg.vector_norm(honest, dim=1).mean()
-        return scale * noise / torch.linalg.vector_norm(noise, dim=1, keepdim=True) * norm
+        norm: torch.Tensor = torch.linalg.vector_norm(honest, dim=1).mean()
+        noise_norms: torch.Tensor = torch.linalg.vector_norm(noise, dim=1, keepdim=True)
+        return scale * noise / noise_norms * norm
     if attack == "ipm":
         return (-ipm_epsilon * mu).expand(f, d).clone()
     if attack == "alie":

@@ -32,6 +32,7 @@ FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-
          "--disable-background-networking", "--disable-component-update", "--disable-sync", "--hide-scrollbars",
          "--mute-audio", "--remote-debugging-pipe"]
 NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
+Message = dict[str, Any]  # one DevTools protocol message, as JSON from the browser
 _BROKEN_IMAGES = "Array.from(document.images).filter(i => !(i.complete && i.naturalWidth > 0)).map(i => i.alt)"
 
 
@@ -82,10 +83,10 @@ class Chromium:
         os.close(to_browser_r)
         os.close(from_browser_w)
         self._buffer, self._next_id = b"", 0
-        self.events: list[dict] = []
+        self.events: list[Message] = []
 
     # ----------------------------------------------------------- protocol
-    def send(self, method: str, params: dict | None = None, session: str | None = None) -> dict:
+    def send(self, method: str, params: Message | None = None, session: str | None = None) -> Message:
         """One command; its result (events that arrive meanwhile are kept in :attr:`events`)."""
         self._next_id += 1
         message: dict[str, Any] = {"id": self._next_id, "method": method, "params": params or {}}
@@ -97,10 +98,11 @@ class Chromium:
             if reply.get("id") == self._next_id:
                 if "error" in reply:
                     raise BrowserError(f"{method}: {reply['error'].get('message')}")
-                return reply.get("result", {})
+                result: Message = reply.get("result", {})
+                return result
             self.events.append(reply)
 
-    def wait_event(self, method: str, session: str | None = None) -> dict:
+    def wait_event(self, method: str, session: str | None = None) -> Message:
         for i, event in enumerate(self.events):
             if event.get("method") == method and event.get("sessionId") == session:
                 return self.events.pop(i)
@@ -110,7 +112,7 @@ class Chromium:
                 return event
             self.events.append(event)
 
-    def _receive(self) -> dict:
+    def _receive(self) -> Message:
         deadline = time.monotonic() + self.timeout
         while b"\0" not in self._buffer:
             left = deadline - time.monotonic()
@@ -120,7 +122,8 @@ class Chromium:
                 raise BrowserError(f"Chromium {'closed the pipe' if ready else 'did not answer'}: {self._tail()}")
             self._buffer += chunk
         message, self._buffer = self._buffer.split(b"\0", 1)
-        return json.loads(message)
+        decoded: Message = json.loads(message)
+        return decoded
 
     def _tail(self) -> str:
         self._log.flush()

@@ -32,6 +32,7 @@ from neurons.miner import UPLOAD_MARGIN, Miner
 from sim import behaviours
 from sim.forging_s3 import ForgingS3, shifted_by
 from storage.aggregate import Bundle
+from storage.commitment import BucketInfo
 from storage.gather import gather
 from storage.reveal import seal
 from dso.payload import Payload, PayloadMeta
@@ -156,7 +157,8 @@ class AdversarialMiner(Miner):
         """Other miners' payloads of window t as readable between ``start`` and ``until``."""
         ctx = self.ctx
         ctx.clock.sleep_until(start, ctx.stop)
-        others = {u: c for u, c in ctx.peers.commitments().items() if u in ctx.peers.miners()}
+        others: dict[int, BucketInfo | str | None] = {
+            u: c for u, c in ctx.peers.commitments().items() if u in ctx.peers.miners()}
         result = gather(t, others, ctx.codec, Expect.from_hparams(ctx.hp, t, run=ctx.run), None,
                         max(0.5, until - time.time() - 0.5), readers=ctx.readers)
         self.follower.bytes += result.bytes_down

@@ -8,13 +8,15 @@ log.  On a terminal the same set-up steps show under a spinner, then the live ta
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, Mapping, Sequence
 
 from rich.console import Console
 from rich.live import Live
+from rich.status import Status
 from rich.table import Table
 
 Names = dict[int, tuple[str, str]]  # uid → (name, behaviour)
+Line = Mapping[str, Any]  # one validator JSON line, as parsed: read with .get, nothing assumed present
 WAITING_EVERY = 15.0  # seconds between "still waiting for the first window" lines
 
 
@@ -41,14 +43,14 @@ def rejections_text(rejections: dict[str, str], names: Names) -> str:
         rejections.items(), key=lambda kv: int(kv[0])))
 
 
-def window_line(line: dict, names: Names, done: int, windows: int, elapsed: float) -> str:
+def window_line(line: Line, names: Names, done: int, windows: int, elapsed: float) -> str:
     """One finished window as one plain line."""
     return (f"window {line.get('window', '?')}  {loss_text(line.get('val_loss'), line.get('val_bits_per_byte'))}  "
             f"{weights_text(line.get('weights', {}), names)}  {rejections_text(line.get('rejections', {}), names)}  "
             f"[{done}/{windows}, {elapsed:.0f} s]")
 
 
-def live_table(lines: list[dict], names: Names, windows: int, elapsed: float, waiting: str = "") -> Table:
+def live_table(lines: Sequence[Line], names: Names, windows: int, elapsed: float, waiting: str = "") -> Table:
     last = lines[-1] if lines else {}
     loss = loss_text(last.get("val_loss"), last.get("val_bits_per_byte"))
     title = (f"window {last.get('window', '-')}  ({len(lines)}/{windows} done)   {loss}"
@@ -63,11 +65,15 @@ def live_table(lines: list[dict], names: Names, windows: int, elapsed: float, wa
             counts[uid][reason] += 1
     for uid, (name, behaviour) in sorted(names.items()):
         key = str(uid)
-        fmt = lambda d, f="{:.3f}": f.format(d[key]) if key in d else "-"  # noqa: E731
-        table.add_row(key, name, behaviour, fmt(last.get("scores", {})), fmt(last.get("loss_ratings", {}), "{:.1f}"),
-                      fmt(last.get("mu", {}), "{:.2f}"), fmt(last.get("weights", {}), "{:.3f}"),
+        table.add_row(key, name, behaviour, _cell(last.get("scores", {}), key),
+                      _cell(last.get("loss_ratings", {}), key, "{:.1f}"), _cell(last.get("mu", {}), key, "{:.2f}"),
+                      _cell(last.get("weights", {}), key, "{:.3f}"),
                       ", ".join(f"{r}×{n}" for r, n in counts.get(key, {}).items()))
     return table
+
+
+def _cell(values: Mapping[str, float], key: str, fmt: str = "{:.3f}") -> str:
+    return fmt.format(values[key]) if key in values else "-"
 
 
 class View:
@@ -77,7 +83,7 @@ class View:
     def __init__(self, console: Console, names: Names, windows: int, started: float):
         self.console, self.names, self.windows, self.started = console, names, windows, started
         self.terminal = console.is_terminal
-        self._status: Any = None
+        self._status: Status | None = None
         self._live: Live | None = None
         self._shown = 0
         self._last_wait = time.time()
@@ -97,7 +103,7 @@ class View:
                 self._status.update(text)
         self.say(f"{text}  [{self.elapsed():.0f} s]")
 
-    def update(self, lines: list[dict], waiting: str = "") -> None:
+    def update(self, lines: Sequence[Line], waiting: str = "") -> None:
         if self._status is not None:
             self._status.stop()
             self._status = None

@@ -25,11 +25,14 @@ import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 import numpy as np
 
 from dso.config import HParams
+
+if TYPE_CHECKING:
+    from dso.data import Dataset
 
 REFERENCE_SECONDS = 90.0  # the longest the reference may add to `make run` when no cached curve is long enough
 ROUND_STEPS = 32          # AdamW steps between two points of the curve (65,536 tokens at the defaults)
@@ -51,7 +54,7 @@ def cache_name(hp: HParams, data_hash: str) -> str:
     return f"adamw-{digest}.json"
 
 
-def rounds_for(hp: HParams, dataset: Any, tokens: int) -> int:
+def rounds_for(hp: HParams, dataset: Dataset, tokens: int) -> int:
     """Rounds of ``ROUND_STEPS`` steps a curve needs to reach ``tokens`` training tokens."""
     return math.ceil(tokens / (ROUND_STEPS * hp.batch_size * dataset.seq_len))
 
@@ -71,10 +74,12 @@ def read_cached(path: Path, rounds: int) -> dict[str, Any] | None:
     if not isinstance(cached, dict) or cached.get("complete") is not True:
         return None
     curves = [cached.get(k) for k in CURVE_KEYS]
-    if not all(isinstance(c, list) and len(c) == len(curves[0]) and all(isinstance(x, (int, float)) for x in c)
-               for c in curves):
+    first = curves[0]
+    if not isinstance(first, list) or not all(
+            isinstance(c, list) and len(c) == len(first) and all(isinstance(x, (int, float)) for x in c)
+            for c in curves):
         return None
-    return cached if len(curves[0]) >= rounds + 1 else None
+    return cached if len(first) >= rounds + 1 else None
 
 
 def at_tokens(curve: dict[str, Any], tokens: int) -> dict[str, Any]:
@@ -89,7 +94,7 @@ def at_tokens(curve: dict[str, Any], tokens: int) -> dict[str, Any]:
     return out
 
 
-def adamw_reference(hp: HParams, dataset: Any, tokens: int, cache_dir: str | Path,
+def adamw_reference(hp: HParams, dataset: Dataset, tokens: int, cache_dir: str | Path,
                     seconds: float = REFERENCE_SECONDS, say: Callable[[str], None] = print,
                     shipped: Path | None = SHIPPED) -> dict[str, Any] | None:
     """The reference curve on ``tokens`` training tokens: {tokens, val_loss (nats/token), bits_per_byte,
@@ -116,7 +121,8 @@ def adamw_reference(hp: HParams, dataset: Any, tokens: int, cache_dir: str | Pat
     return {**curve, "target_tokens": tokens, "cached": cached is not None}
 
 
-def train_curve(hp: HParams, dataset: Any, rounds: int, seconds: float, say: Callable[[str], None]) -> dict[str, Any]:
+def train_curve(hp: HParams, dataset: Dataset, rounds: int, seconds: float,
+                say: Callable[[str], None]) -> dict[str, Any]:
     """``rounds`` rounds of centralised AdamW (at most ``seconds``), on every core."""
     import torch
 
@@ -140,7 +146,7 @@ def train_curve(hp: HParams, dataset: Any, rounds: int, seconds: float, say: Cal
             "round_steps": ROUND_STEPS, "complete": len(hist.tokens) == rounds + 1, "seconds": round(hist.seconds, 1)}
 
 
-def network_tokens(miners: dict[int, list[dict]], good: set[int]) -> dict[int, int]:
+def network_tokens(miners: Mapping[int, Sequence[Mapping[str, Any]]], good: set[int]) -> dict[int, int]:
     """window → training tokens the ``good`` miners processed in it (from their JSON lines)."""
     per_window: dict[int, int] = {}
     for uid, lines in miners.items():
@@ -167,7 +173,8 @@ def main(argv: list[str] | None = None) -> int:
     """Make (or extend) the cached curve for a run's settings: ``python -m sim.reference --tokens N``."""
     from dso.config import Config, ConfigError
     from dso.config_sources import set_hparams
-    from dso.data import Dataset, DataError
+    from dso.corpus import DataError
+    from dso.data import Dataset
 
     p = argparse.ArgumentParser(description=main.__doc__)
     p.add_argument("--tokens", type=int, required=True, help="training tokens the curve must reach")

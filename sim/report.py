@@ -28,12 +28,20 @@ import json
 import math
 from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal, Mapping, Sequence
 
 import numpy as np
+import numpy.typing as npt
 
 from sim import agreement
+from sim.agreement import JSONLine
 from sim.behaviours import GOOD
+from sim.report_schema import MinerFigures, PeerRow, Report, Summary, ValPoint
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+    from dso.data import Dataset
 
 COLOURS = {"honest": "#2b8cbe", "diligent": "#1a9850", "freerider": "#fdae61", "absent": "#bdbdbd",
            "noise": "#d73027", "scaler": "#f46d43", "signflip": "#a50026", "copier": "#762a83", "sybil": "#9970ab",
@@ -41,20 +49,20 @@ COLOURS = {"honest": "#2b8cbe", "diligent": "#1a9850", "freerider": "#fdae61", "
            "gamer": "#35978f"}
 
 
-def unigram_bits_per_byte(counts, token_bytes) -> float:
+def unigram_bits_per_byte(counts: npt.ArrayLike, token_bytes: npt.ArrayLike) -> float:
     """Entropy of the token unigram distribution in bits per byte of text: ``H = −Σ p·log2 p`` bits per
     token (p = count / total) times tokens ÷ bytes, where a token of id i stands for ``token_bytes[i]``
     bytes.  With one byte per token it is the byte unigram entropy."""
-    counts = np.asarray(counts, dtype=np.float64)
-    sizes = np.asarray(token_bytes, dtype=np.float64)[:counts.size]
-    tokens, nbytes = counts.sum(), float((counts * sizes).sum())
+    freq = np.asarray(counts, dtype=np.float64)
+    sizes = np.asarray(token_bytes, dtype=np.float64)[:freq.size]
+    tokens, nbytes = freq.sum(), float((freq * sizes).sum())
     if tokens <= 0 or nbytes <= 0:
         raise ValueError("unigram entropy needs at least one token of at least one byte")
-    p = counts[counts > 0] / tokens
+    p = freq[freq > 0] / tokens
     return float(-(p * np.log2(p)).sum() * tokens / nbytes)
 
 
-def corpus_unigram_bits_per_byte(dataset, max_sequences: int = 20_000, block: int = 1024) -> float:
+def corpus_unigram_bits_per_byte(dataset: Dataset, max_sequences: int = 20_000, block: int = 1024) -> float:
     """:func:`unigram_bits_per_byte` of a data set's token counts: every sequence (or ``max_sequences``
     evenly spaced ones of a larger corpus), read in blocks."""
     n = dataset.n_sequences
@@ -67,13 +75,14 @@ def corpus_unigram_bits_per_byte(dataset, max_sequences: int = 20_000, block: in
     return unigram_bits_per_byte(counts, sizes)
 
 
-def miner_figures(miners: dict[int, list[dict]], peers: dict[int, tuple[str, str]]) -> dict[int, dict]:
+def miner_figures(miners: Mapping[int, Sequence[JSONLine]],
+                  peers: Mapping[int, tuple[str, str]]) -> dict[int, MinerFigures]:
     """uid → {utilisation, utilisation_all_windows, tokens (sum), windows} from miners' JSON lines.
 
     ``utilisation`` is the mean over the miner's window records after its first: the first window a miner
     works in began before the miner did (it started, then waited for θ), so it cannot fill it.  The mean over
     every record is kept beside it (``utilisation_all_windows``)."""
-    out = {}
+    out: dict[int, MinerFigures] = {}
     for uid, lines in miners.items():
         records = sorted((x for x in lines if isinstance(x.get("utilisation"), (int, float))),
                          key=lambda x: x.get("window", 0))
@@ -86,41 +95,44 @@ def miner_figures(miners: dict[int, list[dict]], peers: dict[int, tuple[str, str
     return out
 
 
-def build(lines: list[dict], peers: dict[int, tuple[str, str]], posted: dict[int, float] | None,
-          validators: dict[str, list[dict]] | None = None, miners: dict[int, list[dict]] | None = None,
-          unigram_bpb: float | None = None) -> dict:
+def build(lines: Sequence[JSONLine], peers: Mapping[int, tuple[str, str]], posted: Mapping[int, float] | None,
+          validators: Mapping[str, Sequence[JSONLine]] | None = None,
+          miners: Mapping[int, Sequence[JSONLine]] | None = None, unigram_bpb: float | None = None) -> Report:
     """``lines``: the leading validator's JSON lines; ``peers``: uid → (name, behaviour);
     ``posted``: its last weights on chain (uid → weight), None when it never posted; ``validators``: every
     validator's lines, when there are several (their agreement and the leader hand-overs); ``miners``:
     uid → that miner's JSON lines; ``unigram_bpb``: the corpus's unigram entropy in bits per byte."""
-    per_window = [{int(u): w for u, w in line.get("weights", {}).items()} for line in lines]
-    last = posted if posted else (per_window[-1] if per_window else {})
+    per_window: list[dict[int, float]] = [{int(u): w for u, w in line.get("weights", {}).items()} for line in lines]
+    last: Mapping[int, float] = posted if posted else (per_window[-1] if per_window else {})
     total = sum(last.get(u, 0.0) for u in peers) or 1.0
-    rejections: dict[int, Counter] = {u: Counter() for u in peers}
+    rejections: dict[int, Counter[str]] = {u: Counter() for u in peers}
     for line in lines:
         for uid, reason in line.get("rejections", {}).items():
             if int(uid) in rejections:
                 rejections[int(uid)][reason] += 1
     work = miner_figures(miners or {}, peers)
-    rows = []
+    rows: list[PeerRow] = []
     for uid, (name, behaviour) in sorted(peers.items()):
         history = [w.get(uid, 0.0) for w in per_window]
-        rows.append({"uid": uid, "name": name, "behaviour": behaviour, "weight": last.get(uid, 0.0) / total,
-                     "weight_mean": sum(history) / len(history) if history else 0.0,
-                     "rejections": dict(rejections[uid]), **work.get(uid, {})})
-    val = [{"window": line["window"], "loss": line["val_loss"],
-            "bits_per_byte": line.get("val_bits_per_byte", math.nan)} for line in lines]
+        row: PeerRow = {"uid": uid, "name": name, "behaviour": behaviour, "weight": last.get(uid, 0.0) / total,
+                        "weight_mean": sum(history) / len(history) if history else 0.0,
+                        "rejections": dict(rejections[uid])}
+        own = work.get(uid)
+        rows.append(row if own is None else {**row, **own})
+    val = [ValPoint(window=line["window"], loss=line["val_loss"],
+                    bits_per_byte=line.get("val_bits_per_byte", math.nan)) for line in lines]
     utilisation = {str(u): round(f["utilisation"], 4) for u, f in sorted(work.items()) if peers[u][1] in GOOD}
     final_bpb = val[-1]["bits_per_byte"] if val else None
-    report = {"windows": len(lines), "val_loss": val, "peers": rows,
-              "summary": summarise(rows, val, work, utilisation),
-              "final_val_bits_per_byte": final_bpb if final_bpb is not None and math.isfinite(final_bpb) else None,
-              "unigram_bits_per_byte": unigram_bpb,
-              "tokens": sum(f["tokens"] for f in work.values()) if work else None,
-              "miner_utilisation": utilisation,
-            "history": {"weights": [{str(u): w for u, w in pw.items()} for pw in per_window],
-                        "ratings": [line.get("loss_ratings", {}) for line in lines],
-                        "windows": [line["window"] for line in lines]}}
+    report: Report = {
+        "windows": len(lines), "val_loss": val, "peers": rows,
+        "summary": summarise(rows, val, work, utilisation),
+        "final_val_bits_per_byte": final_bpb if final_bpb is not None and math.isfinite(final_bpb) else None,
+        "unigram_bits_per_byte": unigram_bpb,
+        "tokens": sum(f["tokens"] for f in work.values()) if work else None,
+        "miner_utilisation": utilisation,
+        "history": {"weights": [{str(u): w for u, w in pw.items()} for pw in per_window],
+                    "ratings": [line.get("loss_ratings", {}) for line in lines],
+                    "windows": [line["window"] for line in lines]}}
     if validators and len(validators) > 1:
         report["validators"] = agreement.weight_agreement(validators)
         honest = {peers[u][0]: ls for u, ls in (miners or {}).items() if u in peers and peers[u][1] in GOOD}
@@ -128,7 +140,7 @@ def build(lines: list[dict], peers: dict[int, tuple[str, str]], posted: dict[int
     return report
 
 
-def add_reference(report: dict, reference: dict | None, per_window: dict[int, int]) -> None:
+def add_reference(report: Report, reference: Mapping[str, Any] | None, per_window: dict[int, int]) -> None:
     """Put the centralised AdamW reference curve (sim/reference.py) into the report, placed on the window
     axis where the network had processed as many tokens."""
     from sim.reference import on_windows
@@ -140,8 +152,8 @@ def add_reference(report: dict, reference: dict | None, per_window: dict[int, in
     report["reference_final_bits_per_byte"] = last if math.isfinite(last) else None
 
 
-def summarise(rows: list[dict], val: list[dict], work: dict[int, dict] | None = None,
-              utilisation: dict[str, float] | None = None) -> dict:
+def summarise(rows: Sequence[PeerRow], val: Sequence[ValPoint], work: Mapping[int, MinerFigures] | None = None,
+              utilisation: Mapping[str, float] | None = None) -> Summary:
     good = sum(r["weight"] for r in rows if r["behaviour"] in GOOD)
     adversaries = [r for r in rows if r["behaviour"] not in GOOD]
     honest = [r["weight"] for r in rows if r["behaviour"] == "honest"]
@@ -167,7 +179,7 @@ def _mean(values: list[float]) -> float | None:
     return sum(values) / len(values) if values else None
 
 
-def markdown(report: dict, command: str = "") -> str:
+def markdown(report: Report, command: str = "") -> str:
     s = report["summary"]
     out = ["# Local network run", ""]
     if command:
@@ -194,12 +206,7 @@ def markdown(report: dict, command: str = "") -> str:
         out.append(f"- centralised AdamW on the {ref['target_tokens']:,} tokens the honest and diligent miners "
                    f"trained on ({ref['steps']} steps of {ref['batch_sequences']} sequences, lr {ref['lr']:g}): "
                    f"{report['reference_final_bits_per_byte']:.3f} bits/byte{cut}")
-    if s.get("miner_utilisation_mean") is not None:
-        every = s.get("miner_utilisation_mean_all_windows")
-        out.append(f"- miner utilisation (inner training ÷ window, honest and diligent miners, after the window each "
-                   f"joined in): mean {100 * s['miner_utilisation_mean']:.1f}%, lowest "
-                   f"{100 * s['miner_utilisation_min']:.1f}%"
-                   + (f" (mean {100 * every:.1f}% with the joining window)" if every is not None else ""))
+    out += _utilisation_line(s)
     out += ["", "| uid | name | behaviour | weight | mean weight | rejections |", "|---:|---|---|---:|---:|---|"]
     for r in report["peers"]:
         rej = ", ".join(f"{k} {v}" for k, v in sorted(r["rejections"].items())) or "—"
@@ -215,11 +222,21 @@ def markdown(report: dict, command: str = "") -> str:
     return "\n".join(out)
 
 
+def _utilisation_line(s: Summary) -> list[str]:
+    mean, low = s.get("miner_utilisation_mean"), s.get("miner_utilisation_min")
+    if mean is None or low is None:
+        return []
+    every = s.get("miner_utilisation_mean_all_windows")
+    return [f"- miner utilisation (inner training ÷ window, honest and diligent miners, after the window each "
+            f"joined in): mean {100 * mean:.1f}%, lowest {100 * low:.1f}%"
+            + (f" (mean {100 * every:.1f}% with the joining window)" if every is not None else "")]
+
+
 PLOTS = {"val_loss": "Validation loss of the shared model", "weights": "Weight per peer (validator)",
          "ratings": "LossRating per peer"}
 
 
-def bits_per_nat(report: dict) -> float:
+def bits_per_nat(report: Report) -> float:
     """Bits per byte for one nat per token on the run's validation batch (fixed for a run: its tokens and
     the bytes they stand for do not change), from the recorded figures."""
     ratios = [v["bits_per_byte"] / v["loss"] for v in report["val_loss"]
@@ -227,7 +244,7 @@ def bits_per_nat(report: dict) -> float:
     return ratios[-1] if ratios else 1 / math.log(2)
 
 
-def figures(report: dict) -> dict[str, Any]:
+def figures(report: Report) -> dict[str, Figure]:
     """name → matplotlib Figure of every plot in :data:`PLOTS` (the caller saves and closes them)."""
     import matplotlib
 
@@ -235,7 +252,7 @@ def figures(report: dict) -> dict[str, Any]:
     import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator
 
-    out: dict[str, Any] = {}
+    out: dict[str, Figure] = {}
     windows = report["history"]["windows"]
     fig, ax = plt.subplots(figsize=(7, 4))
     ax.plot([v["window"] for v in report["val_loss"]], [v["loss"] for v in report["val_loss"]], marker=".",
@@ -251,16 +268,19 @@ def figures(report: dict) -> dict[str, Any]:
                    label=f"corpus unigram entropy ({unigram:.2f} bits/byte)")
     if len(ax.get_lines()) > 1:
         ax.legend(fontsize=8)
-    bpb = ax.secondary_yaxis("right", functions=(lambda nats: nats * ratio, lambda bits: bits / ratio))
+    bpb = ax.secondary_yaxis("right", functions=(lambda nats: np.multiply(nats, ratio),
+                                                 lambda bits: np.divide(bits, ratio)))
     bpb.set_ylabel("bits/byte")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.grid(alpha=0.3)
     fig.tight_layout()
     out["val_loss"] = fig
 
-    for key, ylabel in (("weights", "weight share"), ("ratings", "LossRating (μ − z·σ)")):
+    panels: tuple[tuple[Literal["weights", "ratings"], str], ...] = (
+        ("weights", "weight share"), ("ratings", "LossRating (μ − z·σ)"))
+    for key, ylabel in panels:
         fig, ax = plt.subplots(figsize=(8, 4.5))
-        seen = set()
+        seen: set[str] = set()
         for r in report["peers"]:
             ys = [h.get(str(r["uid"]), 0.0) for h in report["history"][key]]
             label = r["behaviour"] if r["behaviour"] not in seen else None
@@ -276,7 +296,7 @@ def figures(report: dict) -> dict[str, Any]:
     return out
 
 
-def plot(report: dict, out: Path) -> None:
+def plot(report: Report, out: Path) -> None:
     import matplotlib.pyplot as plt
 
     for name, fig in figures(report).items():
@@ -284,7 +304,7 @@ def plot(report: dict, out: Path) -> None:
         plt.close(fig)
 
 
-def write(report: dict, out: Path, command: str = "") -> None:
+def write(report: Report, out: Path, command: str = "") -> None:
     from sim.report_html import write_html
 
     out.mkdir(parents=True, exist_ok=True)

@@ -16,9 +16,13 @@ import io
 import math
 from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sim.report import PLOTS, figures
+from sim.report_schema import Report
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 STYLE = """
 body { font: 15px/1.45 system-ui, -apple-system, "Segoe UI", sans-serif; color: #1d2330; margin: 0;
@@ -39,7 +43,7 @@ pre.sample { white-space: pre-wrap; background: #f8f8f6; border-left: 3px solid 
 """
 
 
-def svg_data_uri(fig: Any) -> str:
+def svg_data_uri(fig: Figure) -> str:
     buf = io.BytesIO()
     fig.savefig(buf, format="svg")
     return "data:image/svg+xml;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
@@ -55,7 +59,7 @@ def _loss(nats: float | None, bits: float | None) -> str:
     return f"{nats:.4f} nats/token" + (f" · {bits:.3f} bits/byte" if bits is not None and math.isfinite(bits) else "")
 
 
-def _cards(report: dict) -> str:
+def _cards(report: Report) -> str:
     s = report["summary"]
     cards = [("windows", str(report["windows"])),
              ("validation loss, first", _loss(s["val_loss_first"], s.get("val_bits_per_byte_first"))),
@@ -63,8 +67,9 @@ def _cards(report: dict) -> str:
              ("honest + diligent weight", f"{100 * s['good_share']:.1f}%"),
              ("largest adversary weight", f"{100 * s['max_adversary_share']:.2f}%"),
              ("honest mean weight", f"{100 * s['honest_mean']:.1f}%")]
-    if s.get("diligent_mean") is not None:
-        cards.append(("diligent mean weight", f"{100 * s['diligent_mean']:.1f}%"))
+    diligent = s.get("diligent_mean")
+    if diligent is not None:
+        cards.append(("diligent mean weight", f"{100 * diligent:.1f}%"))
     if report.get("unigram_bits_per_byte") is not None:
         cards.append(("corpus unigram entropy", f"{report['unigram_bits_per_byte']:.3f} bits/byte"))
     if s.get("tokens") is not None:
@@ -73,14 +78,14 @@ def _cards(report: dict) -> str:
         cut = "" if report["reference_adamw"].get("complete") else " (cut short)"
         bits = report["reference_final_bits_per_byte"]
         cards.append(("centralised AdamW, same tokens", f"{bits:.3f} bits/byte{cut}"))
-    if s.get("miner_utilisation_mean") is not None:
-        cards.append(("miner utilisation, mean (lowest)",
-                      f"{100 * s['miner_utilisation_mean']:.1f}% ({100 * s['miner_utilisation_min']:.1f}%)"))
+    mean, low = s.get("miner_utilisation_mean"), s.get("miner_utilisation_min")
+    if mean is not None and low is not None:
+        cards.append(("miner utilisation, mean (lowest)", f"{100 * mean:.1f}% ({100 * low:.1f}%)"))
     return '<div class="cards">' + "".join(f'<div class="card"><span>{_e(k)}</span><b>{_e(v)}</b></div>'
                                            for k, v in cards) + "</div>"
 
 
-def _peers(report: dict) -> str:
+def _peers(report: Report) -> str:
     from sim.behaviours import GOOD
     from sim.report import COLOURS
 
@@ -97,7 +102,7 @@ def _peers(report: dict) -> str:
             f'<tbody>{"".join(rows)}</tbody></table>')
 
 
-def _rejections(report: dict) -> str:
+def _rejections(report: Report) -> str:
     """Reason × peer counts over the run (only peers and reasons that occur)."""
     peers = [r for r in report["peers"] if r["rejections"]]
     if not peers:
@@ -115,7 +120,7 @@ def _rejections(report: dict) -> str:
             f'<tr><td><b>all peers</b></td>{foot}</tr></tbody></table>')
 
 
-def _samples(report: dict) -> str:
+def _samples(report: Report) -> str:
     samples = report.get("samples") or []
     if not samples:
         return ('<p class="muted" id="sampled-text">This report carries no sampled text (the run did not sample '
@@ -129,7 +134,7 @@ def _samples(report: dict) -> str:
     return '<div id="sampled-text">' + "".join(parts) + "</div>"
 
 
-def _validators(report: dict) -> str:
+def _validators(report: Report) -> str:
     agreement = report.get("validators")
     if not agreement:
         return ""
@@ -148,7 +153,7 @@ def _validators(report: dict) -> str:
             f'<th class="num">mean pairwise L1</th><th>leading</th></tr></thead><tbody>{rows}</tbody></table>')
 
 
-def _plots(report: dict) -> str:
+def _plots(report: Report) -> str:
     import matplotlib.pyplot as plt
 
     parts = []
@@ -158,7 +163,7 @@ def _plots(report: dict) -> str:
     return "".join(parts)
 
 
-def render(report: dict, command: str = "") -> str:
+def render(report: Report, command: str = "") -> str:
     cmd = f"<p>Command: <code>{_e(command)}</code></p>" if command else ""
     return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
             f'<meta name="viewport" content="width=device-width, initial-scale=1"><link rel="icon" href="data:,">'
@@ -169,5 +174,5 @@ def render(report: dict, command: str = "") -> str:
             "</main></body></html>\n")
 
 
-def write_html(report: dict, path: Path, command: str = "") -> None:
+def write_html(report: Report, path: Path, command: str = "") -> None:
     Path(path).write_text(render(report, command), encoding="utf-8")

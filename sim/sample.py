@@ -10,12 +10,17 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import TYPE_CHECKING, Sequence, TypedDict
 
 import safetensors.torch
 import torch
 
 from dso.config import HParams
 from dso.model import Decoder, build_model
+
+if TYPE_CHECKING:
+    from dso.config import Config
+    from dso.tokenizer import Tokenizer
 
 
 class CheckpointError(ValueError):
@@ -80,7 +85,7 @@ def generate(model: Decoder, ids: list[int], new_tokens: int, temperature: float
     return out[len(ids):]
 
 
-def sample_text(model: Decoder, tokenizer, prompt: str, new_tokens: int, temperature: float = 0.0,
+def sample_text(model: Decoder, tokenizer: Tokenizer, prompt: str, new_tokens: int, temperature: float = 0.0,
                 seed: int = 0) -> str:
     """The text the model writes after ``prompt`` (the prompt itself not included)."""
     ids = [int(i) for i in tokenizer.encode(prompt)]
@@ -90,13 +95,22 @@ def sample_text(model: Decoder, tokenizer, prompt: str, new_tokens: int, tempera
 PROMPTS = ("ROMEO:\n", "First Citizen:\n")
 
 
-def samples_from(model: Decoder, tokenizer, window: int, prompts=PROMPTS, new_tokens: int = 160,
-                 temperature: float = 0.8, seed: int = 0) -> list[dict]:
+class Sample(TypedDict):
+    """One entry of the report's ``samples``."""
+    window: int
+    prompt: str
+    temperature: float
+    seed: int
+    text: str
+
+
+def samples_from(model: Decoder, tokenizer: Tokenizer, window: int, prompts: Sequence[str] = PROMPTS,
+                 new_tokens: int = 160, temperature: float = 0.8, seed: int = 0) -> list[Sample]:
     """The report's ``samples``: one temperature sample per prompt, the i-th with seed ``seed + i`` (one
     seed for all would draw the same random numbers: a model that barely reads its context would write the
     same text after every prompt)."""
-    return [{"window": window, "prompt": p, "temperature": temperature, "seed": seed + i,
-             "text": sample_text(model, tokenizer, p, new_tokens, temperature, seed + i)}
+    return [Sample(window=window, prompt=p, temperature=temperature, seed=seed + i,
+                   text=sample_text(model, tokenizer, p, new_tokens, temperature, seed + i))
             for i, p in enumerate(prompts)]
 
 
@@ -106,7 +120,7 @@ def checkpoint_window(path: str | Path) -> int | None:
     return int(match.group(1)) if match else None
 
 
-def run_config(checkpoint: str | Path, config: str | Path | None):
+def run_config(checkpoint: str | Path, config: str | Path | None) -> Config:
     """The run's Config: ``config`` (a run's config.json), else the first config.json above the checkpoint
     (a local network's run folder holds one), else the defaults."""
     from dso.config import Config

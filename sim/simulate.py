@@ -23,14 +23,16 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from dso.config import HParams
-from dso.data import DataError, Dataset
+from dso.corpus import DataError
+from dso.data import Dataset
 from sim.behaviours import BEHAVIOURS, GOOD
 from sim.report import COLOURS
-from sim.simulator import SimNet, behaviour_shares
+from sim.simulator import SimNet, WindowRecord, behaviour_shares
 from sim.training import run_honest
 
 FIGURE2_ROLES = ["honest", "diligent", "desync"]
@@ -39,17 +41,20 @@ ADVERSARY_ROLES = ["honest"] * 4 + ["diligent"] + [b for b in BEHAVIOURS if b no
     ["sybil", "sybil"]
 
 
-def _plt():
+Record = dict[str, Any]  # one window of the simulation as a JSON object (WindowRecord.to_dict)
+
+
+def _agg() -> None:
+    """Plots go to files: the Agg backend, chosen before pyplot is imported."""
     import matplotlib
 
     matplotlib.use("Agg")
+
+
+def plot_loss(path: Path, series: dict[str, list[dict[str, float]]], title: str) -> None:
+    _agg()
     import matplotlib.pyplot as plt
 
-    return plt
-
-
-def plot_loss(path: Path, series: dict[str, list[dict]], title: str) -> None:
-    plt = _plt()
     fig, ax = plt.subplots(figsize=(7, 4))
     for label, rows in series.items():
         ax.plot([r["window"] for r in rows], [r["loss"] for r in rows], label=label)
@@ -61,14 +66,14 @@ def plot_loss(path: Path, series: dict[str, list[dict]], title: str) -> None:
     plt.close(fig)
 
 
-def dataset_for(hp: HParams, args) -> Dataset:
+def dataset_for(hp: HParams, args: argparse.Namespace) -> Dataset:
     try:
         return Dataset.for_run(hp, args.corpus, args.cache_dir)
     except DataError as e:
         raise SystemExit(f"simulate: {e}") from None
 
 
-def cmd_honest(args: argparse.Namespace, hp: HParams, out: Path) -> dict:
+def cmd_honest(args: argparse.Namespace, hp: HParams, out: Path) -> dict[str, Any]:
     ds = dataset_for(hp, args)
     print(f"simulate: {args.peers} honest peers, {args.windows} windows, data {ds.data_hash[:12]}")
     hist = run_honest(hp, ds, args.peers, args.windows,
@@ -79,11 +84,11 @@ def cmd_honest(args: argparse.Namespace, hp: HParams, out: Path) -> dict:
     return {"peers": args.peers, "val_loss": hist.rows(), "seconds": hist.seconds, "data_hash": ds.data_hash}
 
 
-def run_sim(hp: HParams, args, roles: list[str], desync: set[int] | None = None) -> list[dict]:
+def run_sim(hp: HParams, args: argparse.Namespace, roles: list[str], desync: set[int] | None = None) -> list[Record]:
     # The paper's desynchronised peer pauses for 3 windows, then goes on from its own model: it stays behind.
     net = SimNet(hp, dataset_for(hp, args), roles, desync_windows=desync, desync_stays_behind=desync is not None)
 
-    def show(r) -> None:
+    def show(r: WindowRecord) -> None:
         shares = {k: round(v, 3) for k, v in behaviour_shares(roles, r.weights).items() if v}
         print(f"window {r.window:3d}  val_loss {r.val_loss:.4f}  evaluated {sorted(r.loss_scores)}  "
               f"shares {shares}  {r.seconds:.1f}s", flush=True)
@@ -91,10 +96,11 @@ def run_sim(hp: HParams, args, roles: list[str], desync: set[int] | None = None)
     return [r.to_dict() for r in net.run(args.windows, show)]
 
 
-def plot_figure2(records: list[dict], names: dict[str, str], path: Path) -> None:
+def plot_figure2(records: list[Record], names: dict[str, str], path: Path) -> None:
     """LossScore (as the gap to the window's mean, since all scores shrink together as the model learns)
     and LossRating per window, one line per peer."""
-    plt = _plt()
+    _agg()
+    import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator
 
     windows = [r["window"] for r in records]
@@ -121,12 +127,12 @@ def plot_figure2(records: list[dict], names: dict[str, str], path: Path) -> None
     plt.close(fig)
 
 
-def cmd_figure2(args: argparse.Namespace, hp: HParams, out: Path) -> dict:
+def cmd_figure2(args: argparse.Namespace, hp: HParams, out: Path) -> dict[str, Any]:
     hp.eval_peers = len(FIGURE2_ROLES)  # every peer evaluated every window, as in the paper's simulation
     records = run_sim(hp, args, FIGURE2_ROLES, FIGURE2_DESYNC)
     names = {str(i + 1): role for i, role in enumerate(FIGURE2_ROLES)}
     final = {names[u]: r for u, r in records[-1]["ratings"].items()}
-    order = sorted(final, key=final.get, reverse=True)
+    order = sorted(final, key=lambda name: final[name], reverse=True)
     plot_figure2(records, names, out / "figure2.png")
     print(f"simulate: final LossRating order {' > '.join(order)}")
     return {"roles": names, "desync_windows": sorted(FIGURE2_DESYNC), "final_ratings": final,
@@ -135,7 +141,8 @@ def cmd_figure2(args: argparse.Namespace, hp: HParams, out: Path) -> dict:
 
 
 def plot_shares(windows: list[int], history: list[dict[str, float]], path: Path) -> None:
-    plt = _plt()
+    _agg()
+    import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator
 
     fig, ax = plt.subplots(figsize=(8, 4.5))
@@ -150,7 +157,7 @@ def plot_shares(windows: list[int], history: list[dict[str, float]], path: Path)
     plt.close(fig)
 
 
-def cmd_adversaries(args: argparse.Namespace, hp: HParams, out: Path) -> dict:
+def cmd_adversaries(args: argparse.Namespace, hp: HParams, out: Path) -> dict[str, Any]:
     roles = ADVERSARY_ROLES
     records = run_sim(hp, args, roles)
     history = [behaviour_shares(roles, {int(u): w for u, w in r["weights"].items()}) for r in records]

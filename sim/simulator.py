@@ -20,7 +20,7 @@ import copy
 import hashlib
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 
@@ -72,7 +72,8 @@ class WindowRecord:
     assigned_deltas: dict[int, float] = field(default_factory=dict)  # δ_assigned of S_t
     poc_statistics: dict[int, float] = field(default_factory=dict)   # the proof of computation's statistic of S_t
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
+        """The record as one JSON object (uid keys as strings)."""
         return {k: ({str(u): v for u, v in val.items()} if isinstance(val, dict) else val)
                 for k, val in self.__dict__.items()}
 

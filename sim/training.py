@@ -23,11 +23,11 @@ from typing import Callable
 import torch
 
 from dso.codec import ErrorFeedback
-from dso.codecs import make_codec
+from dso.codecs import Codec, Update, make_codec
 from dso.config import HParams
 from dso.data import Dataset
 from dso.inner import InnerLoop, inner_lr, make_optimizer
-from dso.model import build_model, parameter_shapes
+from dso.model import Decoder, build_model, parameter_shapes
 from dso.outer import OuterState, aggregate, apply_outer
 from dso.privacy import clip_and_noise, dp_settings
 from dso.train import compute_gradients, evaluate
@@ -42,7 +42,7 @@ class DenseCodec:
     def compress_tensor(self, name: str, x: torch.Tensor, window: int, uid: int = 0) -> torch.Tensor:
         return x.detach().clone()
 
-    def to_dense(self, name: str, u: torch.Tensor, device="cpu") -> torch.Tensor:
+    def to_dense(self, name: str, u: torch.Tensor, device: str | torch.device = "cpu") -> torch.Tensor:
         return u.to(device)
 
     def values(self, u: torch.Tensor) -> torch.Tensor:
@@ -51,8 +51,9 @@ class DenseCodec:
     def payload_bytes(self) -> int:
         return 4 * sum(int(torch.Size(s).numel()) for s in self.shapes.values())
 
-    def mean_delta(self, updates: list, device="cpu") -> dict[str, torch.Tensor]:
-        out = {}
+    def mean_delta(self, updates: list[dict[str, torch.Tensor]],
+                   device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
+        out: dict[str, torch.Tensor] = {}
         for name, shape in self.shapes.items():
             acc = torch.zeros(shape, device=device)
             for u in updates:
@@ -80,7 +81,7 @@ class History:
         self.train_loss.append(train)
         self.tokens.append(tokens)
 
-    def rows(self) -> list[dict]:
+    def rows(self) -> list[dict[str, float]]:
         return [{"window": w, "loss": loss} for w, loss in zip(self.windows, self.val_loss)]
 
 
@@ -92,15 +93,15 @@ def assignment(dataset: Dataset, uid: int, window: int, hp: HParams, steps: int)
 class Peer:
     """One honest peer: its model copy, inner loop and error-feedback buffers."""
 
-    def __init__(self, uid: int, model: torch.nn.Module, codec, hp: HParams,
+    def __init__(self, uid: int, model: Decoder, codec: Codec | DenseCodec, hp: HParams,
                  dp_noise: tuple[float, torch.Generator] | None = None):
         self.uid, self.dp_noise = uid, dp_noise  # (z, generator): clip and noise the pseudo-gradient as a miner does
         self.loop = InnerLoop(copy.deepcopy(model), hp)
         self.feedback = ErrorFeedback(codec, hp.ef_beta)
         self.pre_steps = 0  # steps of the next window already taken (overlap)
 
-    def window(self, dataset: Dataset, t: int, theta: dict, hp: HParams, steps: int, overlap: int,
-               last: bool) -> tuple[object, float]:
+    def window(self, dataset: Dataset, t: int, theta: dict[str, torch.Tensor], hp: HParams, steps: int, overlap: int,
+               last: bool) -> tuple[Update, float]:
         """Train window t from θ_t (rebasing the steps taken early), compress; then, with overlap, start
         window t+1 from θ_t as the miner does while θ_{t+1} is on its way (neurons/miner.py ``train_ahead``).
         Returns (compressed update, mean training loss)."""
