@@ -39,6 +39,7 @@ from sim.behaviours import BEHAVIOURS, GOOD
 from sim.localnet import LocalNet, plan_nodes
 from sim.progress import View
 from sim.reference import REFERENCE_SECONDS, adamw_reference, network_tokens
+from sim.sample import Sample
 from storage.engines import ENGINES, ExternalEngine, engine_problem
 
 DEFAULT_MIX = [("diligent", 1), ("freerider", 1), ("noise", 1), ("copier", 1), ("malformed", 1), ("late", 1)]
@@ -169,7 +170,8 @@ def training_data(hp: HParams, args: argparse.Namespace):
         return None
 
 
-def final_samples(state: Path, hp: HParams, tokenizer: Any, say: Any, validator: str = "validator0") -> list[dict]:
+def final_samples(state: Path, hp: HParams, tokenizer: Any, say: Any,
+                  validator: str = "validator0") -> list[Sample]:
     """Two samples (seeded, temperature 0.8) from the leading validator's last saved model, [] without one."""
     from sim.sample import CheckpointError, checkpoint_window, load_model, samples_from
     folder = next(iter(sorted(state.glob(f"{validator}-*/validator"))), None)
