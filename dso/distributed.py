@@ -1,0 +1,158 @@
+"""One node as a group of ranks (``torchrun --nproc_per_node N``): the process group and its few collectives.
+
+torchrun sets ``RANK``, ``WORLD_SIZE`` and ``LOCAL_RANK`` in every process it starts; a node started without
+it (``python neurons/miner.py``) has no group and runs as before.  The backend follows the device: gloo on
+the CPU, NCCL on CUDA (one GPU per rank, ``cuda:LOCAL_RANK``).  Rank 0 is the leader: it alone talks to S3
+and the chain, and tells the other ranks what to do next (neurons/ranks.py); everything here is
+collective, called by every rank of the group in the same order.
+
+Messages between ranks are JSON (as bytes in a uint8 tensor) or plain tensors: no pickle crosses a rank
+boundary, although every rank belongs to the same operator.
+"""
+from __future__ import annotations
+
+import datetime
+import json
+import os
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import torch
+import torch.distributed as dist
+
+# A rank that waits for the leader's next order (while the leader sleeps to the put window, waits for the
+# leader's checkpoint or for a bundle) waits inside a collective: the group's timeout must outlast any idle
+# stretch of a node.  A rank that dies ends the whole group anyway (torchrun stops the others).
+IDLE_TIMEOUT = datetime.timedelta(days=7)
+
+
+@dataclass(frozen=True)
+class Ranks:
+    """This process's place in its node's group."""
+
+    rank: int
+    world: int
+    device: torch.device       # this rank's device (cuda:LOCAL_RANK with NCCL)
+
+    @property
+    def leader(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def comm_device(self) -> torch.device:
+        """Where tensors that cross ranks must be: the GPU under NCCL, the CPU under gloo."""
+        return self.device if self.device.type == "cuda" else torch.device("cpu")
+
+
+def launched_ranks() -> int:
+    """The group size torchrun launched this process in (1 when started plainly)."""
+    try:
+        return max(1, int(os.environ.get("WORLD_SIZE", "1")))
+    except ValueError:
+        return 1
+
+
+def join_group(device: str | torch.device) -> Ranks:
+    """Join the group torchrun started (gloo on the CPU, NCCL on CUDA); the device becomes the rank's own GPU."""
+    rank = int(os.environ["RANK"])
+    world = int(os.environ["WORLD_SIZE"])
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank)))
+        torch.cuda.set_device(dev)
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if dev.type == "cuda" else "gloo", rank=rank, world_size=world,
+                                timeout=IDLE_TIMEOUT)
+    return Ranks(rank, world, dev)
+
+
+def leave_group() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+# ------------------------------------------------------------ collectives
+def broadcast_json(ranks: Ranks, value: Any = None) -> Any:
+    """The leader's JSON value on every rank (the others pass nothing)."""
+    data = json.dumps(value).encode() if ranks.leader else b""
+    size = torch.tensor([len(data)], dtype=torch.int64, device=ranks.comm_device)
+    dist.broadcast(size, 0)
+    buf = (torch.frombuffer(bytearray(data), dtype=torch.uint8).to(ranks.comm_device) if ranks.leader
+           else torch.empty(int(size.item()), dtype=torch.uint8, device=ranks.comm_device))
+    if buf.numel():
+        dist.broadcast(buf, 0)
+    return json.loads(bytes(buf.cpu().numpy().tobytes()).decode())
+
+
+def broadcast_tensor(ranks: Ranks, tensor: torch.Tensor | None, shape: tuple[int, ...],
+                     dtype: torch.dtype) -> torch.Tensor:
+    """The leader's tensor (of the given shape and dtype) on every rank, on the rank's communication device."""
+    if ranks.leader:
+        assert tensor is not None and tuple(tensor.shape) == tuple(shape) and tensor.dtype == dtype
+        buf = tensor.to(ranks.comm_device).contiguous()
+    else:
+        buf = torch.empty(shape, dtype=dtype, device=ranks.comm_device)
+    if buf.numel():
+        dist.broadcast(buf, 0)
+    return buf
+
+
+def broadcast_flag(ranks: Ranks, flag: bool) -> bool:
+    """The leader's yes/no on every rank."""
+    t = torch.tensor([1 if flag else 0], dtype=torch.uint8, device=ranks.comm_device)
+    dist.broadcast(t, 0)
+    return bool(t.item())
+
+
+def all_sum(ranks: Ranks, values: list[float]) -> list[float]:
+    """Element-wise sums over the ranks (float64)."""
+    t = torch.tensor(values, dtype=torch.float64, device=ranks.comm_device)
+    dist.all_reduce(t)
+    return [float(x) for x in t.cpu()]
+
+
+def all_gather_rows(ranks: Ranks, rows: torch.Tensor) -> list[torch.Tensor]:
+    """Every rank's ``rows`` (equal trailing shape, any number of rows) on every rank, in rank order."""
+    count = torch.tensor([rows.shape[0]], dtype=torch.int64, device=ranks.comm_device)
+    counts = [torch.zeros_like(count) for _ in range(ranks.world)]
+    dist.all_gather(counts, count)
+    sizes = [int(c.item()) for c in counts]
+    longest = max(sizes)
+    padded = torch.zeros((longest, *rows.shape[1:]), dtype=rows.dtype, device=ranks.comm_device)
+    padded[:rows.shape[0]] = rows.to(ranks.comm_device)
+    out = [torch.empty_like(padded) for _ in range(ranks.world)]
+    dist.all_gather(out, padded)
+    return [o[:n].cpu() for o, n in zip(out, sizes)]
+
+
+def scatter_rows(ranks: Ranks, pieces: list[torch.Tensor] | None, shape: tuple[int, ...], dtype: torch.dtype
+                 ) -> torch.Tensor:
+    """Rank r receives ``pieces[r]`` (the leader's list; each of the shape the receiving rank asks for).
+
+    Sizes differ between ranks (the last slices of a dimension are shorter), so this is a series of
+    point-to-point sends from the leader rather than ``dist.scatter`` (which needs equal sizes)."""
+    if ranks.leader:
+        assert pieces is not None
+        for r in range(1, ranks.world):
+            if pieces[r].numel():
+                dist.send(pieces[r].to(ranks.comm_device).contiguous(), r)
+        return pieces[0].to(ranks.device)
+    out = torch.empty(shape, dtype=dtype, device=ranks.comm_device)
+    if out.numel():
+        dist.recv(out, 0)
+    return out.to(ranks.device)
+
+
+def gather_rows(ranks: Ranks, rows: torch.Tensor, shapes: Sequence[tuple[int, ...]]) -> list[torch.Tensor] | None:
+    """Every rank's ``rows`` on the leader (rank order; ``shapes`` says what each rank sends); None elsewhere."""
+    if not ranks.leader:
+        if rows.numel():
+            dist.send(rows.to(ranks.comm_device).contiguous(), 0)
+        return None
+    out = [rows.cpu()]
+    for r in range(1, ranks.world):
+        piece = torch.empty(shapes[r], dtype=rows.dtype, device=ranks.comm_device)
+        if piece.numel():
+            dist.recv(piece, r)
+        out.append(piece.cpu())
+    return out
