@@ -381,6 +381,10 @@ class NeuronConfig:
                                "A miner with more compute per window scores higher by raising this than by taking "
                                "more steps (docs/training.md, 'Fifth pass')", default=0)
     max_windows: int = _doc("stop after this many windows (0 = run forever)", default=0)
+    activation_checkpointing: bool = _doc(
+        "miner: recompute each block's activations in the backward pass instead of keeping them (less memory, "
+        "about a third more compute, the same numbers; one process or a torchrun group; docs/scale.md)",
+        default=False)
     log_json: str = _doc("append one JSON line per window to this file", default="")
     # --- operations (issue 19): Prometheus metrics, docs/operations.md
     metrics_port: int = _doc("serve Prometheus metrics on this TCP port (0 = off; the local network turns it on "

@@ -24,6 +24,7 @@ import torch.distributed as dist
 # leader's checkpoint or for a bundle) waits inside a collective: the group's timeout must outlast any idle
 # stretch of a node.  A rank that dies ends the whole group anyway (torchrun stops the others).
 IDLE_TIMEOUT = datetime.timedelta(days=7)
+MESSAGE_BYTES = 1024  # a JSON message up to this size (with its length) crosses in one broadcast
 
 
 @dataclass(frozen=True)
@@ -73,15 +74,25 @@ def leave_group() -> None:
 
 # ------------------------------------------------------------ collectives
 def broadcast_json(ranks: Ranks, value: Any = None) -> Any:
-    """The leader's JSON value on every rank (the others pass nothing)."""
+    """The leader's JSON value on every rank (the others pass nothing).  One collective when it fits in
+    MESSAGE_BYTES (an order does), two otherwise."""
     data = json.dumps(value).encode() if ranks.leader else b""
-    size = torch.tensor([len(data)], dtype=torch.int64, device=ranks.comm_device)
-    dist.broadcast(size, 0)
-    buf = (torch.frombuffer(bytearray(data), dtype=torch.uint8).to(ranks.comm_device) if ranks.leader
-           else torch.empty(int(size.item()), dtype=torch.uint8, device=ranks.comm_device))
-    if buf.numel():
-        dist.broadcast(buf, 0)
-    return json.loads(bytes(buf.cpu().numpy().tobytes()).decode())
+    head = torch.zeros(MESSAGE_BYTES, dtype=torch.uint8)
+    if ranks.leader:
+        first = len(data).to_bytes(8, "little") + data[:MESSAGE_BYTES - 8]
+        head[:len(first)] = torch.frombuffer(bytearray(first), dtype=torch.uint8)
+    head = head.to(ranks.comm_device)
+    dist.broadcast(head, 0)
+    raw = bytes(head.cpu().numpy().tobytes())
+    size = int.from_bytes(raw[:8], "little")
+    rest = torch.empty(max(0, size - (MESSAGE_BYTES - 8)), dtype=torch.uint8)
+    if ranks.leader and rest.numel():
+        rest = torch.frombuffer(bytearray(data[MESSAGE_BYTES - 8:]), dtype=torch.uint8)
+    if rest.numel():
+        rest = rest.to(ranks.comm_device)
+        dist.broadcast(rest, 0)
+    body = raw[8:8 + min(size, MESSAGE_BYTES - 8)] + bytes(rest.cpu().numpy().tobytes())
+    return json.loads(body.decode())
 
 
 def broadcast_tensor(ranks: Ranks, tensor: torch.Tensor | None, shape: tuple[int, ...],
@@ -111,38 +122,6 @@ def all_sum(ranks: Ranks, values: list[float]) -> list[float]:
     return [float(x) for x in t.cpu()]
 
 
-def all_gather_rows(ranks: Ranks, rows: torch.Tensor) -> list[torch.Tensor]:
-    """Every rank's ``rows`` (equal trailing shape, any number of rows) on every rank, in rank order."""
-    count = torch.tensor([rows.shape[0]], dtype=torch.int64, device=ranks.comm_device)
-    counts = [torch.zeros_like(count) for _ in range(ranks.world)]
-    dist.all_gather(counts, count)
-    sizes = [int(c.item()) for c in counts]
-    longest = max(sizes)
-    padded = torch.zeros((longest, *rows.shape[1:]), dtype=rows.dtype, device=ranks.comm_device)
-    padded[:rows.shape[0]] = rows.to(ranks.comm_device)
-    out = [torch.empty_like(padded) for _ in range(ranks.world)]
-    dist.all_gather(out, padded)
-    return [o[:n].cpu() for o, n in zip(out, sizes)]
-
-
-def scatter_rows(ranks: Ranks, pieces: list[torch.Tensor] | None, shape: tuple[int, ...], dtype: torch.dtype
-                 ) -> torch.Tensor:
-    """Rank r receives ``pieces[r]`` (the leader's list; each of the shape the receiving rank asks for).
-
-    Sizes differ between ranks (the last slices of a dimension are shorter), so this is a series of
-    point-to-point sends from the leader rather than ``dist.scatter`` (which needs equal sizes)."""
-    if ranks.leader:
-        assert pieces is not None
-        for r in range(1, ranks.world):
-            if pieces[r].numel():
-                dist.send(pieces[r].to(ranks.comm_device).contiguous(), r)
-        return pieces[0].to(ranks.device)
-    out = torch.empty(shape, dtype=dtype, device=ranks.comm_device)
-    if out.numel():
-        dist.recv(out, 0)
-    return out.to(ranks.device)
-
-
 def gather_rows(ranks: Ranks, rows: torch.Tensor, shapes: Sequence[tuple[int, ...]]) -> list[torch.Tensor] | None:
     """Every rank's ``rows`` on the leader (rank order; ``shapes`` says what each rank sends); None elsewhere."""
     if not ranks.leader:
@@ -156,3 +135,19 @@ def gather_rows(ranks: Ranks, rows: torch.Tensor, shapes: Sequence[tuple[int, ..
             dist.recv(piece, r)
         out.append(piece.cpu())
     return out
+
+
+def all_gather_flat(ranks: Ranks, flat: torch.Tensor, sizes: Sequence[int]) -> list[torch.Tensor]:
+    """Every rank's 1-D ``flat`` on every rank (rank order), where ``sizes[r]`` is what rank r holds (known
+    to all: no sizes are exchanged).  One collective, whatever the number of tensors packed in ``flat``."""
+    longest = max(sizes)
+    padded = torch.zeros(longest, dtype=flat.dtype, device=ranks.comm_device)
+    padded[:flat.numel()] = flat.to(ranks.comm_device)
+    out = [torch.empty_like(padded) for _ in range(ranks.world)]
+    dist.all_gather(out, padded)
+    return [o[:n].cpu() for o, n in zip(out, sizes)]
+
+
+def gather_flat(ranks: Ranks, flat: torch.Tensor, sizes: Sequence[int]) -> list[torch.Tensor] | None:
+    """Every rank's 1-D ``flat`` (``sizes[r]`` elements on rank r) on the leader; None elsewhere."""
+    return gather_rows(ranks, flat.reshape(-1), [(n,) for n in sizes])

@@ -23,7 +23,7 @@ from dso.codecs import Codec
 from dso.config import ModelConfig
 from dso.dct import ChunkPlan
 from dso.distributed import Ranks
-from dso.model import Decoder
+from dso.model import Decoder, parameter_shapes
 from dso.sharding import shard_dim
 
 
@@ -57,6 +57,12 @@ def sharded_model(cfg: ModelConfig, ranks: Ranks, dims: Mapping[str, int],
     model.to_empty(device=ranks.device)
     model.reset_rotary()
     return model
+
+
+def shapes_of(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Parameter shapes of the model ``cfg`` describes, without memory for it (meta device)."""
+    with torch.device("meta"):
+        return parameter_shapes(Decoder(cfg))
 
 
 def local_slices(model: torch.nn.Module) -> dict[str, torch.Tensor]:

@@ -21,7 +21,7 @@ import torch
 
 from dso.codec import DeMoCodec, TensorUpdate
 from dso.codecs import Codec
-from dso.distributed import Ranks, all_gather_rows, gather_rows
+from dso.distributed import Ranks, all_gather_flat, gather_flat, gather_rows
 from dso.sharding import LocalPart, assemble, local_part, local_rows, shard_dim, slice_range
 
 Release = Callable[[dict[str, torch.Tensor]], dict[str, torch.Tensor]]
@@ -66,15 +66,12 @@ class ShardedFeedback:
                 whole[name] = torch.cat(pieces, dim=self.dims[name])
         if self.ranks.leader and release is not None:
             whole = release(whole)
-        update: dict[str, TensorUpdate] = {}
-        for name in self.codec.shapes:
-            if name in self.parts:
-                got = self._sharded(name, slices[name], window)
-                if got is not None:
-                    update[name] = got
-            elif self.ranks.leader:
-                update[name] = self._whole(name, whole[name], window, uid)
-        return update if self.ranks.leader else None
+        update = self._sharded(slices, window)
+        if not self.ranks.leader:
+            return None
+        for name in self.gathered:
+            update[name] = self._whole(name, whole[name], window, uid)
+        return {name: update[name] for name in self.codec.shapes}
 
     def _whole(self, name: str, grad: torch.Tensor, window: int, uid: int) -> TensorUpdate:
         """The ordinary error feedback (dso.codec.ErrorFeedback.step) on the leader."""
@@ -84,25 +81,47 @@ class ShardedFeedback:
         e.sub_(self.codec.to_dense(name, u, e.device))
         return u
 
-    def _sharded(self, name: str, grad: torch.Tensor, window: int) -> TensorUpdate | None:
-        codec, part, ranks = self.codec, self.parts[name], self.ranks
+    def _counts(self, name: str) -> list[int]:
+        """Kept values of a sharded parameter on every rank (rank order): its chunks there × k."""
+        assert isinstance(self.codec, DeMoCodec)
+        plan = self.codec.plans[name]
+        return [0 if p.empty else p.plan.n_chunks * self.codec.k(name)
+                for p in (local_part(plan, self.dims[name], r, self.ranks.world) for r in range(self.ranks.world))]
+
+    def _sharded(self, slices: Mapping[str, torch.Tensor], window: int) -> dict[str, TensorUpdate]:
+        """Error feedback and top-k of every sharded parameter on this rank's slices; one exchange of every
+        rank's kept values (each rank then quantises each tensor's whole set, in the global order) and one
+        gather of the indices on the leader, for all the parameters together."""
+        codec, ranks = self.codec, self.ranks
+        if not self.parts:
+            return {}
         assert isinstance(codec, DeMoCodec)
-        plan = codec.plans[name]
-        e = self.buffers[name]
-        e.mul_(self.beta).add_(grad.to(e.device, torch.float32))
-        idx, vals = codec.select(name, part.plan.encode(e.float()))
-        every = assemble(plan, part.dim, all_gather_rows(ranks, vals))  # the tensor's kept values, global order
-        codes, table = codec.quantise(every)
-        mine = TensorUpdate(idx, local_rows(plan, part, codes), table)
-        dense = torch.zeros(part.plan.n_chunks, part.plan.chunk_size, device=e.device)
-        dense.scatter_add_(1, idx.to(e.device), codec.values(mine).to(e.device))
-        e.sub_(part.plan.decode(dense))
-        shapes = [(0 if p.empty else p.plan.n_chunks, idx.shape[1])
-                  for p in (local_part(plan, part.dim, r, ranks.world) for r in range(ranks.world))]
-        pieces = gather_rows(ranks, idx, shapes)
-        if pieces is None:
-            return None
-        return TensorUpdate(assemble(plan, part.dim, pieces), codes, table)
+        picked = {}
+        for name, part in self.parts.items():
+            e = self.buffers[name]
+            e.mul_(self.beta).add_(slices[name].to(e.device, torch.float32))
+            picked[name] = codec.select(name, part.plan.encode(e.float()))
+        counts = {name: self._counts(name) for name in self.parts}
+        totals = [sum(c[r] for c in counts.values()) for r in range(ranks.world)]
+        values = all_gather_flat(ranks, torch.cat([v.reshape(-1) for _, v in picked.values()]), totals)
+        indices = gather_flat(ranks, torch.cat([i.reshape(-1) for i, _ in picked.values()]), totals)
+        offsets = [0] * ranks.world
+        update: dict[str, TensorUpdate] = {}
+        for name, part in self.parts.items():
+            plan, k = codec.plans[name], codec.k(name)
+            mine = [values[r][offsets[r]:offsets[r] + counts[name][r]].reshape(-1, k) for r in range(ranks.world)]
+            codes, table = codec.quantise(assemble(plan, part.dim, mine))  # the tensor's kept values, global order
+            idx = picked[name][0]
+            own = TensorUpdate(idx, local_rows(plan, part, codes), table)
+            e = self.buffers[name]
+            dense = torch.zeros(part.plan.n_chunks, part.plan.chunk_size, device=e.device)
+            dense.scatter_add_(1, idx.to(e.device), codec.values(own).to(e.device))
+            e.sub_(part.plan.decode(dense))
+            if indices is not None:
+                rows = [indices[r][offsets[r]:offsets[r] + counts[name][r]].reshape(-1, k) for r in range(ranks.world)]
+                update[name] = TensorUpdate(assemble(plan, part.dim, rows), codes, table)
+            offsets = [o + c for o, c in zip(offsets, counts[name])]
+        return update
 
     # ------------------------------------------------------------- state
     def state(self) -> dict[str, torch.Tensor]:

@@ -25,10 +25,11 @@ import time
 from typing import Any, Callable, Mapping
 
 import torch
+import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 from dso.config import HParams
-from dso.distributed import Ranks, all_sum, broadcast_flag, broadcast_tensor, gather_rows, scatter_rows
+from dso.distributed import Ranks, all_sum, broadcast_flag, broadcast_tensor, gather_rows
 from dso.fsdp import local_slices
 from dso.inner import STATE_PREFIX, InnerLoop, InnerReport
 from dso.model import Decoder
@@ -36,6 +37,7 @@ from dso.sharding import slice_range
 from dso.train import mixed_precision
 
 Announce = Callable[[str, dict[str, Any]], None]
+SCATTER_BUCKET_BYTES = 64 * 1024 * 1024  # the most of one rank's slices the leader packs into one message
 
 
 class ShardedInnerLoop(InnerLoop):
@@ -82,16 +84,49 @@ class ShardedInnerLoop(InnerLoop):
         start, end = slice_range(full.shape[dim], rank, self.ranks.world)
         return full.narrow(dim, start, end - start)
 
+    def slice_shape(self, name: str, rank: int) -> tuple[int, ...]:
+        shape, dim = list(self.params[name].shape), self.dims[name]
+        start, end = slice_range(shape[dim], rank, self.ranks.world)
+        shape[dim] = end - start
+        return tuple(shape)
+
+    def buckets(self, rank: int) -> list[list[str]]:
+        """The parameters in order, grouped into messages of at most SCATTER_BUCKET_BYTES of rank's slices."""
+        groups: list[list[str]] = [[]]
+        size = 0
+        for name in self.slices:
+            nbytes = 4 * math.prod(self.slice_shape(name, rank))
+            if groups[-1] and size + nbytes > SCATTER_BUCKET_BYTES:
+                groups.append([])
+                size = 0
+            groups[-1].append(name)
+            size += nbytes
+        return groups
+
     def scatter(self, source: Mapping[str, torch.Tensor] | None) -> dict[str, torch.Tensor]:
-        """The leader's whole tensors (``source``, in parameter order) → every rank's slices, one parameter
-        at a time (no rank holds more than one whole parameter in transit)."""
-        out = {}
-        for name, mine in self.slices.items():
-            pieces = None
-            if source is not None:
-                full = source[name].detach()
-                pieces = [self.slice_of(name, full, r).to(torch.float32) for r in range(self.ranks.world)]
-            out[name] = scatter_rows(self.ranks, pieces, tuple(mine.shape), torch.float32)
+        """The leader's whole tensors (``source``, in parameter order) → every rank's slices.  The leader sends
+        each rank its slices packed in a few messages (a message per collective round is what costs on a
+        busy machine); no rank holds more than a bucket of another's slices in transit."""
+        ranks = self.ranks
+        out: dict[str, torch.Tensor] = {}
+        if ranks.leader:
+            assert source is not None
+            for name in self.slices:
+                out[name] = self.slice_of(name, source[name].detach(), 0).to(self.slices[name].device, torch.float32)
+            for rank in range(1, ranks.world):
+                for group in self.buckets(rank):
+                    pieces = [self.slice_of(n, source[n].detach(), rank).reshape(-1).float() for n in group]
+                    flat = torch.cat(pieces).to(ranks.comm_device)
+                    if flat.numel():
+                        dist.send(flat, rank)
+            return out
+        for group in self.buckets(ranks.rank):
+            shapes = [self.slice_shape(n, ranks.rank) for n in group]
+            flat = torch.empty(sum(math.prod(s) for s in shapes), dtype=torch.float32, device=ranks.comm_device)
+            if flat.numel():
+                dist.recv(flat, 0)
+            for name, piece in zip(group, torch.split(flat, [math.prod(s) for s in shapes])):
+                out[name] = piece.reshape(self.slice_shape(name, ranks.rank)).to(self.slices[name].device)
         return out
 
     def theta_tensors(self) -> dict[str, torch.Tensor] | None:
@@ -99,12 +134,7 @@ class ShardedInnerLoop(InnerLoop):
 
     def gather_full(self, name: str, mine: torch.Tensor) -> torch.Tensor | None:
         """The whole tensor from every rank's slice, on the leader (None elsewhere)."""
-        shapes = []
-        for r in range(self.ranks.world):
-            shape = list(self.params[name].shape)
-            start, end = slice_range(shape[self.dims[name]], r, self.ranks.world)
-            shape[self.dims[name]] = end - start
-            shapes.append(tuple(shape))
+        shapes = [self.slice_shape(name, r) for r in range(self.ranks.world)]
         pieces = gather_rows(self.ranks, mine.detach(), shapes)
         return None if pieces is None else torch.cat(pieces, dim=self.dims[name])
 

@@ -21,6 +21,7 @@ from dso.codec import ErrorFeedback, TensorUpdate
 from dso.codecs import make_codec
 from dso.config import HParams
 from dso.inner import InnerLoop
+from dso.fsdp import shapes_of
 from dso.model import build_model, parameter_shapes, tensor_count
 
 
@@ -77,7 +78,7 @@ def on_ranks(hp: HParams, data: torch.Tensor, steps: int, uid: int = 1) -> dict[
 
     ranks = join_group("cpu")
     theta = build_model(hp.model, hp.seed) if ranks.leader else None
-    codec = make_codec(shapes_of(hp), hp)
+    codec = make_codec(shapes_of(hp.model), hp)
     dims = codec_shard_dims(codec, ranks.world)
     loop = ShardedInnerLoop(sharded_model(hp.model, ranks, dims), hp, ranks, dims, theta)
     loop.start(None)
@@ -96,13 +97,6 @@ def on_ranks(hp: HParams, data: torch.Tensor, steps: int, uid: int = 1) -> dict[
             "losses": report.losses, "sharded": sorted(feedback.parts), "gathered": feedback.gathered}
 
 
-def shapes_of(hp: HParams) -> dict[str, tuple[int, ...]]:
-    """Parameter shapes of the run's model, without building it (meta device)."""
-    from dso.model import Decoder
-    with torch.device("meta"):
-        return parameter_shapes(Decoder(hp.model))
-
-
 def compare(hp: HParams, steps: int, world: int = 2, seed: int = 0) -> dict[str, Any]:
     """One window on one process and on ``world`` ranks, from the same θ_0 and batches."""
     from sim.ranks import run_ranks
@@ -111,7 +105,7 @@ def compare(hp: HParams, steps: int, world: int = 2, seed: int = 0) -> dict[str,
     data = batches(hp, steps, seed)
     single = one_process(hp, data, steps)
     ranked = run_ranks(on_ranks, world, hp, data, steps)[0]
-    codec = make_codec(shapes_of(hp), hp)
+    codec = make_codec(shapes_of(hp.model), hp)
     # one process compressing the very pseudo-gradient the ranks produced: the sharded compression must match
     again = ErrorFeedback(codec, hp.ef_beta).step({n: torch.from_numpy(g) for n, g in
                                                    ranked["pseudo_gradient"].items()}, 0, 1)
