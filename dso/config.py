@@ -358,6 +358,8 @@ class StorageConfig:
     timeout_seconds: float = _doc("per-request connect/read timeout", default=10.0)
     gather_deadline_seconds: float = _doc("per-peer deadline when gathering", default=8.0)
     retention_windows: int = _doc("own objects older than this are deleted", default=50)
+    checkpoint_shard_mib: int = _doc("a validator's checkpoints go to S3 as shards of at most this many MiB (each "
+                                     "above 64 MiB a multipart upload; docs/storage.md)", default=256)
     # --- issue 18: which endpoints of other peers a node may send requests to (docs/storage.md)
     allow_loopback_endpoints: bool = _doc(
         "accept peers' endpoints on loopback addresses, over plain http (local networks and tests only); "
@@ -411,6 +413,8 @@ class Config:
         _positive(self, "", "threads")
         if self.neuron.train_sequences < 0:
             raise ConfigError("neuron.train_sequences: must be >= 0")
+        if self.storage.checkpoint_shard_mib < 1:
+            raise ConfigError("storage.checkpoint_shard_mib: must be >= 1")
         if self.neuron.step_sequences < 0:
             raise ConfigError("neuron.step_sequences: must be >= 0")
         if self.netuid < 0:

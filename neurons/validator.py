@@ -48,9 +48,9 @@ from scoring import state as scoring_state
 from scoring.evaluation import ParameterSnapshot
 from storage import keys
 from storage.aggregate import Bundle, encode_bundle, put_bundle
-from storage.checkpoint import save_checkpoint
+from storage.checkpoint import CheckpointSaver, save_checkpoint
 from storage.cleanup import cleanup
-from storage.client import StorageError
+from storage.client import MiB, StorageError
 from storage.gather import GatherResult
 from storage.jsonobj import put_json
 from storage.look import LOOK_SECONDS, Look, Seen, look, watch
@@ -98,6 +98,9 @@ class Validator:
         self.look: Look | None = None  # what the last look at the close of the uploads saw (storage/look.py)
         self.commitments_look: Look | None = None  # commit-reveal: the look at the commitments, before the reveals
         self.previous_delta: dict | None = None       # the last aggregate Δ (a replay of it is a copy)
+        # checkpoints upload in the background while the validator waits for the next uploads; it waits for a
+        # save still running only before it next changes θ (CheckpointSaver.wait)
+        self.checkpoints = CheckpointSaver(ctx.own.client, ctx.own.bucket, ctx.cfg.storage.checkpoint_shard_mib * MiB)
         self.bundle_published: float | None = None   # when this window's bundle went out (unix time)
 
     # ----------------------------------------------------------------- loop
@@ -131,6 +134,7 @@ class Validator:
             done += 1
             if ctx.cfg.neuron.max_windows and done >= ctx.cfg.neuron.max_windows:
                 break
+        self.checkpoints.wait()
         self.writer.close(timeout=10.0)
         log.info("stopped at window %d", self.book.model_window)
         return 0
@@ -179,6 +183,7 @@ class Validator:
         theirs = None if self.leading() else ctx.moved_run()
         if theirs is None:
             return
+        self.checkpoints.wait()  # the model may change below
         ours, ctx.run = ctx.run, theirs
         t = sync_to(ctx, -1, ctx.clock.current_window())  # −1 (nothing loaded) leaves the model and outer state
         if t < 0:
@@ -285,6 +290,9 @@ class Validator:
         ctx.chain.begin_window(t)
         sent, received = ctx.own.client.bytes_up, ctx.own.client.bytes_down
         timings: dict[str, float] = {}
+        waited = time.perf_counter()
+        self.checkpoints.wait()  # θ changes in this window: a checkpoint still uploading must be done first
+        timings["checkpoint_wait"] = round(time.perf_counter() - waited, 3)
         mark, cpu = time.perf_counter(), time.process_time()
         self.bundle_published = None
         active = ctx.peers.miners()
@@ -358,7 +366,7 @@ class Validator:
         if t % hp.windows_per_weights == 0 and self.caught_up(t):
             self.post_weights(t, outcome.report.weights)
         if (t + 1) % hp.checkpoint_every == 0:
-            save_checkpoint(client, bucket, ctx.model, t + 1, hp, ctx.run, ctx.outer)
+            self.checkpoints.start(ctx.model, t + 1, hp, ctx.run, ctx.outer)
         if t % 10 == 0:
             cleanup(client, bucket, t, ctx.cfg.storage.retention_windows, ctx.run)
         if not self.leading(t):  # the list and the provenance record are the leader's

@@ -1,13 +1,14 @@
-"""Model checkpoints: safetensors of the named parameters, a "latest" pointer, verified loading.
+"""A checkpoint in one safetensors file: the named parameters and the outer state, verified on loading.
 
-Object ``checkpoint/{window}-v{v}.safetensors`` holds every parameter
+The one-file form of a checkpoint (storage/checkpoint.py keeps the network's checkpoints in S3 as
+sharded objects instead): what ``scripts/export_hf.py`` reads from a file, and a compact form for
+tests.  The file holds every parameter
 (float32, model order), the outer optimiser's state at that window
 (``outer.steps`` and, for the nesterov rule, ``outer.momentum.<param>``; see
 dso/outer.py — θ alone does not determine θ_{t+1} under a stateful outer rule)
 and metadata: ``format``, ``protocol_version``, ``window``, ``model_hash``
 (:func:`dso.model.state_hash` of the parameters in model order), ``outer_digest``,
-``data_hash``, ``hparams``.  ``checkpoint/latest-v{v}.json`` points
-at the newest one and repeats its hash.  Loading checks the container, the
+``data_hash``, ``hparams``.  Loading checks the container, the
 exact parameter set and shapes, finiteness, the metadata, and recomputes the
 hash — a single flipped byte is a Rejection, never a silently wrong model.
 """
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Iterable
+from typing import Iterable
 
 import numpy as np
 import safetensors.numpy
@@ -24,13 +25,7 @@ import torch
 from dso.model import state_hash
 from dso.outer import STATE_PREFIX, OuterState
 from dso.rejections import Reason, Rejection, unexpected
-from storage import keys
-from storage.client import S3Client, StorageError
-from storage.jsonobj import get_json, put_json, rejection_for
 from storage.tensorfile import check_spec, header_allowance, load_arrays, parse_uint, read_capped
-
-if TYPE_CHECKING:
-    from dso.config import HParams
 
 FORMAT = "dso-checkpoint"
 
@@ -48,14 +43,6 @@ class Checkpoint:
         with torch.no_grad():
             for name, p in model.named_parameters():
                 p.copy_(self.tensors[name].to(p.device))
-
-
-@dataclass(frozen=True)
-class LatestPointer:
-    window: int
-    version: int
-    key: str
-    model_hash: str
 
 
 def checkpoint_size_cap(shapes: dict[str, tuple[int, ...]]) -> int:
@@ -134,55 +121,3 @@ def _decode(data: bytes, shapes: dict[str, tuple[int, ...]], protocol_version: i
     if outer.digest() != md["outer_digest"]:
         return Rejection(Reason.METADATA_MISMATCH, "outer state hash mismatch: content does not match outer_digest")
     return Checkpoint(window, actual, md["data_hash"], md["hparams"], tensors, outer)
-
-
-# ------------------------------------------------------------------ S3
-def save_checkpoint(client: S3Client, bucket: str, model: torch.nn.Module, window: int, hp: HParams,
-                    run: str = "", outer: OuterState | None = None) -> LatestPointer:
-    """Upload the checkpoint (θ and the outer state) for ``window``, then move the latest pointer to it."""
-    data, model_hash = encode_checkpoint(model.named_parameters(), window, hp.protocol_version, hp.digest(),
-                                         hp.data_hash, outer)
-    key = keys.checkpoint(window, hp.protocol_version, run)
-    client.put(bucket, key, data)
-    pointer = LatestPointer(window, hp.protocol_version, key, model_hash)
-    put_json(client, bucket, keys.latest_checkpoint(hp.protocol_version, run),
-             {"window": window, "version": hp.protocol_version, "key": key, "model_hash": model_hash})
-    return pointer
-
-
-def read_latest(client: S3Client, bucket: str, version: int, run: str = "") -> LatestPointer | Rejection:
-    obj = get_json(client, bucket, keys.latest_checkpoint(version, run), max_bytes=4096)
-    if isinstance(obj, Rejection):
-        return obj
-    if set(obj) != {"window", "version", "key", "model_hash"}:
-        return Rejection(Reason.MALFORMED, f"latest pointer keys {sorted(obj)[:6]}")
-    window, ver, key, h = obj["window"], obj["version"], obj["key"], obj["model_hash"]
-    if isinstance(window, bool) or not isinstance(window, int) or window < 0 or ver != version:
-        return Rejection(Reason.METADATA_MISMATCH, "latest pointer: bad window or version")
-    if key != keys.checkpoint(window, version, run):  # never follow an arbitrary key (or another run's)
-        return Rejection(Reason.MALFORMED, "latest pointer: key does not match its window")
-    if not isinstance(h, str) or len(h) != 64:
-        return Rejection(Reason.MALFORMED, "latest pointer: model_hash is not a sha256 hex digest")
-    return LatestPointer(window, version, key, h)
-
-
-def load_checkpoint(client: S3Client, bucket: str, window: int, shapes: dict[str, tuple[int, ...]], hp: HParams,
-                    expect_hash: str | None = None, run: str = "") -> Checkpoint | Rejection:
-    cap = checkpoint_size_cap(shapes)
-    key = keys.checkpoint(window, hp.protocol_version, run)
-    try:
-        if client.head(bucket, key).size > cap:
-            return Rejection(Reason.TOO_LARGE, f"checkpoint larger than cap {cap}")
-        data = client.get(bucket, key, max_bytes=cap)
-    except StorageError as e:
-        return rejection_for(e)
-    return decode_checkpoint(data, shapes, hp.protocol_version, hp.digest(), window, expect_hash, hp.outer.rule)
-
-
-def load_latest_checkpoint(client: S3Client, bucket: str, shapes: dict[str, tuple[int, ...]],
-                           hp: HParams, run: str = "") -> Checkpoint | Rejection:
-    """Follow the latest pointer; the checkpoint must hash to what the pointer says."""
-    pointer = read_latest(client, bucket, hp.protocol_version, run)
-    if isinstance(pointer, Rejection):
-        return pointer
-    return load_checkpoint(client, bucket, pointer.window, shapes, hp, expect_hash=pointer.model_hash, run=run)
