@@ -11,6 +11,8 @@ boundary, although every rank belongs to the same operator.
 """
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import datetime
 import json
 import os
@@ -43,6 +45,40 @@ class Ranks:
     def comm_device(self) -> torch.device:
         """Where tensors that cross ranks must be: the GPU under NCCL, the CPU under gloo."""
         return self.device if self.device.type == "cuda" else torch.device("cpu")
+
+
+def _libc() -> ctypes.CDLL | None:
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        return libc if hasattr(libc, "malloc_trim") and hasattr(libc, "mallopt") else None
+    except OSError:  # not glibc
+        return None
+
+
+_LIBC = _libc()
+M_MMAP_THRESHOLD = -3            # glibc's mallopt parameter
+MMAP_THRESHOLD_BYTES = 1 << 20   # tensors of 1 MiB and more get their own mapping, returned when freed
+
+
+def return_freed_tensors() -> None:
+    """Make glibc give every allocation of MMAP_THRESHOLD_BYTES or more its own mapping, returned to the system
+    when freed (a no-op elsewhere).  By default glibc raises that threshold up to 32 MiB as large blocks are
+    freed, and keeps what falls under it in the heap: a training step's activations and gathered blocks then
+    stay resident after they are freed (measured: the 125m preset's forward grew a rank's resident memory by
+    the 28 MB of each block, activation checkpointing or not).  Set once, at a rank's start."""
+    if _LIBC is not None:
+        _LIBC.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)
+
+
+def release_free_memory() -> None:
+    """Hand the allocator's free memory back to the system (glibc ``malloc_trim``; a no-op elsewhere).
+
+    A training step frees as much as it allocated (activations, all-gathered blocks, reduce-scatter
+    buffers), but glibc keeps freed chunks below its mmap threshold in the heap, so a rank's resident
+    memory grows step after step by what the previous steps left behind (+430 MB after the second step of
+    the 125m preset, measured); trimming after each step keeps it at what the step holds."""
+    if _LIBC is not None:
+        _LIBC.malloc_trim(0)
 
 
 def launched_ranks() -> int:

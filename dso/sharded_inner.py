@@ -3,7 +3,9 @@
 Every rank holds its slices of the local weights, of the anchor θ_t, of the gradients and of the AdamW
 moments.  The leader (rank 0) also holds the whole θ in the node's ordinary model (``theta``): what the
 node follows the network with, samples for SyncScore and hashes.  So on the leader the node's model is
-always θ_{model_window} — the anchor — and the local weights live only in the slices.
+always θ_{model_window} — the anchor: the leader's anchor slices are views of it, not copies — and the
+local weights live only in the slices.  Steps taken ahead are kept as ``local − anchor`` before θ moves
+(:meth:`ShardedInnerLoop.local_weights`) and put back onto the new θ after (:meth:`rebase_local`).
 
 Collective methods run on every rank in the same order.  On the leader each one first announces itself
 (``announce(op, args)``, neurons/ranks.py sends it to the other ranks, which call :meth:`handle`), so the
@@ -29,9 +31,9 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 from dso.config import HParams
-from dso.distributed import Ranks, all_sum, broadcast_flag, broadcast_tensor, gather_rows
+from dso.distributed import Ranks, all_sum, broadcast_flag, broadcast_tensor, gather_rows, release_free_memory
 from dso.fsdp import local_slices
-from dso.inner import STATE_PREFIX, InnerLoop, InnerReport
+from dso.inner import STATE_PREFIX, InnerLoop, InnerReport, make_optimizer
 from dso.model import Decoder
 from dso.sharding import slice_range
 from dso.train import mixed_precision
@@ -46,12 +48,23 @@ class ShardedInnerLoop(InnerLoop):
         """``model``: the FSDP-sharded model (dso/fsdp.py); ``dims``: the dimension each parameter is sliced
         along; ``theta``: the leader's whole model (None on the other ranks); ``announce``: the leader's way
         to tell the other ranks (None on them)."""
-        super().__init__(model, hp)
         self.ranks, self.dims, self.theta = ranks, dict(dims), theta
         self._announce = announce
         self.slices = local_slices(model)
-        self.anchor = {n: s.detach().clone() for n, s in self.slices.items()}
+        super().__init__(model, hp)
         self.stash: dict[str, torch.Tensor] | None = None
+
+    def new_anchor(self) -> dict[str, torch.Tensor]:
+        """The anchor θ_t's slices: on the leader, views of its own model (which holds θ_t whenever the anchor
+        matters: it follows the network in that model), elsewhere copies."""
+        if self.theta is not None:
+            whole = dict(self.theta.named_parameters())
+            return {n: self.slice_of(n, whole[n].detach(), 0) for n in self.slices}
+        return {n: s.detach().clone() for n, s in self.slices.items()}
+
+    def new_optimizer(self) -> torch.optim.Optimizer:
+        # one tensor at a time: the foreach form's temporaries would hold a whole slice of the model each
+        return make_optimizer(list(self.params.values()), self.cfg, foreach=False)
 
     def announce(self, op: str, **args: Any) -> None:
         if self._announce is not None:
@@ -69,8 +82,6 @@ class ShardedInnerLoop(InnerLoop):
             self.set_weights({})
         elif op == "rebase_local":
             self.rebase_local({})
-        elif op == "rebase":
-            self._rebase_onto(None)
         elif op == "step":
             self.step_slices(None, float(args["lr"]), tuple(args["shape"]), bool(args["cut"]))
         elif op == "gradient":
@@ -146,48 +157,45 @@ class ShardedInnerLoop(InnerLoop):
         received = self.scatter(theta if theta is not None else self.theta_tensors())
         for name, s in self.slices.items():
             s.copy_(received[name])
-            self.anchor[name].copy_(received[name])
+            if self.anchor[name].data_ptr() != received[name].data_ptr():  # the leader's anchor is θ itself
+                self.anchor[name].copy_(received[name])
         self.gradient = None
         if not self.cfg.persist_state:
             self.reset_optimizer()
 
     def rebase(self, theta_new: Mapping[str, torch.Tensor]) -> None:
-        """As :meth:`InnerLoop.rebase`, slice by slice (θ_new: the leader's whole tensors)."""
-        self.announce("rebase")
-        self._rebase_onto(theta_new)
-
-    @torch.no_grad()
-    def _rebase_onto(self, theta_new: Mapping[str, torch.Tensor] | None) -> None:
-        received = self.scatter(theta_new if self.ranks.leader else None)
-        for name, s in self.slices.items():
-            moved = s.double() - self.anchor[name].double()
-            s.copy_(received[name].double() + moved)
-            self.anchor[name].copy_(received[name])
+        """Not offered: the leader's anchor is its model, so the steps taken must be kept before θ moves —
+        :meth:`local_weights`, then :meth:`rebase_local` once the model holds θ_new."""
+        raise NotImplementedError("ShardedInnerLoop: keep the steps with local_weights(), then rebase_local()")
 
     @torch.no_grad()
     def local_weights(self) -> dict[str, torch.Tensor]:
-        """Keep a copy of every rank's local slices (the leader gets its own back as the token to pass to
-        :meth:`set_weights` or :meth:`rebase_local`)."""
+        """Keep every rank's steps since the anchor (``local − anchor``, float32: exact wherever the two are
+        within a factor of two of each other, which inner steps keep them); the leader gets its own back as
+        the token to pass to :meth:`set_weights` or :meth:`rebase_local`."""
         self.announce("local_weights")
-        self.stash = {n: s.detach().clone() for n, s in self.slices.items()}
+        self.stash = {n: (s - self.anchor[n]).detach() for n, s in self.slices.items()}
         return self.stash
 
     @torch.no_grad()
     def set_weights(self, weights: Mapping[str, torch.Tensor]) -> None:
-        """Put the kept local slices back (``weights`` is the leader's token from :meth:`local_weights`)."""
+        """The kept steps back onto the anchor (``weights``: the leader's token from :meth:`local_weights`)."""
         self.announce("set_weights")
         stash = self._take_stash(weights)
         for name, s in self.slices.items():
-            s.copy_(stash[name])
+            torch.add(self.anchor[name], stash[name], out=s)
 
     @torch.no_grad()
     def rebase_local(self, local: Mapping[str, torch.Tensor]) -> None:
-        """The leader's model now holds θ_new: the kept local slices, rebased onto it (:meth:`rebase`)."""
+        """The leader's model now holds θ_new: anchor ← θ_new, local ← θ_new + the kept steps (as
+        :meth:`InnerLoop.rebase` does in one process)."""
         self.announce("rebase_local")
         stash = self._take_stash(local)
+        received = self.scatter(self.theta_tensors())
         for name, s in self.slices.items():
-            s.copy_(stash[name])
-        self._rebase_onto(self.theta_tensors())
+            if self.anchor[name].data_ptr() != received[name].data_ptr():
+                self.anchor[name].copy_(received[name])
+            torch.add(self.anchor[name], stash[name], out=s)
 
     def _take_stash(self, token: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         if self.stash is None or (self.ranks.leader and token is not self.stash):
@@ -278,6 +286,7 @@ class ShardedInnerLoop(InnerLoop):
         else:
             total = math.nan
         self.model.zero_grad(set_to_none=True)
+        release_free_memory()
         return total, seen
 
     def gradient_slices(self, batch: torch.Tensor | None, shape: tuple[int, ...]) -> float:

@@ -16,10 +16,7 @@ feedback and optimiser afresh.
 """
 from __future__ import annotations
 
-import dataclasses
 import logging
-import os
-import signal
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
@@ -28,17 +25,15 @@ import torch
 from dso.codec import CompressedUpdate
 from dso.codecs import Codec, make_codec
 from dso.config import Config, HParams
-from dso.config_sources import from_dict
-from dso.distributed import Ranks, join_group, leave_group
+from dso.distributed import Ranks
 from dso.fsdp import codec_shard_dims, shapes_of, sharded_model
 from dso.model import Decoder, model_hash
-from dso.processes import autogroup_nice, die_with_parent
 from dso.sharded_codec import ShardedFeedback
 from dso.sharded_inner import Announce, ShardedInnerLoop
 from neurons.context import build_context
 from neurons.miner import Miner
 from neurons.persist import load_tensors, save_tensors
-from neurons.ranks import Orders, Part, follow_orders, receive
+from neurons.ranks import Orders, Part, run_group
 
 log = logging.getLogger("dso.miner")
 
@@ -136,37 +131,19 @@ class _Orders:
         self.handle = fn
 
 
-def follow_leader(cfg: Config, ranks: Ranks) -> int:
-    """A rank other than the leader: wait for its hyper-parameters, build the slices, carry out its orders
-    until it stops; the number of orders carried out."""
-    torch.set_num_threads(cfg.threads)
-    part, op, args = receive(ranks)
-    if (part, op) == ("node", "stop"):  # the leader stopped before it started (e.g. no local network)
-        return 0
-    if (part, op) != ("node", "hello"):
-        raise RuntimeError(f"rank {ranks.rank}: expected the leader's hello, got {part}.{op}")
-    hp = from_dict({"hparams": args["hparams"]}).hparams
-    follower = Follower(cfg, ranks, hp)
-    return follow_orders(ranks, follower.parts())
+def follower_parts(cfg: Config, ranks: Ranks, hp: HParams) -> dict[str, Part]:
+    return Follower(cfg, ranks, hp).parts()
 
 
 def serve_ranks(cfg: Config) -> int:
     """This process's part of a torchrun miner: the miner on rank 0, a follower elsewhere."""
-    ranks = join_group(cfg.device)
-    # torchrun starts each rank in a session of its own: the rank keeps the niceness the node was started with
-    # (its own scheduling group otherwise gets a full share), and ends when the torchrun process does
-    autogroup_nice(os.nice(0))
-    die_with_parent(os.getppid(), signal.SIGTERM if ranks.leader else signal.SIGKILL)
-    try:
-        if not ranks.leader:
-            follow_leader(cfg, ranks)
-            return 0
-        orders = Orders(ranks)
-        try:
-            ctx = build_context(cfg, "miner")
-            orders.send("node", "hello", {"hparams": dataclasses.asdict(ctx.hp)})
-            return RankedMiner(ctx, ranks, orders).run()
-        finally:
-            orders.stop()
-    finally:
-        leave_group()
+
+    def lead(ranks: Ranks, orders: Orders) -> int:
+        ctx = build_context(cfg, "miner")
+        orders.hello(ctx.hp)
+        if ranks.device.type == "cuda":  # the node's whole θ (what it follows the network with) stays in host
+            ctx.model.to("cpu")          # memory: the GPUs hold the training slices only
+            ctx.device = torch.device("cpu")
+        return RankedMiner(ctx, ranks, orders).run()
+
+    return run_group(cfg, lead, follower_parts)

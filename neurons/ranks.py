@@ -11,14 +11,21 @@ leader has finished its step and saved), or when the group breaks (the leader di
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
+import os
 import signal
-from typing import Any, Mapping, Protocol
+from typing import Any, Callable, Mapping, Protocol
 
-from dso.distributed import Ranks, broadcast_json
+import torch
+
+from dso.config import Config, HParams
+from dso.config_sources import from_dict
+from dso.distributed import Ranks, broadcast_json, join_group, leave_group, return_freed_tensors
+from dso.processes import autogroup_nice, die_with_parent
 
 log = logging.getLogger("dso.ranks")
-STOP = "stop"
+STOP, HELLO = "stop", "hello"
 
 
 class Part(Protocol):
@@ -42,6 +49,10 @@ class Orders:
         if self.stopped:
             raise RuntimeError(f"order {part}.{op} after the ranks were stopped")
         broadcast_json(self.ranks, {"to": part, "op": op, "args": dict(args or {})})
+
+    def hello(self, hp: HParams) -> None:
+        """The first order: the run's hyper-parameters, from which the other ranks build their parts."""
+        self.send("node", HELLO, {"hparams": dataclasses.asdict(hp)})
 
     def stop(self) -> None:
         """Let the other ranks end (once)."""
@@ -70,3 +81,39 @@ def follow_orders(ranks: Ranks, parts: Mapping[str, Part]) -> int:
             raise RuntimeError(f"rank {ranks.rank}: order for unknown part {part!r}")
         parts[part].handle(op, args)
         done += 1
+
+
+def follow_leader(cfg: Config, ranks: Ranks,
+                  follower_parts: Callable[[Config, Ranks, HParams], Mapping[str, Part]]) -> int:
+    """A rank other than the leader: wait for its hello, build the parts from its hyper-parameters, carry out
+    its orders until it stops; the number of orders carried out."""
+    torch.set_num_threads(cfg.threads)
+    part, op, args = receive(ranks)
+    if (part, op) == ("node", STOP):  # the leader stopped before it started (e.g. no local network)
+        return 0
+    if (part, op) != ("node", HELLO):
+        raise RuntimeError(f"rank {ranks.rank}: expected the leader's hello, got {part}.{op}")
+    return follow_orders(ranks, follower_parts(cfg, ranks, from_dict({"hparams": args["hparams"]}).hparams))
+
+
+def run_group(cfg: Config, lead: Callable[[Ranks, Orders], int],
+              follower_parts: Callable[[Config, Ranks, HParams], Mapping[str, Part]]) -> int:
+    """This process's part of a torchrun node: ``lead`` on rank 0 (which must say hello first), and elsewhere
+    the parts ``follower_parts`` builds from the leader's hyper-parameters, carrying out its orders."""
+    ranks = join_group(cfg.device)
+    return_freed_tensors()  # a rank's memory is what limits the model it can hold (dso/distributed.py)
+    # torchrun starts each rank in a session of its own: the rank keeps the niceness the node was started with
+    # (its own scheduling group otherwise gets a full share), and ends when the torchrun process does
+    autogroup_nice(os.nice(0))
+    die_with_parent(os.getppid(), signal.SIGTERM if ranks.leader else signal.SIGKILL)
+    try:
+        if not ranks.leader:
+            follow_leader(cfg, ranks, follower_parts)
+            return 0
+        orders = Orders(ranks)
+        try:
+            return lead(ranks, orders)
+        finally:
+            orders.stop()
+    finally:
+        leave_group()

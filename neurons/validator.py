@@ -33,6 +33,7 @@ from dso.chain.writer import ChainWriter, WriteResult
 from dso.clock import GATHER_SETTLE_SECONDS, certain_after, commit_look_ends
 from dso.config import Config
 from dso.config_sources import parse_args
+from dso.distributed import launched_ranks
 from dso.model import model_hash
 from dso.provenance import record_hash
 from dso.train import bits_per_byte, evaluate
@@ -45,7 +46,7 @@ from neurons.follow import Follower
 from neurons.lifecycle import Fatal, run_main
 from neurons.reveal import settings_problem
 from scoring import state as scoring_state
-from scoring.evaluation import ParameterSnapshot
+from scoring.evaluation import ParameterSnapshot, PeerEvaluator
 from storage import keys
 from storage.aggregate import Bundle, encode_bundle, put_bundle
 from storage.checkpoint import CheckpointSaver, save_checkpoint
@@ -102,6 +103,7 @@ class Validator:
         # save still running only before it next changes θ (CheckpointSaver.wait)
         self.checkpoints = CheckpointSaver(ctx.own.client, ctx.own.bucket, ctx.cfg.storage.checkpoint_shard_mib * MiB)
         self.bundle_published: float | None = None   # when this window's bundle went out (unix time)
+        self.evaluator: PeerEvaluator | None = None   # set on a torchrun validator: its ranks share the peers
 
     # ----------------------------------------------------------------- loop
     def leading(self, window: int | None = None) -> bool:
@@ -304,7 +306,7 @@ class Validator:
                               previous_aggregate=self.previous_delta)
         outcome = run_window(self.scores, ctx.model, ctx.codec, ctx.dataset, ctx.hp, inputs, outer=ctx.outer,
                              ledger_prev_hash=self.book.ledger_hash, validator=ctx.hotkey, device=ctx.device,
-                             on_aggregate=self.publish_aggregate)
+                             on_aggregate=self.publish_aggregate, evaluator=self.evaluator)
         timings["engine"] = round(time.perf_counter() - mark - timings["gather"], 3)
         self.book.ledger_hash = record_hash(outcome.record)
         looked, self.previous_delta, self.look = self.look, outcome.aggregation.delta, None
@@ -417,6 +419,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def serve(cfg: Config) -> int:
+    if launched_ranks() > 1:  # started by torchrun: the ranks share each window's evaluations
+        from neurons.validator_ranks import serve_ranks
+        return serve_ranks(cfg)
     return Validator(build_context(cfg, "validator")).run()
 
 

@@ -14,7 +14,7 @@ per window and shared by all evaluated peers.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Protocol
 
 import torch
 
@@ -121,3 +121,27 @@ def evaluate_peer(model: Decoder, snapshot: ParameterSnapshot, signs: Mapping[st
     finally:
         snapshot.restore()
     return PeerLosses(base_assigned, stepped_assigned, base_rand, stepped_rand)
+
+
+class PeerEvaluator(Protocol):
+    """Who computes the losses of the peers evaluated in a window (``jobs``: uid → (update, assigned
+    sequences), evaluated at the model's θ_t, which must hold θ_t again on return): this process
+    (:func:`evaluate_peers`), or a node's ranks sharing the peers (neurons/validator_ranks.py)."""
+
+    def __call__(self, model: Decoder, codec: Any, hp: HParams, window: int, reference: Mapping[str, float],
+                 shapes: Mapping[str, tuple[int, ...]], jobs: Mapping[int, tuple[Any, torch.Tensor]],
+                 rand: torch.Tensor, base_rand: float) -> dict[int, PeerLosses | Rejection]: ...
+
+
+def evaluate_peers(model: Decoder, codec: Any, hp: HParams, window: int, reference: Mapping[str, float],
+                   shapes: Mapping[str, tuple[int, ...]], jobs: Mapping[int, tuple[Any, torch.Tensor]],
+                   rand: torch.Tensor, base_rand: float) -> dict[int, PeerLosses | Rejection]:
+    """Every job's losses (or why its update cannot be evaluated), one peer after another, in place."""
+    snapshot = ParameterSnapshot(model)
+    out: dict[int, PeerLosses | Rejection] = {}
+    for uid, (update, assigned) in jobs.items():
+        step = update_step(codec, update, hp, window, reference, shapes)
+        out[uid] = step if isinstance(step, Rejection) else evaluate_peer(
+            model, snapshot, step, 1.0, assigned, rand, base_rand, hp.micro_batch)
+        del step
+    return out

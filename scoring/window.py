@@ -44,7 +44,7 @@ from dso.rejections import Reason, Rejection
 from dso.train import evaluate, learning_rate
 from scoring import formulas, selection
 from dso.outer import peer_norms, reference_norms
-from scoring.evaluation import ParameterSnapshot, PeerLosses, evaluate_peer, update_step
+from scoring.evaluation import PeerEvaluator, PeerLosses, evaluate_peers
 from scoring.pay import pay, record_evaluation
 from scoring.rating import rate_match
 from scoring.state import PeerState, ValidatorState
@@ -122,7 +122,7 @@ def score_window(state: ValidatorState, model: Decoder, codec: Codec, dataset: D
                  window: int, payloads: Mapping[int, tuple[Any, torch.Tensor]],
                  rejections: Mapping[int, Rejection], active: Mapping[int, str] | Iterable[int],
                  randomness: bytes, eval_seed: bytes, reference_norms: Mapping[str, float] | None = None,
-                 sync_unit: float | None = None) -> WindowReport:
+                 sync_unit: float | None = None, evaluator: PeerEvaluator | None = None) -> WindowReport:
     """Score window ``window``; ``active`` is the registered uids (or uid → hotkey, which also resets a
     uid whose hotkey changed); ``randomness`` is the chain randomness of the window (sync positions);
     ``eval_seed`` the chain randomness of a block produced after the window's uploads closed, which draws
@@ -131,7 +131,8 @@ def score_window(state: ValidatorState, model: Decoder, codec: Codec, dataset: D
     ``reference_norms`` (per tensor) sizes the evaluation step of the optimiser outer rules
     (dso.outer.evaluation_step: the aggregate's median peer norm; None = the median over the updates
     scored here); ``sync_unit`` is SyncScore's unit, the mean |θ_{t+1} − θ_t| of the
-    window's outer step (default: α_t, one signed step)."""
+    window's outer step (default: α_t, one signed step); ``evaluator`` computes the evaluated peers' losses
+    (scoring.evaluation.PeerEvaluator; default: this process, one peer after another)."""
     if window <= state.window:
         raise WindowAlreadyScored(f"window {window} is not after the last scored window {state.window}")
     committed, state = state, copy.deepcopy(state)  # all-or-nothing: an exception leaves the state untouched
@@ -165,7 +166,7 @@ def score_window(state: ValidatorState, model: Decoder, codec: Codec, dataset: D
                                 picker(state, hp, window, eval_seed, PURPOSE_EVAL))
     losses, base_rand = _evaluate(state, model, codec, dataset, hp, window, chosen, payloads, shapes,
                                   _reference(codec, hp, payloads, reference_norms), failures, notes,
-                                  data_rng(state, hp, window, eval_seed))
+                                  data_rng(state, hp, window, eval_seed), evaluator)
     median = formulas.help_median(pl.delta_rand for pl in losses.values())
     for uid, peer_losses in losses.items():
         record_evaluation(state.peers[uid], peer_losses.delta_rand, peer_losses.delta_assigned, median, hp)
@@ -280,7 +281,8 @@ def _penalise(peer: PeerState, failure: Rejection, hp: HParams) -> None:
 def _evaluate(state: ValidatorState, model: Decoder, codec: Codec, dataset: Dataset, hp: HParams, window: int,
               chosen: list[int], payloads: Mapping[int, Any], shapes: Mapping[str, tuple[int, ...]],
               reference: dict[str, float], failures: dict[int, Rejection], notes: list[str],
-              rng: np.random.Generator) -> tuple[dict[int, PeerLosses], float | None]:
+              rng: np.random.Generator, evaluator: PeerEvaluator | None = None
+              ) -> tuple[dict[int, PeerLosses], float | None]:
     """Losses of every peer in ``chosen`` whose update decodes (the others are penalised here); ``rng`` draws
     the evaluated sequences (:func:`data_rng`)."""
     if not chosen:
@@ -296,16 +298,17 @@ def _evaluate(state: ValidatorState, model: Decoder, codec: Codec, dataset: Data
     if not math.isfinite(base_rand):
         notes.append(f"validator loss on D_rand is {base_rand}: evaluation skipped this window")
         return {}, base_rand
-    snapshot = ParameterSnapshot(model)
+    results = (evaluator or evaluate_peers)(model, codec, hp, window, reference, shapes,
+                                            {uid: (payloads[uid][0], assigned[uid]) for uid in chosen}, rand,
+                                            base_rand)
     losses = {}
     for uid in chosen:
         state.peers[uid].last_eval_window = window
-        step = update_step(codec, payloads[uid][0], hp, window, reference, shapes)
-        if isinstance(step, Rejection):
+        got = results[uid]
+        if isinstance(got, Rejection):
             if uid not in failures:  # at most one penalty per peer per window
-                failures[uid] = step
-                _penalise(state.peers[uid], step, hp)
+                failures[uid] = got
+                _penalise(state.peers[uid], got, hp)
             continue
-        losses[uid] = evaluate_peer(model, snapshot, step, 1.0, assigned[uid], rand, base_rand, hp.micro_batch)
-        del step
+        losses[uid] = got
     return losses, base_rand

@@ -119,3 +119,55 @@ def compare(hp: HParams, steps: int, world: int = 2, seed: int = 0) -> dict[str,
             "gathered_tensors": len(ranked["gathered"]), "tensors": tensor_count(hp.model),
             "losses_single": single["losses"], "losses_ranks": ranked["losses"],
             "seconds_single": single["seconds"], "seconds_ranks": ranked["seconds"]}
+
+
+def peak_rss_mb() -> float:
+    """This process's peak resident set so far (VmHWM), in MB."""
+    for line in open("/proc/self/status"):
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def window_memory_one(hp: HParams, steps: int, activation_checkpointing: bool = False) -> dict[str, Any]:
+    """Peak RSS of one process doing a miner's window: θ, ``steps`` inner steps, pseudo-gradient, error
+    feedback and compression (call in a fresh process)."""
+    from dso.distributed import return_freed_tensors
+    torch.set_num_threads(1)
+    return_freed_tensors()  # the same allocator settings as a rank's (dso/distributed.py)
+    before = peak_rss_mb()
+    model = build_model(hp.model, hp.seed)
+    model.activation_checkpointing = activation_checkpointing
+    loop = InnerLoop(model, hp)
+    feedback = ErrorFeedback(make_codec(parameter_shapes(model), hp), hp.ef_beta)
+    loop.start(None)
+    started = time.perf_counter()
+    loop.train(0, batches(hp, steps), max_steps=steps)
+    seconds = time.perf_counter() - started
+    feedback.step(loop.pseudo_gradient(), 0, 1)
+    loop.restore_anchor()
+    return {"peak_rss_mb": peak_rss_mb(), "rss_before_mb": before, "train_seconds": seconds}
+
+
+def window_memory_ranks(hp: HParams, steps: int, activation_checkpointing: bool = False) -> dict[str, Any]:
+    """The same window on this rank of a group (call on every rank): each rank's peak RSS."""
+    from dso.distributed import join_group, return_freed_tensors
+    from dso.fsdp import codec_shard_dims, sharded_model
+    from dso.sharded_codec import ShardedFeedback
+    from dso.sharded_inner import ShardedInnerLoop
+
+    return_freed_tensors()
+    before = peak_rss_mb()
+    ranks = join_group("cpu")
+    theta = build_model(hp.model, hp.seed) if ranks.leader else None
+    codec = make_codec(shapes_of(hp.model), hp)
+    dims = codec_shard_dims(codec, ranks.world)
+    loop = ShardedInnerLoop(sharded_model(hp.model, ranks, dims, activation_checkpointing), hp, ranks, dims, theta)
+    feedback = ShardedFeedback(codec, hp.ef_beta, ranks, dims)
+    loop.start(None)
+    started = time.perf_counter()
+    loop.train(0, batches(hp, steps), max_steps=steps)
+    seconds = time.perf_counter() - started
+    feedback.step(loop.pseudo_gradient(), 0, 1)
+    loop.restore_anchor()
+    return {"peak_rss_mb": peak_rss_mb(), "rss_before_mb": before, "train_seconds": seconds, "rank": ranks.rank}

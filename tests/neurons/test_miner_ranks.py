@@ -8,12 +8,10 @@ keeping the same indices, every rank's state file written, and a restarted leade
 """
 from __future__ import annotations
 
-import dataclasses
 import time
 
 import numpy as np
 import pytest
-import torch
 from test_miner_ahead import Follower, make_miner
 
 from sim.ranks import run_ranks
@@ -32,17 +30,17 @@ def _window(miner) -> dict:
 
 def _ranked(tmp, world: int) -> dict | None:
     from dso.distributed import join_group
-    from neurons.miner_ranks import RankedMiner, follow_leader
-    from neurons.ranks import Orders
+    from neurons.miner_ranks import RankedMiner, follower_parts
+    from neurons.ranks import Orders, follow_leader
 
     ranks = join_group("cpu")
     single, delta = make_miner(tmp / "template", after=3)  # the same settings, θ and bundle for every rank
     cfg = single.ctx.cfg
     if not ranks.leader:
         cfg.neuron.state_dir = str(tmp / f"rank{ranks.rank}")
-        return {"orders": follow_leader(cfg, ranks)}
+        return {"orders": follow_leader(cfg, ranks, follower_parts)}
     orders = Orders(ranks)
-    orders.send("node", "hello", {"hparams": dataclasses.asdict(single.ctx.hp)})
+    orders.hello(single.ctx.hp)
     ctx = single.ctx
     ctx.state_dir = tmp / "leader"
     ctx.state_dir.mkdir(parents=True)
