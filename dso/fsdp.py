@@ -1,10 +1,11 @@
 """The model sharded over a node's ranks with FSDP2 (``torch.distributed.fsdp.fully_shard``).
 
-Built on the meta device, so no rank ever holds the whole model: every block is its own FSDP unit and the
-root holds the embedding (tied with the output head) and the final norm; ``to_empty`` then gives each rank
+Built on the meta device, so no rank ever holds the whole model: consecutive blocks form FSDP units of at
+least UNIT_BYTES of parameters (one block each from the ``125m`` preset on; a small model is one unit) and
+the root holds the embedding (tied with the output head) and the final norm; ``to_empty`` then gives each rank
 memory for its own slices only, which the caller fills slice by slice (dso/sharded_inner.py scatters θ from
 the leader, one parameter at a time).  Parameters, gradients and the optimiser's moments all live as
-slices; a block's whole parameters exist only while it runs (all-gathered, freed after its forward and
+slices; a unit's whole parameters exist only while it runs (all-gathered, freed after its forward and
 backward).
 
 Each parameter is sliced along the dimension :func:`dso.sharding.shard_dim` picks, so that the codec can
@@ -26,6 +27,8 @@ from dso.distributed import Ranks
 from dso.model import Decoder, parameter_shapes
 from dso.sharding import shard_dim
 
+UNIT_BYTES = 16 * 1024 * 1024  # blocks per FSDP unit: at least this many bytes of parameters (a 125m block: 28 MB)
+
 
 def shard_dims(plans: Mapping[str, ChunkPlan], world: int) -> dict[str, int]:
     """Parameter name → the dimension FSDP slices it along (0 where no dimension gives whole chunks)."""
@@ -37,6 +40,21 @@ def codec_shard_dims(codec: Codec, world: int) -> dict[str, int]:
     if isinstance(codec, DeMoCodec):
         return shard_dims(codec.plans, world)
     return {name: 0 for name in codec.shapes}
+
+
+def units(model: Decoder, unit_bytes: int) -> list[list[torch.nn.Module]]:
+    """Consecutive blocks grouped into FSDP units of at least ``unit_bytes`` of parameters (float32): a unit's
+    whole parameters exist only while it runs, and every unit costs a few collectives per micro-batch, which
+    on a busy machine cost more than the memory a smaller unit saves.  The last unit takes what is left."""
+    groups: list[list[torch.nn.Module]] = [[]]
+    size = 0
+    for block in model.blocks:
+        if size >= unit_bytes:
+            groups.append([])
+            size = 0
+        groups[-1].append(block)
+        size += 4 * sum(p.numel() for p in block.parameters())
+    return [g for g in groups if g]
 
 
 def sharded_model(cfg: ModelConfig, ranks: Ranks, dims: Mapping[str, int],
@@ -51,8 +69,8 @@ def sharded_model(cfg: ModelConfig, ranks: Ranks, dims: Mapping[str, int],
     def placement(param: torch.nn.Parameter) -> Shard:
         return Shard(dims[names[id(param)]])
 
-    for block in model.blocks:
-        fully_shard(block, shard_placement_fn=placement)
+    for unit in units(model, UNIT_BYTES):
+        fully_shard(unit, shard_placement_fn=placement)
     fully_shard(model, shard_placement_fn=placement)
     model.to_empty(device=ranks.device)
     model.reset_rotary()

@@ -84,6 +84,8 @@ class ShardedInnerLoop(InnerLoop):
             self.rebase_local({})
         elif op == "step":
             self.step_slices(None, float(args["lr"]), tuple(args["shape"]), bool(args["cut"]))
+        elif op == "warm_up":
+            self.warm_up()
         elif op == "gradient":
             self.gradient_slices(None, tuple(args["shape"]))
         else:
@@ -236,6 +238,17 @@ class ShardedInnerLoop(InnerLoop):
         return self.step_slices(batch, lr, tuple(batch.shape), overran is not None, overran)
 
     # ------------------------------------------------------------- steps
+    def warm_up(self) -> None:
+        """One forward and backward of a zero-weighted sequence on every rank: FSDP's lazy start and the first
+        collectives happen here rather than in a window's first step, whose time sets the next deadline."""
+        self.announce("warm_up")
+        part = torch.zeros((1, self.hp.model.seq_len + 1), dtype=torch.int64, device=self.ranks.device)
+        with mixed_precision(part.device):
+            loss = self.model.loss(part) * 0.0
+        loss.backward()  # type: ignore[no-untyped-call]  # torch leaves Tensor.backward unannotated
+        self.model.zero_grad(set_to_none=True)
+        release_free_memory()
+
     def _backward_slices(self, batch: torch.Tensor | None, shape: tuple[int, ...], cut: bool,
                          overran: Callable[[], bool] | None = None) -> tuple[float, int]:
         """Forward and backward of every rank's slice of the leader's batch; gradients reduce-scattered into

@@ -58,6 +58,7 @@ class RankedMiner(Miner):
     def __init__(self, ctx: Any, ranks: Ranks, orders: Orders):
         self.ranks, self.orders = ranks, orders
         super().__init__(ctx)
+        self.inner.warm_up()
         log.info("training on %d ranks: %d tensors compressed in slices, %d gathered on rank 0", ranks.world,
                  len(self.feedback.parts), len(self.feedback.gathered))
 
