@@ -171,3 +171,31 @@ def window_memory_ranks(hp: HParams, steps: int, activation_checkpointing: bool 
     feedback.step(loop.pseudo_gradient(), 0, 1)
     loop.restore_anchor()
     return {"peak_rss_mb": peak_rss_mb(), "rss_before_mb": before, "train_seconds": seconds, "rank": ranks.rank}
+
+
+def throughput_ranks(hp: HParams, steps: int, device: str = "cuda") -> dict[str, Any] | None:
+    """Tokens/s of the sharded inner loop on this rank's device (call on every rank; the leader's result):
+    one warm-up step, then ``steps`` timed steps of the run's batch."""
+    from dso.distributed import join_group
+    from dso.fsdp import codec_shard_dims, sharded_model
+    from dso.sharded_inner import ShardedInnerLoop
+
+    ranks = join_group(device)
+    theta = build_model(hp.model, hp.seed) if ranks.leader else None  # host memory: the leader's θ
+    dims = codec_shard_dims(make_codec(shapes_of(hp.model), hp), ranks.world)
+    loop = ShardedInnerLoop(sharded_model(hp.model, ranks, dims), hp, ranks, dims, theta)
+    loop.start(None)
+    data = batches(hp, steps + 1)
+    loop.train(0, data[:hp.batch_size], max_steps=1)
+    if ranks.device.type == "cuda":
+        torch.cuda.synchronize()
+    started = time.perf_counter()
+    report = loop.train(0, data[hp.batch_size:], max_steps=steps)
+    if ranks.device.type == "cuda":
+        torch.cuda.synchronize()
+    seconds = time.perf_counter() - started
+    peak = torch.cuda.max_memory_allocated() / 2 ** 30 if ranks.device.type == "cuda" else float("nan")
+    if not ranks.leader:
+        return None
+    return {"tokens_per_second": report.sequences * hp.model.seq_len / seconds, "ranks": ranks.world,
+            "peak_gpu_memory_gb": peak}
