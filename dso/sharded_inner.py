@@ -57,10 +57,10 @@ class ShardedInnerLoop(InnerLoop):
     def new_anchor(self) -> dict[str, torch.Tensor]:
         """The anchor θ_t's slices: on the leader, views of its own model (which holds θ_t whenever the anchor
         matters: it follows the network in that model), elsewhere copies."""
-        if self.theta is not None:
+        if self.theta is not None and next(self.theta.parameters()).device == self.ranks.device:
             whole = dict(self.theta.named_parameters())
             return {n: self.slice_of(n, whole[n].detach(), 0) for n in self.slices}
-        return {n: s.detach().clone() for n, s in self.slices.items()}
+        return {n: s.detach().clone() for n, s in self.slices.items()}  # (a GPU rank 0: θ is in host memory)
 
     def new_optimizer(self) -> torch.optim.Optimizer:
         # one tensor at a time: the foreach form's temporaries would hold a whole slice of the model each

@@ -199,3 +199,21 @@ def throughput_ranks(hp: HParams, steps: int, device: str = "cuda") -> dict[str,
         return None
     return {"tokens_per_second": report.sequences * hp.model.seq_len / seconds, "ranks": ranks.world,
             "peak_gpu_memory_gb": peak}
+
+
+def forward_backward_memory(hp: HParams, activation_checkpointing: bool) -> dict[str, Any]:
+    """What fits where a whole window does not: the model built, then one micro-batch's forward and backward
+    (peak RSS in MB after each, in a fresh process) — the parts of a miner's memory a formula cannot know."""
+    from dso.distributed import return_freed_tensors
+    torch.set_num_threads(1)
+    return_freed_tensors()
+    out: dict[str, Any] = {"interpreter_mb": peak_rss_mb()}
+    model = build_model(hp.model, hp.seed)
+    model.activation_checkpointing = activation_checkpointing
+    out["model_mb"] = peak_rss_mb()
+    started = time.perf_counter()
+    (model.loss(batches(hp, 1)[:hp.micro_batch])).backward()  # type: ignore[no-untyped-call]
+    out.update(forward_backward_mb=peak_rss_mb(), seconds=time.perf_counter() - started,
+               parameters=sum(p.numel() for p in model.parameters()), micro_batch=hp.micro_batch,
+               seq_len=hp.model.seq_len, activation_checkpointing=activation_checkpointing)
+    return out
