@@ -24,6 +24,14 @@ from sim.localnet import LocalNet, plan_nodes, wait_for
 pytestmark = pytest.mark.slow
 WINDOWS = 20
 RESTART_AFTER = 5  # k: the state saved after this window is the restart point
+# The 2-rank miner starts a few windows after the others (torchrun, a second interpreter, FSDP's start-up:
+# 10-25 s on a loaded 2-core machine) and, every collective waiting for the other rank to be scheduled, may
+# miss a window of these 4-second windows now and then: the network runs until it has this many windows too.
+RANKED_WINDOWS = 10
+
+
+def ranked_miner(net):
+    return next(n for n in net.nodes if n.ranks > 1)
 
 
 @pytest.fixture(scope="module")
@@ -49,8 +57,11 @@ def network(tmp_path_factory, stdlib_corpus, network_hparams):
             (snapshot / "validator" / "current").write_text(f"w{RESTART_AFTER + 1}")
             return True
 
-        done = wait_for(lambda: copy_restart_point() and len(net.validator_lines()) >= WINDOWS or bool(net.dead()),
-                        timeout=360, step=0.2)
+        def enough() -> bool:
+            return (len(net.validator_lines()) >= WINDOWS
+                    and len(net.miner_lines()[ranked_miner(net).name]) >= RANKED_WINDOWS)
+
+        done = wait_for(lambda: copy_restart_point() and enough() or bool(net.dead()), timeout=420, step=0.2)
         logs = {p.name: p.read_text()[-3000:] for p in net.logs.glob("*.log")}
         assert done and not net.dead(), f"network did not complete {WINDOWS} windows: {logs}"
         yield net, snapshot
@@ -68,13 +79,11 @@ def test_weights_reach_the_chain_and_pay_every_honest_miner(network):
 
 def test_the_two_rank_miner_trains_uploads_and_is_paid(network):
     net, _ = network
-    ranked = next(n for n in net.nodes if n.ranks == 2)
+    ranked = ranked_miner(net)
     log = (net.logs / f"{ranked.name}.log").read_text()
     assert "training on 2 ranks" in log and "rank 1: stopped by the leader" not in log  # still running
     lines = net.miner_lines()[ranked.name]
-    # it starts a few windows after the others (torchrun, a second interpreter, FSDP's start-up), then uploads
-    # every window as they do (measured on a loaded 2-core machine: 8 of the last 10)
-    assert sum(1 for line in lines if line["uploaded"] and line["inner_steps"] > 0) >= WINDOWS // 4, lines
+    assert sum(1 for line in lines if line["uploaded"] and line["inner_steps"] > 0) >= RANKED_WINDOWS - 2, lines
     validator = next(n for n in net.nodes if n.role == "validator")
     assert net.chain.weights().get(validator.uid, {}).get(ranked.uid, 0.0) > 0
 
@@ -84,7 +93,8 @@ def test_miners_hold_the_validators_model_after_every_window(network):
     reference = {line["window"]: line["model_hash"] for line in net.validator_lines()}
     for name, lines in net.miner_lines().items():
         compared = [line["window"] for line in lines if line["window"] in reference]
-        assert len(compared) >= WINDOWS - 3, f"{name} followed too few windows: {compared}"
+        enough = RANKED_WINDOWS - 2 if name == ranked_miner(net).name else WINDOWS - 3
+        assert len(compared) >= enough, f"{name} followed too few windows: {compared}"
         for line in lines:
             if line["window"] in reference:
                 assert line["model_hash"] == reference[line["window"]], f"{name} diverged at {line['window']}"
@@ -165,10 +175,12 @@ def test_nodes_serve_their_metrics(network):
     assert set(gathered) == set(weights) and all(0 < s < 8 for s in gathered.values())
     assert one(v, "dso_gather_seconds_count") >= len(miners) and 0 < one(v, "dso_utilisation_ratio") < 1
     assert one(v, "process_resident_memory_bytes") > 50e6      # torch and a model: well above 50 MB
-    # three honest miners: nothing refused but the windows before they joined the run (nothing uploaded yet)
+    # three honest miners: nothing refused but the windows before they joined the run (nothing uploaded yet), and
+    # for the 2-rank miner a window it missed now and then (RANKED_WINDOWS)
     refused = {k: n for k, n in v.items() if k[0] == "dso_rejections_total"}
     first = {str(ls[0]["uid"]): ls[0]["window"] for ls in net.miner_lines().values() if ls}  # uid → first window
     before = {u: sum(line["window"] < w for line in lines) for u, w in first.items()}  # validator windows before it
+    before[str(ranked_miner(net).uid)] = before.get(str(ranked_miner(net).uid), 0) + 2
     assert all(dict(k[1])["reason"] == "missing" and n <= before.get(dict(k[1])["uid"], 0)
                for k, n in refused.items()), (refused, before)
 
