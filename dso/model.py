@@ -145,6 +145,13 @@ class Decoder(nn.Module):
         logits = self(batch[:, :-1])
         return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1))
 
+    def sequence_losses(self, batch: torch.Tensor) -> torch.Tensor:
+        """Mean next-token cross-entropy of each sequence of a (n, seq_len + 1) batch of ids: shape (n,)."""
+        logits = self(batch[:, :-1])                                           # (n, seq_len, vocab)
+        tokens = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1),
+                                 reduction="none")                             # (n · seq_len,)
+        return tokens.view(batch.shape[0], -1).mean(dim=1)                     # (n,)
+
 
 def build_model(cfg: ModelConfig, seed: int, device: str | torch.device = "cpu") -> Decoder:
     """The run's θ_0: same seed, same weights on every node and device."""

@@ -17,17 +17,6 @@ PRESETS: dict[str, dict[str, int]] = {
 }
 
 
-# The DCT codec (DeMo's) with the outer step and pay settings measured for it: its honest LossScores are noisier,
-# so the help gate cuts only on two low ratios in a row, and pay is flattened (docs/codec.md, docs/scoring.md).
-# The default is the raw domain.  Values as a config file or ``--set`` gives them.
-DCT_CODEC: dict[str, str] = {"dct": "true", "outer.lr": "2.0", "weight_power": "0.7", "help_rule": "best_of_two",
-                             "help_share": "0.2"}
-
-# The Gauntlet paper's training setup (docs/training.md, "Paper mode"): one gradient per window, its DCT codec
-# and its signed step (``dso.config_sources.use_paper_mode`` applies them to an HParams).
-PAPER_MODE: dict[str, str] = {"inner.mode": "gradient", "outer.rule": "signed", **DCT_CODEC}
-
-
 def non_embedding_parameters(d_model: int, n_layers: int, ffn_hidden: int, **_: int) -> int:
     """Per block: four d×d attention projections, three SwiGLU matrices, two RMSNorm gains; plus the final norm."""
     return n_layers * (4 * d_model * d_model + 3 * d_model * ffn_hidden + 2 * d_model) + d_model

@@ -34,6 +34,8 @@ class Reason(str, Enum):
     NO_REVEAL = "no_reveal"              # commit-reveal: commitment never revealed
     REVEAL_MISMATCH = "reveal_mismatch"  # commit-reveal: payload does not match the commitment
     DUPLICATE = "duplicate"              # identical to another peer's update
+    REPLAY = "replay"                    # an update of an earlier window (its own, another peer's, an aggregate) again
+    EMPTY = "empty"                      # an update that holds no value: no work
     DP_BUDGET = "dp_budget"              # (miner side) privacy budget spent
 
 
@@ -42,7 +44,7 @@ CATEGORY = {
     Reason.TOO_EARLY: "timing", Reason.TOO_LATE: "timing", Reason.CHANGED: "timing",
     Reason.OUT_OF_SYNC: "sync",
     Reason.NO_COMMIT: "commit", Reason.NO_REVEAL: "commit", Reason.REVEAL_MISMATCH: "commit",
-    Reason.DUPLICATE: "commit", Reason.DP_BUDGET: "missing",
+    Reason.DUPLICATE: "commit", Reason.REPLAY: "commit", Reason.EMPTY: "commit", Reason.DP_BUDGET: "missing",
 }
 
 

@@ -1,46 +1,54 @@
-"""Pre-tokenised data shards: writing them from a corpus, and reading them without loading them.
+"""Pre-tokenised data shards: the manifest, the data hash, and reading a shard folder without loading it.
 
 A shard folder holds ``shard-NNNNN.npy`` files (one flat array of token ids each, ``uint16`` when the
-vocabulary fits, else ``uint32``), the BPE's ``tokenizer.json`` (none for bytes), and
+vocabulary fits, else ``uint32``), for each a ``shard-NNNNN.chunks`` file (the sha256 digests of its
+consecutive ``chunk_bytes`` pieces, 32 bytes each), the BPE's ``tokenizer.json`` (none for bytes), and
 ``manifest.json``::
 
-    {"format": "dso-shards", "version": 1, "dtype": "uint16",
+    {"format": "dso-shards", "version": 2, "dtype": "uint16", "chunk_bytes": 65536,
      "tokenizer": {"kind": "bpe", "vocab_size": 1024, "hash": "…", "file": "tokenizer.json"},
-     "shards": [{"file": "shard-00000.npy", "sha256": "…", "tokens": 33554432}, …],
+     "shards": [{"file": "shard-00000.npy", "sha256": "…", "tokens": 33554432, "chunks_sha256": "…"}, …],
      "documents": 38, "text_bytes": 5057198}
 
-The manifest is written last, so a folder whose writing was interrupted is never mistaken for a
-complete one.  :func:`open_shards` checks the manifest, every shard's sha256 (read in small chunks,
-so checking does not grow the process's resident memory) and that no id exceeds the vocabulary,
-then opens the shards for positioned reads (:class:`ShardFile`; no memory map, see there).  Any
-mismatch is a :class:`DataError` naming the file.
+The chunk digests let a node that reads a shard piece by piece from an object store check every piece
+on its own (:mod:`dso.remote_shards`); ``chunks_sha256`` (the sha256 of the ``.chunks`` file) binds them
+to the manifest.  Version-1 manifests (no chunk digests) are still read from a local folder.
+
+The manifest is written last (:mod:`dso.shard_writer`), so a folder whose writing was interrupted is
+never mistaken for a complete one.  :func:`open_shards` checks the manifest, every shard's sha256 and
+chunk digests (one pass of small reads, so checking does not grow the process's resident memory) and
+that no id exceeds the vocabulary, then opens the shards for positioned reads (:class:`ShardFile`; no
+memory map, see there).  Any mismatch is a :class:`DataError` naming the file.
 
 The data hash nodes agree on (:func:`data_hash`) is 64 hex digits: the first 16 are the tokeniser's
-hash, the other 48 a sha256 over the tokeniser and every shard's hash and size — so a node can say
-whether it is the tokeniser or the text that differs from the run's.
+hash, the other 48 a sha256 over everything else the manifest says about the tokens (dtype, chunk size,
+every shard's hash, size and chunk digests) — so it is the manifest's hash, and a node can say whether
+it is the tokeniser or the text that differs from the run's.
 """
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 import re
-import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable, TypeGuard
+from typing import Callable, Sequence, TypeGuard
 
 import numpy as np
 import numpy.typing as npt
 
-from dso.atomic import atomic_write
-from dso.corpus import DataError, iter_documents, total_bytes
+from dso.corpus import DataError
 from dso.tokenizer import Tokenizer
 
-FORMAT, VERSION, MANIFEST = "dso-shards", 1, "manifest.json"
+FORMAT, VERSION, MANIFEST = "dso-shards", 2, "manifest.json"
+READABLE_VERSIONS = (1, 2)
 TOKENIZER_FILE = "tokenizer.json"
 SHARD_TOKENS = 1 << 25          # ids per shard (64 MiB as uint16)
+CHUNK_BYTES = 1 << 16           # bytes per verified piece of a shard (docs/decisions/0500-chunked-remote-shards.md)
+MIN_CHUNK_BYTES, MAX_CHUNK_BYTES = 1 << 12, 1 << 26
+DIGEST = 32                     # bytes per chunk digest (sha256)
 _SHARD_NAME = re.compile(r"shard-\d{5,}\.npy")
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 HASH_CHUNK = 1 << 20  # bytes read per step when hashing: small, so checking adds little to the peak RSS
@@ -50,11 +58,17 @@ def dtype_for(vocab_size: int) -> np.dtype:
     return np.dtype(np.uint16) if vocab_size <= 1 << 16 else np.dtype(np.uint32)
 
 
+def chunks_name(shard_file: str) -> str:
+    """``shard-00003.npy`` → ``shard-00003.chunks``: the file of that shard's chunk digests."""
+    return shard_file[:-len(".npy")] + ".chunks"
+
+
 @dataclass(frozen=True)
 class ShardInfo:
     file: str
     sha256: str
     tokens: int
+    chunks_sha256: str = ""   # sha256 of the shard's .chunks file ("" in a version-1 manifest)
 
 
 @dataclass
@@ -66,13 +80,18 @@ class Manifest:
     shards: list[ShardInfo]
     documents: int = 0
     text_bytes: int = 0
+    chunk_bytes: int = 0      # 0: a version-1 manifest, without chunk digests
 
     def to_json(self) -> str:
         tok = {"kind": self.tokenizer_kind, "vocab_size": self.vocab_size, "hash": self.tokenizer_hash}
         if self.tokenizer_kind == "bpe":
             tok["file"] = TOKENIZER_FILE
-        return json.dumps({"format": FORMAT, "version": VERSION, "dtype": self.dtype, "tokenizer": tok,
-                           "shards": [vars(s) for s in self.shards], "documents": self.documents,
+        version = VERSION if self.chunk_bytes else 1
+        head: dict[str, object] = {"format": FORMAT, "version": version, "dtype": self.dtype}
+        if self.chunk_bytes:
+            head["chunk_bytes"] = self.chunk_bytes
+        shards = [{k: v for k, v in vars(s).items() if v != "" or k != "chunks_sha256"} for s in self.shards]
+        return json.dumps({**head, "tokenizer": tok, "shards": shards, "documents": self.documents,
                            "text_bytes": self.text_bytes}, indent=1) + "\n"
 
     @property
@@ -81,9 +100,14 @@ class Manifest:
 
 
 def data_hash(manifest: Manifest) -> str:
-    h = hashlib.sha256(f"dso-data-v2|{manifest.tokenizer_hash}|{manifest.dtype}".encode())
-    for s in manifest.shards:
-        h.update(f"|{s.sha256}:{s.tokens}".encode())
+    if manifest.chunk_bytes:
+        h = hashlib.sha256(f"dso-data-v3|{manifest.tokenizer_hash}|{manifest.dtype}|{manifest.chunk_bytes}".encode())
+        for s in manifest.shards:
+            h.update(f"|{s.sha256}:{s.tokens}:{s.chunks_sha256}".encode())
+    else:  # version 1: the hash such folders always had
+        h = hashlib.sha256(f"dso-data-v2|{manifest.tokenizer_hash}|{manifest.dtype}".encode())
+        for s in manifest.shards:
+            h.update(f"|{s.sha256}:{s.tokens}".encode())
     return manifest.tokenizer_hash[:16] + h.hexdigest()[:48]
 
 
@@ -95,76 +119,85 @@ def file_sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-# ------------------------------------------------------------------ writing
-Progress = Callable[[int], None]
+# ------------------------------------------------------------------ one pass over a shard
+class ChunkDigests:
+    """sha256 digests of consecutive ``size``-byte pieces of a byte stream fed in any slices."""
+
+    def __init__(self, size: int):
+        self.size, self._digests, self._h, self._filled = size, bytearray(), hashlib.sha256(), 0
+
+    def update(self, data: bytes | memoryview) -> None:
+        view = memoryview(data)
+        while len(view):
+            take = min(len(view), self.size - self._filled)
+            self._h.update(view[:take])
+            self._filled += take
+            view = view[take:]
+            if self._filled == self.size:
+                self._digests += self._h.digest()
+                self._h, self._filled = hashlib.sha256(), 0
+
+    def finish(self) -> bytes:
+        if self._filled:
+            self._digests += self._h.digest()
+            self._h, self._filled = hashlib.sha256(), 0
+        return bytes(self._digests)
 
 
-def write_shards(files: list[Path], tokenizer: Tokenizer, out_dir: str | Path, shard_tokens: int = SHARD_TOKENS,
-                 progress: Progress | None = None) -> Manifest:
-    """Tokenise ``files`` into shards in ``out_dir`` (created; must not hold a manifest yet).
-
-    Memory stays bounded by one shard's buffer plus one text piece, whatever the corpus size.
-    ``progress`` is called with the input bytes consumed since its last call."""
-    out = Path(out_dir).expanduser()
-    if (out / MANIFEST).exists():
-        raise DataError(f"{out} already holds a shard manifest; choose another --out or remove it")
-    out.mkdir(parents=True, exist_ok=True)
-    dtype = dtype_for(tokenizer.vocab_size)
-    writer = _ShardWriter(out, dtype, shard_tokens)
-    documents = 0
-    for piece in iter_documents(files):
-        if piece.text:
-            writer.add(tokenizer.encode_long(piece.text).astype(dtype))
-        documents += piece.end
-        if progress and piece.nbytes:
-            progress(piece.nbytes)
-    shards = writer.close()
-    if not shards:
-        raise DataError(f"corpus ({len(files)} files) produced no tokens")
-    if tokenizer.kind == "bpe":
-        tokenizer.save(out / TOKENIZER_FILE)
-    manifest = Manifest(tokenizer.kind, tokenizer.vocab_size, tokenizer.hash, dtype.name, shards, documents,
-                        total_bytes(files))
-    atomic_write(out / MANIFEST, manifest.to_json().encode())
-    return manifest
+def chunk_digests(data: bytes, size: int) -> bytes:
+    digests = ChunkDigests(size)
+    digests.update(data)
+    return digests.finish()
 
 
-class _ShardWriter:
-    def __init__(self, out: Path, dtype: np.dtype, shard_tokens: int):
-        self.out, self.dtype, self.cap = out, dtype, shard_tokens
-        self.buf = np.empty(shard_tokens, dtype)
-        self.used = 0
-        self.shards: list[ShardInfo] = []
+@dataclass(frozen=True)
+class ShardScan:
+    sha256: str
+    max_id: int
+    chunks: bytes   # the chunk digests (empty when no chunk size was asked for)
 
-    def add(self, ids: np.ndarray) -> None:
-        while ids.size:
-            take = min(ids.size, self.cap - self.used)
-            self.buf[self.used:self.used + take] = ids[:take]
-            self.used += take
-            ids = ids[take:]
-            if self.used == self.cap:
-                self._flush()
-
-    def _flush(self) -> None:
-        if not self.used:
-            return
-        name = f"shard-{len(self.shards):05d}.npy"
-        fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=self.out)
-        with os.fdopen(fd, "wb") as fh:
-            np.save(fh, self.buf[:self.used], allow_pickle=False)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, self.out / name)
-        self.shards.append(ShardInfo(name, file_sha256(self.out / name), int(self.used)))
-        self.used = 0
-
-    def close(self) -> list[ShardInfo]:
-        self._flush()
-        self.buf = np.empty(0, self.dtype)
-        return self.shards
+    @property
+    def chunks_sha256(self) -> str:
+        return hashlib.sha256(self.chunks).hexdigest() if self.chunks else ""
 
 
-# ------------------------------------------------------------------ reading
+def npy_header(fh: io.BufferedIOBase | io.BytesIO) -> tuple[tuple[int, ...], bool, np.dtype]:
+    """(shape, fortran order, dtype) of a .npy stream positioned at its start; ValueError if it is not one."""
+    version = np.lib.format.read_magic(fh)
+    read_header = {(1, 0): np.lib.format.read_array_header_1_0,
+                   (2, 0): np.lib.format.read_array_header_2_0}.get(version)
+    if read_header is None:
+        raise ValueError(f"unsupported .npy version {version}")
+    shape, fortran, dtype = read_header(fh)
+    return shape, fortran, dtype
+
+
+def scan_shard(path: Path, chunk_bytes: int = 0) -> ShardScan:
+    """The shard's sha256, its largest id and (with ``chunk_bytes``) its chunk digests, in one pass of
+    plain ``HASH_CHUNK`` reads."""
+    h, top = hashlib.sha256(), 0
+    pieces = ChunkDigests(chunk_bytes) if chunk_bytes else None
+    with open(path, "rb") as fh:
+        _, _, dtype = npy_header(fh)
+        data_start = fh.tell()
+        fh.seek(0)
+        header = fh.read(data_start)
+        h.update(header)
+        if pieces:
+            pieces.update(header)
+        buf = bytearray(HASH_CHUNK)
+        while n := fh.readinto(buf):          # HASH_CHUNK is a multiple of every item size
+            view = memoryview(buf)[:n]
+            h.update(view)
+            if pieces:
+                pieces.update(view)
+            ids = np.frombuffer(view[: n - n % dtype.itemsize], dtype=dtype)
+            if ids.size:
+                top = max(top, int(ids.max()))
+    return ShardScan(h.hexdigest(), top, pieces.finish() if pieces else b"")
+
+
+# ------------------------------------------------------------------ the manifest
 def is_shard_corpus(corpus: str) -> bool:
     path = Path(corpus).expanduser()
     return path.name == MANIFEST and path.is_file() or path.is_dir() and (path / MANIFEST).is_file()
@@ -173,12 +206,21 @@ def is_shard_corpus(corpus: str) -> bool:
 def read_manifest(folder: Path) -> Manifest:
     path = folder / MANIFEST
     try:
-        obj = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as e:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
         raise DataError(f"{path}: unreadable shard manifest ({e})") from None
-    bad: Callable[[str], DataError] = lambda what: DataError(f"{path}: {what}")  # noqa: E731
-    if not isinstance(obj, dict) or obj.get("format") != FORMAT or obj.get("version") != VERSION:
-        raise bad(f"not a {FORMAT} v{VERSION} manifest")
+    return parse_manifest(text, str(path))
+
+
+def parse_manifest(text: str | bytes, source: str) -> Manifest:
+    """A manifest from its JSON; :class:`DataError` naming ``source`` and what is wrong."""
+    try:
+        obj = json.loads(text)
+    except (UnicodeDecodeError, ValueError) as e:
+        raise DataError(f"{source}: unreadable shard manifest ({e})") from None
+    bad: Callable[[str], DataError] = lambda what: DataError(f"{source}: {what}")  # noqa: E731
+    if not isinstance(obj, dict) or obj.get("format") != FORMAT or obj.get("version") not in READABLE_VERSIONS:
+        raise bad(f"not a {FORMAT} manifest of version {' or '.join(map(str, READABLE_VERSIONS))}")
     tok, shards = obj.get("tokenizer"), obj.get("shards")
     if not isinstance(tok, dict) or tok.get("kind") not in ("bytes", "bpe") or not _is_int(tok.get("vocab_size")) \
             or not isinstance(tok.get("hash"), str) or not _HEX64.fullmatch(tok["hash"]):
@@ -186,19 +228,29 @@ def read_manifest(folder: Path) -> Manifest:
     vocab = tok["vocab_size"]
     if not 0 < vocab <= 1 << 32 or obj.get("dtype") != dtype_for(vocab).name:
         raise bad(f"dtype {obj.get('dtype')!r} does not suit a vocabulary of {vocab}")
+    chunk_bytes = 0
+    if obj["version"] >= 2:
+        given = obj.get("chunk_bytes")
+        if not _is_int(given) or not MIN_CHUNK_BYTES <= given <= MAX_CHUNK_BYTES or given % 64:
+            raise bad(f"chunk_bytes must be a multiple of 64 from {MIN_CHUNK_BYTES} to {MAX_CHUNK_BYTES}")
+        chunk_bytes = given
     if not isinstance(shards, list) or not shards:
         raise bad("no shards listed")
-    infos = []
-    for i, s in enumerate(shards):
-        if not isinstance(s, dict) or not isinstance(s.get("file"), str) or not _SHARD_NAME.fullmatch(s["file"]) \
-                or not isinstance(s.get("sha256"), str) or not _HEX64.fullmatch(s["sha256"]) \
-                or not _is_int(s.get("tokens")) or s["tokens"] <= 0:
-            raise bad(f"shard entry {i} needs file (shard-NNNNN.npy), sha256 and a positive token count")
-        infos.append(ShardInfo(s["file"], s["sha256"], s["tokens"]))
+    infos = [_shard_entry(s, i, chunk_bytes > 0, bad) for i, s in enumerate(shards)]
     if len({s.file for s in infos}) != len(infos):
         raise bad("a shard file is listed twice")
     return Manifest(tok["kind"], vocab, tok["hash"], obj["dtype"], infos, _int_or0(obj.get("documents")),
-                    _int_or0(obj.get("text_bytes")))
+                    _int_or0(obj.get("text_bytes")), chunk_bytes)
+
+
+def _shard_entry(s: object, i: int, chunked: bool, bad: Callable[[str], DataError]) -> ShardInfo:
+    if not isinstance(s, dict) or not isinstance(s.get("file"), str) or not _SHARD_NAME.fullmatch(s["file"]) \
+            or not isinstance(s.get("sha256"), str) or not _HEX64.fullmatch(s["sha256"]) \
+            or not _is_int(s.get("tokens")) or s["tokens"] <= 0:
+        raise bad(f"shard entry {i} needs file (shard-NNNNN.npy), sha256 and a positive token count")
+    if chunked and not (isinstance(s.get("chunks_sha256"), str) and _HEX64.fullmatch(s["chunks_sha256"])):
+        raise bad(f"shard entry {i} needs chunks_sha256 (the sha256 of its chunk digests)")
+    return ShardInfo(s["file"], s["sha256"], s["tokens"], s["chunks_sha256"] if chunked else "")
 
 
 def _is_int(v: object) -> TypeGuard[int]:
@@ -209,7 +261,34 @@ def _int_or0(v: object) -> int:
     return v if _is_int(v) and v >= 0 else 0
 
 
-class ShardFile:
+def manifest_tokenizer(manifest: Manifest, tokenizer_json: Callable[[], str] | None, where: str) -> Tokenizer:
+    """The tokeniser the manifest names: bytes, or the BPE in ``tokenizer_json()`` (read only for a BPE),
+    checked against the manifest's hash and size; ``where`` names the tokeniser's file in messages."""
+    if manifest.tokenizer_kind == "bytes":
+        tok = Tokenizer.bytes()
+    else:
+        if tokenizer_json is None:
+            raise DataError(f"{where}: a BPE corpus needs its tokenizer.json")
+        tok = Tokenizer.from_json(tokenizer_json(), where)
+    if tok.hash != manifest.tokenizer_hash or tok.vocab_size != manifest.vocab_size:
+        raise DataError(f"{where}: the tokeniser ({tok.describe()}) differs from the one the manifest names "
+                        f"({manifest.tokenizer_hash[:12]}…, {manifest.vocab_size} ids)")
+    return tok
+
+
+# ------------------------------------------------------------------ reading a local folder
+class TokenArray:
+    """What :class:`dso.data.Dataset` reads: a flat id array of ``shape`` and ``dtype``, sliced contiguously.
+    An array that reads from far away also has ``prefetch(spans, urgent)`` (:mod:`dso.remote_shards`)."""
+
+    shape: tuple[int]
+    dtype: np.dtype
+
+    def __getitem__(self, index: slice) -> np.ndarray:
+        raise NotImplementedError
+
+
+class ShardFile(TokenArray):
     """A shard's ids, read on demand with positioned reads: ``shard[a:b]`` reads just those ids.
 
     Not a memory map on purpose: the kernel maps a file's page-cache folios whole (up to 2 MiB here),
@@ -223,11 +302,7 @@ class ShardFile:
     def open(cls, path: Path) -> "ShardFile":
         try:
             with open(path, "rb") as fh:
-                version = np.lib.format.read_magic(fh)
-                if version not in ((1, 0), (2, 0)):
-                    raise ValueError(f"unsupported .npy version {version}")
-                shape, fortran, dtype = (np.lib.format.read_array_header_1_0(fh) if version == (1, 0)
-                                         else np.lib.format.read_array_header_2_0(fh))
+                shape, fortran, dtype = npy_header(fh)
                 offset = fh.tell()
                 size = fh.seek(0, os.SEEK_END)
         except (OSError, ValueError) as e:
@@ -258,14 +333,22 @@ class ShardFile:
 
 @dataclass
 class ShardSet:
-    folder: Path
+    """A corpus's shards, ready to read: ``origin`` names where they are (a folder, or an s3:// URL)."""
+    origin: str
     manifest: Manifest
     tokenizer: Tokenizer
-    arrays: list[ShardFile]
+    arrays: Sequence[TokenArray]
 
     @property
     def data_hash(self) -> str:
         return data_hash(self.manifest)
+
+    @property
+    def folder(self) -> Path:
+        """The local folder (a remote set has none: asking is a programming error)."""
+        if "://" in self.origin:
+            raise ValueError(f"{self.origin} is not a local folder")
+        return Path(self.origin)
 
 
 def open_shards(corpus: str | Path, verify: bool = True) -> ShardSet:
@@ -273,93 +356,40 @@ def open_shards(corpus: str | Path, verify: bool = True) -> ShardSet:
     folder = Path(corpus).expanduser()
     folder = folder.parent if folder.name == MANIFEST else folder
     manifest = read_manifest(folder)
-    tokenizer = _manifest_tokenizer(folder, manifest)
+    tok_path = folder / (TOKENIZER_FILE if manifest.tokenizer_kind == "bpe" else MANIFEST)
+    tokenizer = manifest_tokenizer(manifest, lambda: _read_text(tok_path), str(tok_path))
     arrays = []
     for s in manifest.shards:
         path = folder / s.file
         if verify:
-            _verify_shard(path, s, manifest.vocab_size)
+            verify_shard(path, s, manifest)
         arr = ShardFile.open(path)
         if arr.dtype != np.dtype(manifest.dtype) or arr.shape != (s.tokens,):
             raise DataError(f"{path}: holds {arr.dtype}{list(arr.shape)}, "
                             f"the manifest says {manifest.dtype}[{s.tokens}]")
         arrays.append(arr)
-    return ShardSet(folder, manifest, tokenizer, arrays)
+    return ShardSet(str(folder), manifest, tokenizer, arrays)
 
 
-def _manifest_tokenizer(folder: Path, manifest: Manifest) -> Tokenizer:
-    if manifest.tokenizer_kind == "bytes":
-        tok = Tokenizer.bytes()
-    else:
-        tok = Tokenizer.from_file(folder / TOKENIZER_FILE)
-    if tok.hash != manifest.tokenizer_hash or tok.vocab_size != manifest.vocab_size:
-        raise DataError(f"{folder / (TOKENIZER_FILE if manifest.tokenizer_kind == 'bpe' else MANIFEST)}: the "
-                        f"tokeniser ({tok.describe()}) differs from the one the manifest names "
-                        f"({manifest.tokenizer_hash[:12]}…, {manifest.vocab_size} ids)")
-    return tok
-
-
-def _verify_shard(path: Path, info: ShardInfo, vocab_size: int) -> None:
-    """sha256 against the manifest, and every id below the vocabulary size: one pass of plain reads."""
+def _read_text(path: Path) -> str:
     try:
-        digest, top = _hash_and_max(path)
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise DataError(f"tokenizer file {path}: cannot read ({e})") from None
+
+
+def verify_shard(path: Path, info: ShardInfo, manifest: Manifest) -> ShardScan:
+    """sha256 and chunk digests against the manifest, and every id below the vocabulary size: one pass."""
+    try:
+        scan = scan_shard(path, manifest.chunk_bytes)
     except (OSError, ValueError) as e:
         raise DataError(f"{path}: cannot read shard ({e})") from None
-    if digest != info.sha256:
-        raise DataError(f"{path}: sha256 {digest[:16]}… differs from the manifest's {info.sha256[:16]}…: "
+    if scan.sha256 != info.sha256:
+        raise DataError(f"{path}: sha256 {scan.sha256[:16]}… differs from the manifest's {info.sha256[:16]}…: "
                         "the shard was changed or damaged; re-run scripts/prepare_data.py")
-    if top >= vocab_size:
-        raise DataError(f"{path}: holds token id {top}, outside the vocabulary of {vocab_size}")
-
-
-def _hash_and_max(path: Path) -> tuple[str, int]:
-    h, top = hashlib.sha256(), 0
-    with open(path, "rb") as fh:
-        version = np.lib.format.read_magic(fh)
-        read_header = {(1, 0): np.lib.format.read_array_header_1_0,
-                       (2, 0): np.lib.format.read_array_header_2_0}.get(version)
-        if read_header is None:
-            raise ValueError(f"unsupported .npy version {version}")
-        _, _, dtype = read_header(fh)
-        data_start = fh.tell()
-        fh.seek(0)
-        h.update(fh.read(data_start))
-        buf = bytearray(HASH_CHUNK)
-        while n := fh.readinto(buf):          # HASH_CHUNK is a multiple of every item size
-            view = memoryview(buf)[:n]
-            h.update(view)
-            ids = np.frombuffer(view[: n - n % dtype.itemsize], dtype=dtype)
-            if ids.size:
-                top = max(top, int(ids.max()))
-    return h.hexdigest(), top
-
-
-# ------------------------------------------------------------------ corpus → cached shards
-def prepared_shards(files: list[Path], tokenizer: Tokenizer, cache_root: Path, key: str,
-                    progress: Progress | None = None) -> ShardSet:
-    """Shards of a text corpus under ``cache_root/shards-<key>``, written on first use, reused after."""
-    folder = cache_root / f"shards-{key}"
-    if (folder / MANIFEST).is_file():
-        try:
-            shards = open_shards(folder)
-            if shards.manifest.tokenizer_hash == tokenizer.hash:
-                return shards
-        except DataError:
-            pass  # a damaged cache is rebuilt below
-        shutil.rmtree(folder, ignore_errors=True)
-    cache_root.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".shards-{key}.", dir=cache_root))
-    try:
-        write_shards(files, tokenizer, tmp, progress=progress)
-        try:
-            os.replace(tmp, folder)
-        except OSError:   # another process of this machine finished first: use its copy
-            shutil.rmtree(tmp, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return open_shards(folder)
-
-
-def iter_all_text(files: Iterable[Path]) -> Iterable[str]:
-    return (p.text for p in iter_documents(files) if p.text)
+    if scan.chunks_sha256 != info.chunks_sha256:
+        raise DataError(f"{path}: its chunk digests hash to {scan.chunks_sha256[:16]}…, the manifest says "
+                        f"{info.chunks_sha256[:16]}…: the manifest was changed; re-run scripts/prepare_data.py")
+    if scan.max_id >= manifest.vocab_size:
+        raise DataError(f"{path}: holds token id {scan.max_id}, outside the vocabulary of {manifest.vocab_size}")
+    return scan

@@ -72,3 +72,16 @@ def bits_per_byte(nats_per_token: float, tokens: int, nbytes: int) -> float:
     if tokens <= 0 or nbytes <= 0:
         raise ValueError(f"bits_per_byte needs tokens > 0 and nbytes > 0, got {tokens} and {nbytes}")
     return nats_per_token * tokens / (nbytes * math.log(2))
+
+
+@torch.no_grad()
+def sequence_losses(model: Decoder, batch: torch.Tensor, micro_batch: int,
+                    device: str | torch.device = "cpu") -> torch.Tensor:
+    """The loss of each sequence of ``batch`` (float64 on the CPU, shape (n,)): what the proof of computation
+    compares sequence by sequence."""
+    parts = []
+    for start in range(0, batch.shape[0], micro_batch):
+        part = batch[start:start + micro_batch].to(device)
+        with mixed_precision(part.device):
+            parts.append(model.sequence_losses(part).to("cpu", torch.float64))
+    return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.float64)

@@ -37,6 +37,7 @@ from neurons.metrics import NodeMetrics, start_metrics
 from storage import keys
 from storage.client import S3Client, StorageError
 from storage.commitment import BucketInfo, format_commitment, parse_commitment
+from storage.dataset import open_dataset
 from storage.gather import ReaderCache
 from storage.jsonobj import get_json, put_json
 
@@ -251,8 +252,8 @@ def build_context(cfg: Config, role: str, handle_signals: bool = True) -> NodeCo
         raise Fatal(f"registration refused: {e}") from None
     own = _own_bucket(cfg, chain, wallet, hotkey, uid, role)
     readers = ReaderCache.from_config(cfg.storage)
-    try:
-        dataset = Dataset.for_run(hp, cfg.data.corpus, cfg.data.cache_dir, cfg.data.tokenizer_file)
+    try:  # a local corpus, or shards in a dataset bucket (waits out an endpoint that does not answer yet)
+        dataset = open_dataset(hp, cfg.data, cfg.storage, sleep=stop.sleep)
     except DataError as e:
         raise Fatal(str(e)) from None
     model = build_model(hp.model, hp.seed, device)
@@ -267,8 +268,8 @@ def build_context(cfg: Config, role: str, handle_signals: bool = True) -> NodeCo
                       outer=OuterState.fresh(parameter_shapes(model), hp))
     if metrics is not None:
         _attach_metrics(ctx, metrics)
-    log.info("%s uid %d hotkey %s… bucket %s, data %s…, hparams %s", role, uid, hotkey[:8], own.bucket,
-             dataset.data_hash[:10], hp.digest())
+    log.info("%s uid %d hotkey %s… bucket %s, data %s… from %s, hparams %s", role, uid, hotkey[:8], own.bucket,
+             dataset.data_hash[:10], cfg.data.corpus, hp.digest())
     return ctx
 
 

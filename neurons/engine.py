@@ -44,9 +44,10 @@ from dso.robust import AggregationInfo, decoded_rows
 from dso.train import learning_rate
 from scoring.copies import assigned_gains, find_copies, thresholds_for
 from scoring.evaluation import ParameterSnapshot, PeerEvaluator
+from scoring.history import find_replays
 from scoring.state import ValidatorState
-from scoring.window import WindowReport, score_window
-from storage.wire import Payload
+from scoring.window import Scorer, WindowEvidence, WindowReport, score_window
+from dso.payload import Payload
 
 LIST_LEAD = 2  # the top-G list scored in window t governs window t + 2: a full window of slack (docs/protocol.md)
 
@@ -138,6 +139,7 @@ def run_window(state: ValidatorState, model: torch.nn.Module, codec: Codec, data
     if on_aggregate is not None:
         on_aggregate(aggregation)
     theta_t.restore()
+    control = consensus_step(model, theta_t, theta_next, hp.eval_scale)
     try:
         # 2. copies, at θ_t
         rejections = dict(inputs.rejections)
@@ -149,15 +151,17 @@ def run_window(state: ValidatorState, model: torch.nn.Module, codec: Codec, data
                             device) if uids else torch.zeros(0)
         rejections.update(find_copies(codec, updates, seen_times(payloads), gains, previous, t,
                                       thresholds_for(hp.inner.mode, hp.dct), device=device, rows=rows))
+        aggregate_row = rows[len(uids)] if previous is not None and uids else None  # decoded only beside uploads
+        rejections.update(find_replays(state.history, t, dict(zip(uids, rows)), aggregate_row, skip=list(rejections)))
         # 3. score window t at θ_t
-        scored = {u: (p.update, p.sync_values) for u, p in payloads.items() if u not in rejections}
-        report = score_window(state, model, codec, dataset, hp, t, scored, rejections, inputs.active,
-                              inputs.randomness, inputs.eval_seed,
-                              aggregation.reference_norms if aggregation.used else None,
-                              aggregation.moved if hp.outer.rule != "signed" else None, evaluator)
+        evidence = WindowEvidence(t, {u: p for u, p in payloads.items() if u not in rejections}, rejections,
+                                  inputs.active, inputs.randomness, inputs.eval_seed,
+                                  aggregation.reference_norms if aggregation.used else None,
+                                  aggregation.moved if hp.outer.rule != "signed" else None, control)
+        report = score_window(state, Scorer(model, codec, dataset, hp, evaluator), evidence)
     finally:
         theta_next.restore()
-    del theta_t, theta_next
+    del theta_t, theta_next, control
 
     # 4. contributions and the provenance record
     contributions = _contributions(codec, rows[:len(uids)], uids, aggregation.delta, report)
@@ -166,6 +170,14 @@ def run_window(state: ValidatorState, model: torch.nn.Module, codec: Codec, data
                            "contribution": contributions[u].score} for u in aggregation.used],
                          ledger_prev_hash, validator, extra={"rule": aggregation.info.rule})
     return WindowOutcome(aggregation, report, rejections, contributions, record)
+
+
+def consensus_step(model: torch.nn.Module, theta_t: ParameterSnapshot, theta_next: ParameterSnapshot,
+                   scale: float) -> dict[str, torch.Tensor]:
+    """``scale · (θ_t − θ_{t+1})``: the window's aggregate as an evaluation step, the control the proof of computation
+    compares each peer's step with (scoring/evaluation.py)."""
+    names = [name for name, _ in model.named_parameters()]
+    return {name: scale * (before - after) for name, before, after in zip(names, theta_t.copies, theta_next.copies)}
 
 
 def seen_times(payloads: Mapping[int, Payload]) -> dict[int, float]:

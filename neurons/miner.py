@@ -54,7 +54,8 @@ from storage import keys
 from storage.aggregate import Bundle
 from storage.cleanup import cleanup
 from storage.client import StorageError
-from storage.wire import PayloadMeta, encode_payload
+from dso.payload import PayloadMeta
+from storage.wire import encode_payload
 
 log = logging.getLogger("dso.miner")
 UPLOAD_MARGIN = 0.5     # an upload started later than this before the put window closes would land late
@@ -223,7 +224,7 @@ class Miner:
         ctx, hp = self.ctx, self.ctx.hp
         if not self.privacy.allows(t):
             return None, float("nan")
-        data = ctx.dataset.training_batch(ctx.uid, t, hp.assigned_sequences, self.sequences)
+        data = self.training_data(t)
         gradient_mode = hp.inner.mode == "gradient"
         ahead = self.ahead.report if self.ahead is not None and self.ahead.window == t else InnerReport()
         self.ahead, self.ahead_steps = None, ahead.steps
@@ -256,6 +257,12 @@ class Miner:
         done = data[:self.report.sequences]
         self.trained = (done.shape[0] * (done.shape[1] - 1), max(1, ctx.dataset.target_bytes(done)))  # tokens, bytes
         return update, loss
+
+    def training_data(self, t: int) -> torch.Tensor:
+        """The sequences it trains on in window t, in order: the first ``self.sequences`` of its assignment (the
+        payload declares how many of them it got through)."""
+        ctx = self.ctx
+        return ctx.dataset.training_batch(ctx.uid, t, ctx.hp.assigned_sequences, self.sequences)
 
     def finishes_previous(self, t: int) -> bool:
         """Whether to work on window t-1 although window t has begun: θ_{t-1} came late (its bundle landed, or a
@@ -428,9 +435,10 @@ class Miner:
             log.warning("window %d: cleanup failed: %s", t, e)
 
     def meta(self, t: int) -> PayloadMeta:
+        """The payload's header: with the sequences of its assignment this window's update was trained on."""
         ctx = self.ctx
         return PayloadMeta(ctx.uid, t, ctx.hp.protocol_version, ctx.hp.digest(), ctx.dataset.data_hash,
-                           model_hash(ctx.model))
+                           model_hash(ctx.model), trained=self.report.sequences)
 
 
 def main(argv: list[str] | None = None) -> int:

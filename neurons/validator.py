@@ -57,7 +57,8 @@ from storage.jsonobj import put_json
 from storage.look import LOOK_SECONDS, Look, Seen, look, watch
 from storage.peers import PeersList, put_peers
 from storage.reveal import gather_window
-from storage.wire import Expect, Payload
+from dso.payload import Payload
+from storage.wire import Expect
 
 log = logging.getLogger("dso.validator")
 BUNDLE_WAIT_SECONDS = 6.0  # a validator that does not lead waits this long past its own gather for the bundle

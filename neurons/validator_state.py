@@ -23,6 +23,7 @@ from dso.outer import STATE_PREFIX, OuterState
 from dso.atomic import atomic_write
 from neurons.persist import load_json, load_tensors, save_json, save_tensors
 from scoring import state as scoring_state
+from scoring.history import UploadHistory
 from storage import keys
 
 KEEP = 3  # folders kept (the newest is current)
@@ -48,6 +49,7 @@ def save(root: Path, scores: scoring_state.ValidatorState, model: torch.nn.Modul
         shutil.rmtree(folder)
     folder.mkdir(parents=True)
     scores.save(folder / "scoring.json")
+    save_tensors(folder / "history.safetensors", scores.history.to_tensors())
     save_tensors(folder / "model.safetensors", {n: p.detach().cpu() for n, p in model.named_parameters()}
                  | book.outer.tensors())
     save_json(folder / "meta.json", book.to_json(model_hash(model)) | {"outer_digest": book.outer.digest()})
@@ -74,6 +76,7 @@ def load_folder(folder: Path, model: torch.nn.Module, run_digest: str,
     """One saved folder, loaded into ``model``; raises StateError naming the file and the problem (the
     model is left as it was when it does)."""
     scores = scoring_state.load(folder / "scoring.json", run_digest)
+    scores.history = _history(folder / "history.safetensors")
     meta = load_json(folder / "meta.json")
     if meta is None:
         raise scoring_state.StateError(f"{folder}/meta.json missing or unreadable")
@@ -109,6 +112,17 @@ def load_folder(folder: Path, model: torch.nn.Module, run_digest: str,
                 p.copy_(before[name])
             raise scoring_state.StateError(f"{folder}/model.safetensors does not match the hash in meta.json")
     return scores, book
+
+
+def _history(path: Path) -> UploadHistory:
+    """The saved history of uploads (scoring/history.py); raises StateError when it is damaged."""
+    tensors = load_tensors(path)
+    if tensors is None:
+        raise scoring_state.StateError(f"{path} missing or unreadable")
+    try:
+        return UploadHistory.from_tensors(tensors)
+    except ValueError as e:
+        raise scoring_state.StateError(f"{path}: {e}") from None
 
 
 def _int(value) -> int:

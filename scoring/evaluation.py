@@ -2,19 +2,18 @@
 
 ``θ'_p = θ_t − step_p`` (:func:`update_step`: the outer rule's step with the peer's update, scaled by
 ``eval_scale``; ``β_eval·sign(Δ_p)`` for the Gauntlet's signed rule) is applied to the live parameters, the losses
-are measured, and θ_t is put back **bit-exactly** from one snapshot taken per
+are measured sequence by sequence, and θ_t is put back **bit-exactly** from one snapshot taken per
 window (``p.copy_(snapshot)``; undoing with ``+ β·sign`` would not round-trip in
 floating point, and the validator's model hash must keep matching the miners').
 Memory: one parameter copy per window plus one decoded update at a time.
 
-Cost per peer: three forward passes over ``eval_sequences`` sequences —
-L(θ_t, D_p), L(θ', D_p), L(θ', D_rand) — while L(θ_t, D_rand) is measured once
-per window and shared by all evaluated peers.
+Cost per peer: forward passes over ``poc_sequences`` of the sequences it trained on, at θ_t and at θ', and over the
+window's ``eval_sequences`` random ones at θ'; the random ones at θ_t are measured once per window and shared.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Protocol
+from typing import Any, Callable, Mapping, Protocol, Sequence
 
 import torch
 
@@ -22,8 +21,8 @@ from dso.config import HParams
 from dso.model import Decoder
 from dso.outer import evaluation_step, peer_norms
 from dso.rejections import Reason, Rejection
-from dso.train import evaluate
-from scoring.formulas import loss_delta
+from dso.train import sequence_losses
+from scoring.formulas import loss_delta, poc_statistic
 
 
 class ParameterSnapshot:
@@ -85,63 +84,114 @@ def update_step(codec: Any, update: object, hp: HParams, window: int, reference:
 
 @dataclass(frozen=True)
 class PeerLosses:
-    """The four losses of one evaluation (``base_*`` at θ_t, ``stepped_*`` at θ'_p)."""
+    """The per-sequence losses of one evaluation (float64): at θ_t (``base``), at θ'_p = θ_t − step_p (``stepped``)
+    and at θ_t − control (``control``: the same step with the window's consensus, the aggregate, instead of the
+    peer's update)."""
 
-    base_assigned: float
-    stepped_assigned: float
-    base_rand: float
-    stepped_rand: float
-
-    @property
-    def delta_assigned(self) -> float:
-        return loss_delta(self.base_assigned, self.stepped_assigned)
+    control_assigned: torch.Tensor  # the sequences the peer declared it trained on (a sample)
+    stepped_assigned: torch.Tensor
+    base_rand: torch.Tensor         # the window's random sequences: shared by every evaluated peer
+    control_rand: torch.Tensor      # (shared)
+    stepped_rand: torch.Tensor
 
     @property
     def delta_rand(self) -> float:
-        """LossScore."""
-        return loss_delta(self.base_rand, self.stepped_rand)
+        """LossScore: how much the peer's step lowers the loss of random sequences."""
+        return loss_delta(_mean(self.base_rand), _mean(self.stepped_rand))
+
+    @property
+    def delta_assigned(self) -> float:
+        """How much more the peer's step lowers the loss of its trained sequences than the consensus step does."""
+        return loss_delta(_mean(self.control_assigned), _mean(self.stepped_assigned))
+
+    @property
+    def poc_statistic(self) -> float:
+        """The proof of computation (``formulas.poc_statistic``): the per-sequence gains of the peer's step over the
+        consensus step, on its trained sequences against the random ones.  The consensus cancels what makes one
+        sequence (or one window's random draw) easier to improve than another for any good update; what is left
+        on the trained sequences is what training on them put into the update."""
+        return poc_statistic((self.control_assigned - self.stepped_assigned).tolist(),
+                             (self.control_rand - self.stepped_rand).tolist())
 
 
-def evaluate_peer(model: Decoder, snapshot: ParameterSnapshot, signs: Mapping[str, torch.Tensor],
-                  step: float, assigned: torch.Tensor, rand: torch.Tensor, base_rand: float,
-                  micro_batch: int) -> PeerLosses:
-    """Losses of θ_t and θ_t − step·signs on the peer's assigned data and on D_rand (``signs`` may be any
-    displacement, e.g. :func:`update_step` with ``step`` 1).
+def _mean(losses: torch.Tensor) -> float:
+    return float(losses.mean()) if losses.numel() else float("nan")
 
-    ``model`` must hold θ_t on entry; it holds θ_t again (bit for bit) on return,
-    also when a forward pass raises."""
+
+@dataclass(frozen=True)
+class RandomLosses:
+    """The window's random sequences and their losses at θ_t and at θ_t − control, measured once."""
+
+    batch: torch.Tensor
+    base: torch.Tensor
+    control: torch.Tensor
+
+
+def stepped_losses(model: Decoder, snapshot: ParameterSnapshot, step: Mapping[str, torch.Tensor] | None,
+                   batches: Sequence[torch.Tensor], micro_batch: int) -> list[torch.Tensor]:
+    """Per-sequence losses of each of ``batches`` at θ_t − ``step`` (θ_t itself for None).
+
+    ``model`` must hold θ_t on entry; it holds θ_t again (bit for bit) on return, also when a forward pass
+    raises."""
     device = snapshot.params[0].device
-    base_assigned = evaluate(model, assigned, micro_batch, device)
     try:
-        with torch.no_grad():
-            for (name, p) in model.named_parameters():
-                p.sub_(signs[name].to(device=p.device, dtype=p.dtype), alpha=step)
-        stepped_assigned = evaluate(model, assigned, micro_batch, device)
-        stepped_rand = evaluate(model, rand, micro_batch, device)
+        if step is not None:
+            with torch.no_grad():
+                for (name, p) in model.named_parameters():
+                    p.sub_(step[name].to(device=p.device, dtype=p.dtype))
+        return [sequence_losses(model, batch, micro_batch, device) for batch in batches]
     finally:
-        snapshot.restore()
-    return PeerLosses(base_assigned, stepped_assigned, base_rand, stepped_rand)
+        if step is not None:
+            snapshot.restore()
+
+
+def random_losses(model: Decoder, snapshot: ParameterSnapshot, control: Mapping[str, torch.Tensor] | None,
+                  batch: torch.Tensor, micro_batch: int) -> RandomLosses:
+    """The random side of a window's evaluations (no control: the control losses are the base ones)."""
+    base = stepped_losses(model, snapshot, None, [batch], micro_batch)[0]
+    controlled = base if control is None else stepped_losses(model, snapshot, control, [batch], micro_batch)[0]
+    return RandomLosses(batch, base, controlled)
+
+
+def evaluate_peer(model: Decoder, snapshot: ParameterSnapshot, step: Mapping[str, torch.Tensor],
+                  control: Mapping[str, torch.Tensor] | None, assigned: torch.Tensor, rand: RandomLosses,
+                  micro_batch: int) -> PeerLosses:
+    """Per-sequence losses of the peer's step and of the control step on its trained sequences (``assigned``, may
+    be empty), and of the peer's step on the window's random ones."""
+    stepped_assigned, stepped_rand = stepped_losses(model, snapshot, step, [assigned, rand.batch], micro_batch)
+    control_assigned = stepped_losses(model, snapshot, control, [assigned], micro_batch)[0]
+    return PeerLosses(control_assigned, stepped_assigned, rand.base, rand.control, stepped_rand)
+
+
+@dataclass(frozen=True)
+class SharedInputs:
+    """What every evaluated peer of one window shares: the step's reference norms, the parameter shapes, the
+    consensus step (``control``) and the window's random sequences with their losses at θ_t and θ_t − control."""
+
+    window: int
+    reference: Mapping[str, float]
+    shapes: Mapping[str, tuple[int, ...]]
+    control: Mapping[str, torch.Tensor] | None
+    random: RandomLosses
 
 
 class PeerEvaluator(Protocol):
-    """Who computes the losses of the peers evaluated in a window (``jobs``: uid → (update, assigned
-    sequences), evaluated at the model's θ_t, which must hold θ_t again on return): this process
-    (:func:`evaluate_peers`), or a node's ranks sharing the peers (neurons/validator_ranks.py)."""
+    """Who computes the losses of a window's evaluated peers (``jobs``: uid → (update, sampled trained sequences)),
+    at the model's θ_t, which holds θ_t again on return: this process (:func:`evaluate_peers`), or a node's ranks
+    sharing the peers (neurons/validator_ranks.py)."""
 
-    def __call__(self, model: Decoder, codec: Any, hp: HParams, window: int, reference: Mapping[str, float],
-                 shapes: Mapping[str, tuple[int, ...]], jobs: Mapping[int, tuple[Any, torch.Tensor]],
-                 rand: torch.Tensor, base_rand: float) -> dict[int, PeerLosses | Rejection]: ...
+    def __call__(self, model: Decoder, snapshot: ParameterSnapshot, codec: Any, hp: HParams, shared: SharedInputs,
+                 jobs: Mapping[int, tuple[Any, torch.Tensor]]) -> dict[int, PeerLosses | Rejection]: ...
 
 
-def evaluate_peers(model: Decoder, codec: Any, hp: HParams, window: int, reference: Mapping[str, float],
-                   shapes: Mapping[str, tuple[int, ...]], jobs: Mapping[int, tuple[Any, torch.Tensor]],
-                   rand: torch.Tensor, base_rand: float) -> dict[int, PeerLosses | Rejection]:
-    """Every job's losses (or why its update cannot be evaluated), one peer after another, in place."""
-    snapshot = ParameterSnapshot(model)
+def evaluate_peers(model: Decoder, snapshot: ParameterSnapshot, codec: Any, hp: HParams, shared: SharedInputs,
+                   jobs: Mapping[int, tuple[Any, torch.Tensor]]) -> dict[int, PeerLosses | Rejection]:
+    """Every job's losses (or why its update cannot be evaluated), one peer after another, in place: one decoded
+    update in memory at a time."""
     out: dict[int, PeerLosses | Rejection] = {}
-    for uid, (update, assigned) in jobs.items():
-        step = update_step(codec, update, hp, window, reference, shapes)
+    for uid, (update, trained) in jobs.items():
+        step = update_step(codec, update, hp, shared.window, shared.reference, shared.shapes)
         out[uid] = step if isinstance(step, Rejection) else evaluate_peer(
-            model, snapshot, step, 1.0, assigned, rand, base_rand, hp.micro_batch)
+            model, snapshot, step, shared.control, trained, shared.random, hp.micro_batch)
         del step
     return out

@@ -44,21 +44,10 @@ def bound_mu(mu: float) -> float:
     return min(MU_MAX, max(MU_MIN, mu))
 
 
-def poc_update(mu: float, delta_assigned: float, delta_rand: float, gamma: float) -> float:
-    """Proof of computation: ``μ ← γ·μ + (1−γ)·sign(δ_assigned − δ_rand)``, within [MU_MIN, MU_MAX].
-
-    A difference that is not a finite number earns no credit: it counts as −1."""
-    diff = delta_assigned - delta_rand
-    step = sign(diff) if math.isfinite(diff) else -1.0
-    return bound_mu(gamma * bound_mu(mu) + (1.0 - gamma) * step)
-
-
-def poc_no_work(mu: float, gamma: float) -> float:
-    """The proof-of-computation step for an evaluated update that did not lower the random-data loss at all
-    (δ_rand ≤ 0: zeros, noise, harm): it proves no useful work, so it counts as −1 (``γ·μ − (1−γ)``), where
-    ``poc_update`` would give a zero update (equal deltas) a free decay (issue 17: a miner that uploads zeros
-    when it does not expect evaluation)."""
-    return bound_mu(gamma * bound_mu(mu) - (1.0 - gamma))
+def poc_update(mu: float, passed: bool, gamma: float) -> float:
+    """μ, the record of proof-of-computation verdicts: ``μ ← γ·μ + (1−γ)·(+1 if passed else −1)``, within
+    [MU_MIN, MU_MAX].  Fast-check penalties lower the same μ (``penalise``)."""
+    return bound_mu(gamma * bound_mu(mu) + (1.0 - gamma) * (1.0 if passed else -1.0))
 
 
 def penalise(mu: float, phi: float) -> float:
@@ -86,22 +75,89 @@ def sync_score(validator_values: list[float], peer_values: list[float], lr: floa
     return total / (lr * len(validator_values))
 
 
-def poc_passes(mu: float, evaluations: int, floor: float) -> bool:
-    """Whether a peer's proof-of-computation record lets it be paid: evaluated at least once and ``μ ≥ floor``.
+def poc_statistic(assigned_gains: Sequence[float], rand_gains: Sequence[float]) -> float:
+    """Proof of computation: Welch's t of a peer's per-sequence loss gains ``L(θ_t, x) − L(θ'_p, x)`` on sequences it
+    declared it trained on (``assigned_gains``) against the gains on random sequences (``rand_gains``).
 
-    μ is an EMA of ±1 verdicts (``poc_update``, ``poc_no_work``), so the gate looks at many evaluations, not one:
-    an honest μ wanders around 0 when the sign test is weak (positive in ~52 % of honest evaluations on current
-    training), while a peer that does no work sinks by ``1 − γⁿ`` after n evaluations.  Never evaluated: no
-    record yet, no pay (its rating is still the prior's).  NaN fails (docs/scoring.md, "Fair, stable weights")."""
-    return evaluations > 0 and mu >= floor
+    An update trained on those sequences lowers their loss more than it lowers the loss of others (a step on a
+    batch helps that batch most); an update trained on other data, replayed from another window, or mixed from
+    other peers' updates helps both alike, so its t is around 0 (docs/scoring.md, "Proof of computation").  Fewer
+    than two gains on either side, or any that is not a finite number (a step that broke the loss), is no
+    evidence: −inf.  Equal gains throughout (zero spread) give ±inf by the sign of the difference, or 0."""
+    a, r = list(assigned_gains), list(rand_gains)
+    if len(a) < 2 or len(r) < 2 or not all(math.isfinite(x) for x in a + r):
+        return -math.inf
+    diff = statistics.fmean(a) - statistics.fmean(r)
+    se = math.sqrt(statistics.variance(a) / len(a) + statistics.variance(r) / len(r))
+    if se > 0:
+        return diff / se
+    return math.copysign(math.inf, diff) if diff else 0.0
 
 
-def gates_pay(ratios: Sequence[float], mu: float, evaluations: int, share: float, floor: float,
-              rule: HelpRule) -> bool:
-    """Whether a peer's recorded standing passes both pay gates: the help gate (``helped_recently``) and the
-    proof of computation (``poc_passes``) — what a noise miner must pass by luck to be paid (the rating decides
-    how much; scoring/pay.py applies the gates to the score)."""
-    return helped_recently(ratios, share, rule) and poc_passes(mu, evaluations, floor)
+def poc_verdict(statistic: float, threshold: float) -> bool:
+    """Whether one proof-of-computation test passes: its statistic (``poc_statistic``) is at least ``threshold``
+    (NaN fails)."""
+    return statistic >= threshold
+
+
+POC_BOUND = 10.0  # a statistic is recorded within ±this: one extreme draw cannot carry a record
+
+
+def bound_statistic(statistic: float) -> float:
+    """A test statistic as the record keeps it: within ±POC_BOUND, NaN as −POC_BOUND (no evidence)."""
+    return -POC_BOUND if statistic != statistic else min(POC_BOUND, max(-POC_BOUND, statistic))
+
+
+PROVEN_AFTER = 2  # evaluations in a peer's record before its proof of computation can pay (``work_proven``)
+
+
+def work_proven(statistics_: Sequence[float], threshold: float) -> bool:
+    """Whether a peer's record of proof-of-computation statistics (``PeerState.poc_record``, oldest first) proves it
+    trains on the sequences it declares: at least ``PROVEN_AFTER`` of them, with a mean at or above ``threshold``, and
+    the last at or above half of it.
+
+    The mean of a few tests, not each one: an honest update's statistic is around 3–4 on the default model (2.5 for
+    twice the sequences per window), one that took no work on its data around 0, and one test in a few of an honest
+    peer falls low by chance, where the mean of its record does not; a miner that trains on other data, or mixes
+    other miners' updates, sits at 0 in every test.  The last test on its own: a strong test beside a failed one
+    can lift a short record's mean, as a miner that worked in one of its two evaluated windows would have it
+    (docs/scoring.md, "Proof of computation")."""
+    return (len(statistics_) >= PROVEN_AFTER and statistics.fmean(statistics_) >= threshold
+            and statistics_[-1] >= threshold / 2)
+
+
+def cooled_down(failed_window: int, window: int, cooldown: int) -> bool:
+    """Whether ``cooldown`` windows have passed since a peer last uploaded something that certainly took no work
+    (``failed_window``, −1 = never: a replay, an empty update — scoring/history.py): a part-time miner sends those in
+    the windows it does not train, and is not paid for ``cooldown`` windows after each."""
+    return failed_window < 0 or window - failed_window > cooldown
+
+
+def poc_pays(statistics_: Sequence[float], failed_window: int, window: int, mu: float, cooldown: int, floor: float,
+             threshold: float) -> bool:
+    """The proof-of-computation side of the pay rule: proven work (``work_proven``), no upload without work within
+    the cooldown (``cooled_down``), and μ — the EMA of verdicts, lowered by fast-check penalties — at or above
+    ``floor`` (NaN fails)."""
+    return work_proven(statistics_, threshold) and cooled_down(failed_window, window, cooldown) and mu >= floor
+
+
+def quality(ratios: Sequence[float], rule: HelpRule) -> float:
+    """How useful a peer's updates were, in [0, 1]: its help record's score (``help_record_score``: its LossScores
+    against the windows' medians, at most 1 each) clamped to [0, 1]; 0 without a record."""
+    if not ratios:
+        return 0.0
+    return min(1.0, max(0.0, help_record_score(ratios, rule)))
+
+
+def pay_score(work: Sequence[int], quality_: float) -> float:
+    """What a peer that passes every gate is paid for, before normalisation: its work per evaluation (the mean of
+    the sequences it declared it trained on, which the proof of computation tests) times the quality of its
+    updates.  Twice the compute is twice the
+    sequences trained, so it earns about twice the pay, and splitting it over two uids earns no more (each half
+    has the same quality at best); a peer whose updates help less than the median earns less per sequence."""
+    if not work:
+        return 0.0
+    return statistics.fmean(work) * quality_
 
 
 def peer_score(mu: float, rating: float, passed: bool) -> float:
@@ -116,6 +172,14 @@ def peer_score(mu: float, rating: float, passed: bool) -> float:
     if not (math.isfinite(mu) and math.isfinite(rating)):
         return MU_MIN  # no weight; finite, so every score stays a number (the inputs are bounded anyway)
     return rating if passed else min(mu, rating, 0.0)
+
+
+def paper_peer_score(mu: float, rating: float) -> float:
+    """The Gauntlet paper's PeerScore: the proof-of-computation average μ times the LossRating (non-finite: MU_MIN).
+    Two negatives make no reward: when either factor is at most 0 the score is the lower of them and 0."""
+    if not (math.isfinite(mu) and math.isfinite(rating)):
+        return MU_MIN
+    return mu * rating if mu > 0 and rating > 0 else min(mu, rating, 0.0)
 
 
 def help_median(loss_scores: Iterable[float]) -> float | None:

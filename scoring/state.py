@@ -27,14 +27,16 @@ import numpy as np
 
 from dso.atomic import atomic_write
 from dso.config import HELP_MEMORY_MAX
-from scoring.formulas import MU_MAX, MU_MIN
+from scoring.formulas import MU_MAX, MU_MIN, POC_BOUND
+from scoring.history import UploadHistory
 from scoring.rating import RATING_MU_BOUND, SIGMA_MAX, SIGMA_MIN, Rating, initial_rating, ordinal
 
 T = TypeVar("T")
 
 # 2: μ and ratings are bounded (docs/scoring.md, "Bounds").  Version 1 states may hold any μ down to −inf,
-# so they are refused rather than silently clamped.
-STATE_VERSION = 2
+# so they are refused rather than silently clamped.  3: the proof of computation is a per-evaluation test with a
+# record of verified work (``work``, ``poc_z``, ``poc_failed_window``); μ is the EMA of its verdicts.
+STATE_VERSION = 3
 OFFENCE_CATEGORIES = ("missing", "timing", "format", "sync", "commit", "invalid")  # invalid: see scoring.window
 MAX_STATE_BYTES = 256 * 1024 * 1024  # ~1 KB per peer: far above any subnet
 MAX_INT = 2 ** 53                    # windows, uids and counters: exact in a double, far above any run
@@ -63,9 +65,13 @@ class PeerState:
     offences: dict[str, int] = field(default_factory=dict)  # category → count
     last_offence: str = ""               # str(Rejection) of the latest failure
     copies: int = 0                      # windows rejected as a copy (duplicate, near-copy, mix): the pay rule's record
-    passes: int = 0                      # windows it took part in and passed every check (issue 17)
+    passes: int = 0                      # windows it took part in and passed every check
     help_ratios: list[float] = field(default_factory=list)  # the last evaluations' help ratios, oldest first,
-    #                                   each in [−1, 1]: the pay gate's record (scoring/formulas.py, issue 17)
+    #                                   each in [−1, 1]: the pay gate's record (scoring/formulas.py)
+    poc_record: list[float] = field(default_factory=list)  # the last evaluations' proof-of-computation statistics,
+    #                                   oldest first, within ±POC_BOUND (scoring/formulas.py work_proven)
+    work: list[int] = field(default_factory=list)  # the sequences it declared it trained on in those evaluations
+    poc_failed_window: int = -1          # the last window it uploaded something that took no work (the cooldown)
 
     @property
     def rating(self) -> Rating:
@@ -88,6 +94,8 @@ class ValidatorState:
     fast: list[int] = field(default_factory=list)       # F_t of the last window
     weights: dict[int, float] = field(default_factory=dict)
     version: int = STATE_VERSION
+    # sketches of recent updates (scoring/history.py): saved beside the state by neurons/validator_state.py, not in it
+    history: UploadHistory = field(default_factory=UploadHistory, repr=False, compare=False)
 
     @classmethod
     def new(cls, run_digest: str = "", secret: str | None = None) -> "ValidatorState":
@@ -160,7 +168,8 @@ def from_dict(data: Any) -> ValidatorState:
                                 "fast", "weights"})
     if isinstance(d["version"], int) and not isinstance(d["version"], bool) and 0 < d["version"] < STATE_VERSION:
         raise ValueError(f"written by an earlier version (state version {d['version']}, this validator reads "
-                         f"{STATE_VERSION}: μ and ratings were not bounded then)")
+                         f"{STATE_VERSION}: the proof of computation and its record changed; move the state away to "
+                         "start the scores afresh)")
     if d["version"] != STATE_VERSION:
         raise ValueError(f"state version {str(d['version'])[:20]!r} is not {STATE_VERSION}")
     secret = _typed(d["secret"], str, "secret")
@@ -190,8 +199,8 @@ def _weight(value: Any, where: str) -> float:
 # ---------------------------------------------------------------- helpers
 _PEER_FLOATS = ("mu", "rating_mu", "rating_sigma")
 _PEER_OPTIONAL = ("loss_score", "delta_assigned", "sync_score")
-_PEER_INTS = ("eval_count", "last_eval_window", "last_fast_window")
-_PEER_ADDED = ("copies", "passes")  # ints added by issue 17: a state saved before them loads them as 0
+_PEER_INTS = ("eval_count", "last_eval_window", "last_fast_window", "poc_failed_window")
+_PEER_COUNTS = ("copies", "passes")
 
 
 def _peer_to_dict(p: PeerState) -> dict[str, Any]:
@@ -199,6 +208,8 @@ def _peer_to_dict(p: PeerState) -> dict[str, Any]:
     for name in _PEER_FLOATS + _PEER_OPTIONAL:
         out[name] = None if out[name] is None else _encode_float(out[name])
     out["help_ratios"] = [_encode_float(r) for r in p.help_ratios]
+    out["work"] = list(p.work)
+    out["poc_record"] = [_encode_float(z) for z in p.poc_record]
     out["offences"] = dict(sorted(p.offences.items()))
     return out
 
@@ -213,9 +224,25 @@ def _help_ratios(data: Any, where: str) -> list[float]:
     return ratios
 
 
+def _work(data: Any, where: str) -> list[int]:
+    work = [_int(w, f"{where}[{i}]") for i, w in enumerate(_typed(data, list, where))]
+    if len(work) > HELP_MEMORY_MAX:
+        raise ValueError(f"{where}: {len(work)} entries, at most {HELP_MEMORY_MAX}")
+    if any(w < 0 for w in work):
+        raise ValueError(f"{where}: verified work must be >= 0")
+    return work
+
+
+def _poc_record(data: Any, where: str) -> list[float]:
+    record = [_decode_float(z, f"{where}[{i}]") for i, z in enumerate(_typed(data, list, where))]
+    if len(record) > HELP_MEMORY_MAX:
+        raise ValueError(f"{where}: {len(record)} entries, at most {HELP_MEMORY_MAX}")
+    if any(not -POC_BOUND <= z <= POC_BOUND for z in record):
+        raise ValueError(f"{where}: a statistic outside [-{POC_BOUND:g}, {POC_BOUND:g}]")
+    return record
+
+
 def _peer_from_dict(data: Any, where: str) -> PeerState:
-    if isinstance(data, dict):
-        data = {**{name: 0 for name in _PEER_ADDED}, "help_ratios": [], **data}  # fields issue 17 added
     d = _fields(data, where, {f.name for f in fields(PeerState)})
     peer = PeerState(hotkey=_typed(d["hotkey"], str, f"{where}.hotkey"),
                      last_offence=_typed(d["last_offence"], str, f"{where}.last_offence"))
@@ -229,7 +256,9 @@ def _peer_from_dict(data: Any, where: str) -> PeerState:
     for name in _PEER_INTS:
         setattr(peer, name, _int(d[name], f"{where}.{name}"))
     peer.help_ratios = _help_ratios(d["help_ratios"], f"{where}.help_ratios")
-    for name in _PEER_ADDED:
+    peer.work = _work(d["work"], f"{where}.work")
+    peer.poc_record = _poc_record(d["poc_record"], f"{where}.poc_record")
+    for name in _PEER_COUNTS:
         if _int(d[name], f"{where}.{name}") < 0:
             raise ValueError(f"{where}.{name}: must be >= 0")
         setattr(peer, name, d[name])

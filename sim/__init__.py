@@ -2,4 +2,4 @@
 simulator, run reports and synthetic attacks.
 
 The one-way rule (docs/architecture.md): this package may import dso, storage, scoring and neurons; none of
-them may import it.  tests/test_architecture.py checks it."""
+them may import it.  tests/unit/test_architecture.py checks it."""

@@ -1,11 +1,12 @@
 """Miner behaviours: the honest protocol and the attacks the network must withstand (experiments only).
 
-A behaviour changes three things of an honest miner: how much it trains, what
-update it uploads (a transform of its own update, or something built from the
-updates of others it can read during the put window), and when it uploads.
-Everything is codec-generic: updates are decoded, changed in parameter space and
-compressed again with the run's codec.  The production miner (neurons/miner.py)
-knows none of this; sim/miner.py and sim/simulator.py apply these plans.
+A behaviour is a class: it decides how much a miner trains and on what data (:meth:`Behaviour.plan`,
+:meth:`Behaviour.training_data`), what it uploads (:meth:`Behaviour.upload`: its own update, a transform of it, or
+something built from the updates of others it can read in the put window, the public aggregates and its own
+history), how many sequences it declares it trained on (:meth:`Behaviour.declared`), and when it uploads.  One
+instance per miner keeps what that miner remembers between windows.  Everything is codec-generic: updates are
+decoded, changed in parameter space and compressed again with the run's codec.  The production miner
+(neurons/miner.py) knows none of this; sim/miner.py (real processes) and sim/simulator.py (one process) apply them.
 
 | name | what it does |
 |---|---|
@@ -23,13 +24,26 @@ knows none of this; sim/miner.py and sim/simulator.py apply these plans.
 | malformed | garbage bytes, out-of-range indices, NaN values (rotating by window) |
 | alie | "a little is enough": mean − z·std of the honest updates it can read |
 | ipm | inner-product manipulation: −ε · mean of the honest updates it can read |
-| gamer | trains only in windows where it expects to be evaluated, uploads zeros otherwise (issue 17) |
-| noisycopy | re-uploads another miner's update with noise added (issue 17: a near-copy) |
-| mixer | uploads the mean of two other miners' updates (issue 17) |
-| scaledcopy | re-uploads another miner's update ×0.9 (issue 17) |
-| replayer | uploads the previous window's public aggregate as its own update (issue 17) |
-| backdater | a copier that serves a forged, earlier LastModified from its own S3 server (issue 17) |
-| hider | uploads after the put window closed and serves a forged LastModified inside it (issue 17) |
+| gamer | trains only in windows where it expects to be evaluated, uploads zeros otherwise |
+| noisycopy | re-uploads another miner's update with noise added (a near-copy) |
+| mixer | uploads the mean of two other miners' updates |
+| mixall | uploads the mean of every other miner's update |
+| noisymix | mixall with noise added |
+| scaledmix | mixall scaled by 0.5 |
+| scaledcopy | re-uploads another miner's update ×0.9 |
+| replayer | uploads the previous window's public aggregate as its own update |
+| oldreplayer | uploads the public aggregate of ``REPLAY_LAG`` windows ago |
+| selfreplay | trains once, in its first window, and uploads that update again every window |
+| stalecopy | uploads another miner's update of ``REPLAY_LAG`` windows ago |
+| parttime2, parttime3, parttime5 | trains one window in k, replays its last trained update otherwise |
+| parttime2z | trains one window in 2, uploads zeros otherwise |
+| wrongdata | the honest compute, on sequences other than its assignment |
+| fixedbatch | the honest compute, every step on one fixed batch |
+| othertext | the honest compute, on another text (its assignment read backwards) |
+| backdater | a copier that serves a forged, earlier LastModified from its own S3 server |
+| hider | uploads after the put window closed and serves a forged LastModified inside it |
+
+Every behaviour that does not train declares the sequences an honest miner would (it wants to be paid for them).
 
 The ``gamer`` needs foresight of the evaluation schedule.  In the simulator it gets the most a miner could
 know (sim/foresight.py: the validator's whole state, everything but randomness that does not exist yet at
@@ -40,8 +54,10 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from collections import deque
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Callable, ClassVar
 
 import numpy as np
 import safetensors.numpy
@@ -50,11 +66,8 @@ import torch
 from dso.codecs import Codec, Update
 from storage.tensorfile import load_arrays, read_header
 
-BEHAVIOURS = ("honest", "diligent", "freerider", "absent", "noise", "scaler", "signflip", "copier", "sybil",
-              "desync", "late", "malformed", "alie", "ipm", "gamer", "noisycopy", "mixer", "scaledcopy", "replayer",
-              "backdater", "hider")
-COPIERS = ("copier", "noisycopy", "mixer", "scaledcopy", "backdater")  # build their update from others' uploads
-GOOD = ("honest", "diligent")
+if TYPE_CHECKING:
+    from dso.data import Dataset
 
 ALIE_Z = 1.0        # std multiples subtracted by ALIE
 IPM_EPSILON = 0.5   # scale of the negated mean
@@ -67,17 +80,20 @@ HIDE_BY = 1.5
 DESYNC_EVERY, DESYNC_LENGTH = 8, 3   # desync skips aggregates for 3 windows out of every 8
 GAMER_PERIOD = 5     # without foresight, the gamer trains one window in 5 (30 peers, 6 evaluated per window)
 GAMER_THRESHOLD = 0.5  # with foresight, it trains when its chance of being evaluated is at least this
-COPY_NOISE = 0.3     # noisycopy: noise of this RMS relative to each tensor's RMS in the copied update
+COPY_NOISE = 0.3     # noisycopy / noisymix: noise of this RMS relative to each tensor's RMS in the copied update
 COPY_SCALE = 0.9     # scaledcopy's factor
+MIX_SCALE = 0.5      # scaledmix's factor
+REPLAY_LAG = 4       # oldreplayer / stalecopy: windows back
+OTHER_DATA_UID = 1 << 20  # wrongdata trains on the assignment of this uid + its own (no miner has it)
+FIXED_BATCH = 8      # fixedbatch: the sequences it trains on in every step
 BACKDATE_BY = 3.0    # backdater/hider: seconds its forged LastModified claims before the true time
-FORGERS = ("backdater", "hider")  # publish their own S3 server, which serves LastModified up to BACKDATE_BY early
 
 
 @dataclass(frozen=True)
 class Plan:
     """What a behaviour does in one window."""
 
-    train: bool = True             # compute the honest update on assigned data
+    train: bool = True             # compute an update by the honest inner loop (on training_data)
     data_batches: int = 1          # batches of assigned size to train on
     upload: bool = True
     reads_peers: bool = False      # builds its update from others' uploads (copier, alie, ipm)
@@ -92,30 +108,348 @@ class Plan:
         return self.train
 
 
-def plan(behaviour: str, window: int) -> Plan:
-    if behaviour not in BEHAVIOURS:
-        raise ValueError(f"unknown behaviour {behaviour!r}; choose from {', '.join(BEHAVIOURS)}")
-    if behaviour == "diligent":
+@dataclass
+class Inputs:
+    """What a behaviour can build its upload of one window from."""
+
+    codec: Codec
+    window: int
+    own: Update | None                     # what it trained this window (None: it did not train)
+    generator: torch.Generator
+    others: list[Update] = field(default_factory=list)  # other miners' updates it read in the put window
+    previous: dict[str, torch.Tensor] | None = None     # the previous window's aggregate Δ (public)
+
+
+class Behaviour:
+    """The honest protocol; attacks override what they change."""
+
+    name: ClassVar[str] = "honest"
+    good: ClassVar[bool] = False       # does the honest work (honest, diligent)
+    reads_peers: ClassVar[bool] = False
+    forges: ClassVar[bool] = False     # serves its bucket through a server that forges LastModified
+    needs_previous: ClassVar[bool] = False  # reads the previous window's public aggregate
+
+    def plan(self, window: int) -> Plan:
+        return Plan(train=not self.reads_peers, reads_peers=self.reads_peers)
+
+    def training_data(self, dataset: Dataset, uid: int, window: int, assigned: int) -> torch.Tensor:
+        """The sequences it trains on, in order (honest: its assignment)."""
+        return dataset.assigned(uid, window, assigned)
+
+    def upload(self, inputs: Inputs) -> Update | None:
+        """The update it uploads (None = nothing to upload this window)."""
+        return inputs.own
+
+    def declared(self, trained: int, honest: int) -> int:
+        """The sequences it declares in its payload: what it trained on, or an honest miner's count when it
+        trained on none (it wants the pay)."""
+        return trained if trained else honest
+
+    def wire(self, data: bytes, window: int) -> bytes:
+        """The bytes it puts in its bucket (honest: its encoded payload)."""
+        return data
+
+
+class Honest(Behaviour):
+    good = True
+
+
+class Diligent(Behaviour):
+    name, good = "diligent", True
+
+    def plan(self, window: int) -> Plan:
         return Plan(data_batches=2)
-    if behaviour == "absent":
+
+
+class Freerider(Behaviour):
+    name = "freerider"
+
+    def plan(self, window: int) -> Plan:
+        return Plan(train=False)
+
+    def upload(self, inputs: Inputs) -> Update | None:
+        return zeros(inputs.codec, inputs.window)
+
+
+class Absent(Behaviour):
+    name = "absent"
+
+    def plan(self, window: int) -> Plan:
         return Plan(train=False, upload=False)
-    if behaviour in ("freerider", "noise", "malformed"):
-        return Plan(train=False)
-    if behaviour in COPIERS + ("alie", "ipm"):
-        return Plan(train=False, reads_peers=True)
-    if behaviour == "replayer":
-        return Plan(train=False)
-    if behaviour == "late":
+
+    def upload(self, inputs: Inputs) -> Update | None:
+        return None
+
+
+class Noise(Freerider):
+    name = "noise"
+
+    def upload(self, inputs: Inputs) -> Update | None:
+        return noise(inputs.codec, inputs.window, inputs.generator)
+
+
+class Malformed(Freerider):
+    name = "malformed"
+
+    def wire(self, data: bytes, window: int) -> bytes:
+        return malformed_bytes(data, window)
+
+
+class Scaler(Behaviour):
+    name = "scaler"
+    factor: ClassVar[float] = SCALE
+
+    def upload(self, inputs: Inputs) -> Update | None:
+        return None if inputs.own is None else scaled(inputs.codec, inputs.window, inputs.own, self.factor)
+
+
+class Signflip(Scaler):
+    name, factor = "signflip", -1.0
+
+
+class Late(Behaviour):
+    name = "late"
+
+    def plan(self, window: int) -> Plan:
         return Plan(late=True)
-    if behaviour == "hider":
+
+
+class Hider(Behaviour):
+    name, forges = "hider", True
+
+    def plan(self, window: int) -> Plan:
         return Plan(late=True, late_by=HIDE_BY)
-    if behaviour == "desync":
+
+
+class Desync(Behaviour):
+    name = "desync"
+
+    def plan(self, window: int) -> Plan:
         return Plan(apply_aggregate=window % DESYNC_EVERY >= DESYNC_LENGTH)
-    if behaviour == "gamer":
+
+
+class Sybil(Behaviour):
+    """Both uids of a pair upload the update one of them trained (the transport shares it: sybil_exchange)."""
+
+    name = "sybil"
+
+
+class Gamer(Behaviour):
+    """Trains when it expects evaluation; uploads zeros otherwise (they pass SyncScore: it follows the network)."""
+
+    name = "gamer"
+
+    def plan(self, window: int) -> Plan:
         return gamer_plan(1.0 if window % GAMER_PERIOD == 0 else 0.0)
-    return Plan()
+
+    def upload(self, inputs: Inputs) -> Update | None:
+        return zeros(inputs.codec, inputs.window) if inputs.own is None else inputs.own
 
 
+class Copier(Behaviour):
+    name, reads_peers = "copier", True
+
+    def upload(self, inputs: Inputs) -> Update | None:
+        return inputs.others[0] if inputs.others else None
+
+
+class Backdater(Copier):
+    name, forges = "backdater", True
+
+
+class NoisyCopy(Copier):
+    name = "noisycopy"
+
+    def upload(self, inputs: Inputs) -> Update | None:
+        return noisy_copy(inputs.codec, inputs.window, inputs.others[0], inputs.generator) if inputs.others else None
+
+
+class ScaledCopy(Copier):
+    name = "scaledcopy"
+
+    def upload(self, inputs: Inputs) -> Update | None:
+        return scaled(inputs.codec, inputs.window, inputs.others[0], COPY_SCALE) if inputs.others else None
+
+
+class Mixer(Copier):
+    name = "mixer"
+
+    def upload(self, inputs: Inputs) -> Update | None:
+        return mix(inputs.codec, inputs.window, inputs.others[:2]) if len(inputs.others) >= 2 else None
+
+
+class MixAll(Copier):
+    name = "mixall"
+
+    def upload(self, inputs: Inputs) -> Update | None:
+        return mix(inputs.codec, inputs.window, inputs.others) if len(inputs.others) >= 2 else None
+
+
+class NoisyMix(MixAll):
+    name = "noisymix"
+
+    def upload(self, inputs: Inputs) -> Update | None:
+        mixed = super().upload(inputs)
+        return None if mixed is None else noisy_copy(inputs.codec, inputs.window, mixed, inputs.generator)
+
+
+class ScaledMix(MixAll):
+    name = "scaledmix"
+
+    def upload(self, inputs: Inputs) -> Update | None:
+        mixed = super().upload(inputs)
+        return None if mixed is None else scaled(inputs.codec, inputs.window, mixed, MIX_SCALE)
+
+
+class Alie(Copier):
+    name = "alie"
+
+    def upload(self, inputs: Inputs) -> Update | None:
+        return alie(inputs.codec, inputs.window, inputs.others)
+
+
+class Ipm(Copier):
+    name = "ipm"
+
+    def upload(self, inputs: Inputs) -> Update | None:
+        return ipm(inputs.codec, inputs.window, inputs.others)
+
+
+class Replayer(Freerider):
+    """Uploads the public aggregate of ``lag`` windows ago as its own update."""
+
+    name, needs_previous = "replayer", True
+    lag: ClassVar[int] = 1
+
+    def __init__(self) -> None:
+        self.aggregates: deque[dict[str, torch.Tensor] | None] = deque(maxlen=self.lag)
+
+    def upload(self, inputs: Inputs) -> Update | None:
+        self.aggregates.append(inputs.previous)
+        old = self.aggregates[0] if len(self.aggregates) == self.lag else None
+        return replay(inputs.codec, inputs.window, old)
+
+
+class OldReplayer(Replayer):
+    name, lag = "oldreplayer", REPLAY_LAG
+
+
+class StaleCopy(Copier):
+    """Uploads another miner's update of ``REPLAY_LAG`` windows ago."""
+
+    name = "stalecopy"
+
+    def __init__(self) -> None:
+        self.seen: deque[Update | None] = deque(maxlen=REPLAY_LAG + 1)
+
+    def upload(self, inputs: Inputs) -> Update | None:
+        self.seen.append(inputs.others[0] if inputs.others else None)
+        return self.seen[0] if len(self.seen) == self.seen.maxlen else None
+
+
+class SelfReplay(Behaviour):
+    """Trains once, in its first window, then uploads that update again in every window."""
+
+    name = "selfreplay"
+
+    def __init__(self) -> None:
+        self.first: Update | None = None
+
+    def plan(self, window: int) -> Plan:
+        return Plan(train=self.first is None)
+
+    def upload(self, inputs: Inputs) -> Update | None:
+        if self.first is None:
+            self.first = inputs.own
+        return self.first
+
+
+class PartTime(Behaviour):
+    """Trains one window in ``every``; in the others it replays its last trained update (or uploads zeros)."""
+
+    name, every, zeros_between = "parttime2", 2, False
+
+    def __init__(self) -> None:
+        self.last: Update | None = None
+
+    def plan(self, window: int) -> Plan:
+        return Plan(train=window % self.every == 0)
+
+    def upload(self, inputs: Inputs) -> Update | None:
+        if inputs.own is not None:
+            self.last = inputs.own
+            return inputs.own
+        return zeros(inputs.codec, inputs.window) if self.zeros_between else self.last
+
+
+class PartTime3(PartTime):
+    name, every = "parttime3", 3
+
+
+class PartTime5(PartTime):
+    name, every = "parttime5", 5
+
+
+class PartTime2Zeros(PartTime):
+    name, zeros_between = "parttime2z", True
+
+
+class WrongData(Behaviour):
+    """The honest compute on sequences that are not its assignment (another uid's, which no miner has)."""
+
+    name = "wrongdata"
+
+    def training_data(self, dataset: Dataset, uid: int, window: int, assigned: int) -> torch.Tensor:
+        return dataset.assigned(OTHER_DATA_UID + uid, window, assigned)
+
+
+class FixedBatch(Behaviour):
+    """The honest compute with every inner step on one fixed batch of sequences that were never its assignment."""
+
+    name = "fixedbatch"
+
+    def training_data(self, dataset: Dataset, uid: int, window: int, assigned: int) -> torch.Tensor:
+        batch = dataset.assigned(OTHER_DATA_UID + uid, 0, assigned)[:FIXED_BATCH]
+        return batch.repeat(math.ceil(assigned / FIXED_BATCH), 1)[:assigned]
+
+
+class OtherText(Behaviour):
+    """The honest compute on another text: CPython's documentation prose (``dso.corpus.stdlib_prose``), cut into
+    sequences by the run's tokeniser, a fresh stretch every window."""
+
+    name = "othertext"
+
+    def __init__(self) -> None:
+        self.ids: np.ndarray | None = None
+
+    def training_data(self, dataset: Dataset, uid: int, window: int, assigned: int) -> torch.Tensor:
+        if self.ids is None:
+            from dso.corpus import stdlib_prose
+            self.ids = dataset.tokenizer.encode_long(stdlib_prose().read_text(errors="replace")).astype(np.int64)
+        width = dataset.seq_len + 1
+        rows = self.ids[: self.ids.size // width * width].reshape(-1, width)
+        pick = np.random.default_rng([uid, window]).permutation(rows.shape[0])[:assigned]
+        return torch.from_numpy(rows[np.resize(pick, assigned)])
+
+
+_CLASSES: tuple[type[Behaviour], ...] = (
+    Honest, Diligent, Freerider, Absent, Noise, Scaler, Signflip, Copier, Sybil, Desync, Late, Malformed, Alie, Ipm,
+    Gamer, NoisyCopy, Mixer, MixAll, NoisyMix, ScaledMix, ScaledCopy, Replayer, OldReplayer, SelfReplay, StaleCopy,
+    PartTime, PartTime3, PartTime5, PartTime2Zeros, WrongData, FixedBatch, OtherText, Backdater, Hider)
+REGISTRY: dict[str, type[Behaviour]] = {cls.name: cls for cls in _CLASSES}
+BEHAVIOURS = tuple(REGISTRY)
+GOOD = tuple(name for name, cls in REGISTRY.items() if cls.good)
+FORGERS = tuple(name for name, cls in REGISTRY.items() if cls.forges)
+
+
+def make(name: str) -> Behaviour:
+    """A fresh behaviour for one miner; an unknown name is refused with the known ones."""
+    if name not in REGISTRY:
+        raise ValueError(f"unknown behaviour {name!r}; choose from {', '.join(BEHAVIOURS)}")
+    return REGISTRY[name]()
+
+
+# ------------------------------------------------------------------ pieces
 def forged_time(true: float, opened: float | None, by: float = BACKDATE_BY) -> float:
     """The LastModified a forger's server claims for an object its real server stamped ``true`` (whole seconds):
     ``by`` seconds earlier, but not before the put window it was written for opened (at ``opened``): a claim
@@ -173,56 +507,22 @@ def noisy_copy(codec: Codec, window: int, update: Update, generator: torch.Gener
     return codec.compress(out, window)
 
 
-def mix(codec: Codec, window: int, a: Update, b: Update) -> Update:
-    """The mean of two updates, each normalised per tensor first (as the aggregation normalises them)."""
-    da, db = codec.decompress(a), codec.decompress(b)
+def mix(codec: Codec, window: int, updates: list[Update]) -> Update:
+    """The mean of ``updates``, each normalised per tensor first (as the aggregation normalises them), at their mean
+    norm, compressed again."""
+    dense = [codec.decompress(u) for u in updates]
     out = {}
     for n in codec.shapes:
-        na, nb = da[n].norm().clamp_min(1e-12), db[n].norm().clamp_min(1e-12)
-        out[n] = 0.5 * (da[n] / na + db[n] / nb) * 0.5 * (na + nb)
+        norms = [d[n].norm().clamp_min(1e-12) for d in dense]
+        out[n] = sum(d[n] / norm for d, norm in zip(dense, norms)) / len(dense) * (sum(norms) / len(norms))
     return codec.compress(out, window)
 
 
 def replay(codec: Codec, window: int, previous: dict[str, torch.Tensor] | None) -> Update | None:
-    """The previous window's aggregate Δ, compressed as the replayer's own update."""
+    """An aggregate Δ, compressed as the replayer's own update."""
     if previous is None:
         return None
     return codec.compress({n: previous[n].detach().float().cpu() for n in codec.shapes}, window)
-
-
-def transform(behaviour: str, codec: Codec, own: Update | None, window: int, generator: torch.Generator,
-              others: list[Update] | None = None, previous: dict[str, torch.Tensor] | None = None) -> Update | None:
-    """The update this behaviour uploads (None = nothing to upload this window)."""
-    others = others or []
-    if behaviour in ("honest", "diligent", "late", "desync", "sybil", "hider"):
-        return own
-    if behaviour == "gamer":
-        return zeros(codec, window) if own is None else own
-    if behaviour == "freerider":
-        return zeros(codec, window)
-    if behaviour == "noise":
-        return noise(codec, window, generator)
-    if behaviour == "scaler":
-        return None if own is None else scaled(codec, window, own, SCALE)
-    if behaviour == "signflip":
-        return None if own is None else scaled(codec, window, own, -1.0)
-    if behaviour == "alie":
-        return alie(codec, window, others)
-    if behaviour == "ipm":
-        return ipm(codec, window, others)
-    if behaviour in ("copier", "backdater"):
-        return others[0] if others else None
-    if behaviour == "noisycopy":
-        return noisy_copy(codec, window, others[0], generator) if others else None
-    if behaviour == "scaledcopy":
-        return scaled(codec, window, others[0], COPY_SCALE) if others else None
-    if behaviour == "mixer":
-        return mix(codec, window, others[0], others[1]) if len(others) >= 2 else None
-    if behaviour == "replayer":
-        return replay(codec, window, previous)
-    if behaviour == "absent":
-        return None
-    raise ValueError(f"behaviour {behaviour!r} has no update transform")  # malformed works on bytes
 
 
 def malformed_bytes(good: bytes, window: int) -> bytes:
@@ -241,7 +541,8 @@ def malformed_bytes(good: bytes, window: int) -> bytes:
     return safetensors.numpy.save(arrays, metadata=header.metadata)
 
 
-def sybil_exchange(group_dir: Path, uid: int, window: int, update_bytes: bytes | None, timeout: float) -> bytes | None:
+def sybil_exchange(group_dir: Path, uid: int, window: int, update_bytes: bytes | None, timeout: float,
+                   clock: Callable[[], float] = time.time) -> bytes | None:
     """Sybils share one update through a directory: the lowest uid of the group trains and writes it, the
     others wait for it (until ``timeout`` seconds from now) and upload those bytes under their own uid."""
     group_dir.mkdir(parents=True, exist_ok=True)
@@ -254,9 +555,9 @@ def sybil_exchange(group_dir: Path, uid: int, window: int, update_bytes: bytes |
             tmp.write_bytes(update_bytes)
             tmp.replace(shared)
         return update_bytes
-    deadline = time.time() + timeout
+    deadline = clock() + timeout
     while not shared.exists():
-        if time.time() > deadline:
+        if clock() > deadline:
             return None
         time.sleep(0.05)
     return shared.read_bytes()

@@ -1,6 +1,6 @@
 """The CPU-versus-CUDA check of θ_{t+1}: the same uploads aggregated on a CPU model and on a CUDA model.
 
-Used by ``tests/foundation/test_gpu_ready.py`` (skipped without a GPU) and ``scripts/bench.py --only device``.
+Used by ``tests/unit/foundation/test_gpu_ready.py`` (skipped without a GPU) and ``scripts/bench.py --only device``.
 """
 from __future__ import annotations
 

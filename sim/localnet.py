@@ -2,9 +2,16 @@
 
 Used by ``scripts/localnet.py`` and the end-to-end tests.  Everything lives in
 one run folder: ``chain.sqlite``, ``wallets/``, ``state/``, ``config.json``
-(the run's hyper-parameters, pinned data hash) and ``logs/`` (each process's
-output and its JSON lines) and ``prometheus.yml`` (a scrape config for every
-node's metrics endpoint, docs/operations.md).  Processes run in their own
+(the run's hyper-parameters, pinned data hash, the local corpus) and ``logs/``
+(each process's output and its JSON lines) and ``prometheus.yml`` (a scrape
+config for every node's metrics endpoint, docs/operations.md).
+
+The corpus is published, as an operator would, to a dataset bucket on the
+network's own S3 server (``s3://dso-dataset/<data hash>``, docs/data.md), and
+every node reads it from there: ``--data.corpus`` and ``--data.endpoint`` on
+its command line, the bucket's read key in its environment.  ``config.json``
+keeps the local corpus it was made from (the same data hash), so tools that
+read the run folder after the S3 server is gone still find the tokeniser.  Processes run in their own
 process groups, are always stopped on exit — also on Ctrl-C, SIGTERM or an
 error — and die with this process even when it is SIGKILLed (dso/processes.py).
 """
@@ -25,8 +32,11 @@ from typing import Callable
 from dso.chain.local import LocalChain
 from dso.chain.wallets import create_local_wallet, hotkey_address
 from dso.config import HParams
-from dso.data import Dataset
+from dso.data import Dataset, run_shards
 from dso.processes import reap, signal_group, spawn
+from dso.shards import ShardSet
+from storage.dataset import DATA_KEY_ENV, DATA_SECRET_ENV
+from storage.dataset_upload import publish
 from storage.engines import DEFAULT_ENGINE, Engine, start_engine
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -40,6 +50,7 @@ VALIDATOR_STAKES = (1000.0, 400.0, 200.0, 100.0)
 MINER_NICE = 6
 DILIGENT_NICE = 3
 STOP_SECONDS = 10.0  # a node stops within its grace time (neurons/lifecycle.py); then it is killed
+DATASET = "dataset"  # the dataset bucket's name on the network's S3 server: dso-dataset
 Progress = Callable[[str], None]
 
 
@@ -86,14 +97,18 @@ class LocalNet:
     def __init__(self, run_dir: Path, hp: HParams, nodes: list[NodeSpec], *, block_time: float = 1.0,
                  corpus: str = "shakespeare", cache_dir: str = "~/.cache/dso", tempo: int = 10,
                  engine: str = DEFAULT_ENGINE, s3: Engine | None = None, tokenizer_file: str = "",
-                 metrics: bool = True):
+                 metrics: bool = True, data_bucket: bool = True):
         """``engine``: the S3 server the network starts (and stops at the end): moto or SeaweedFS.  ``s3``: an
-        engine to run against instead, left running (e.g. a store an earlier run used, or an external one)."""
+        engine to run against instead, left running (e.g. a store an earlier run used, or an external one).
+        ``data_bucket``: publish the corpus to a dataset bucket and have every node read it from there (else
+        every node reads the local shards)."""
         self.run_dir, self.hp, self.nodes = Path(run_dir), hp, nodes
         self.block_time, self.corpus, self.cache_dir, self.tempo = block_time, corpus, cache_dir, tempo
         self.engine, self.s3, self.tokenizer_file = engine, s3, tokenizer_file
         self._own_s3 = s3 is None
-        self.metrics = metrics
+        self.metrics, self.data_bucket = metrics, data_bucket
+        self.data_source = ""            # where the nodes read the corpus: an s3:// URL, or the local shards
+        self._data_keys: tuple[str, str] | None = None
         self.chain: LocalChain | None = None
         self._creds: dict = {}
         self.logs = self.run_dir / "logs"
@@ -109,10 +124,12 @@ class LocalNet:
         # tokenise (and with BPE, train the tokeniser) once into the shared cache, then pin the run's data
         progress(f"data: tokenising and hashing {self.corpus} (cached after the first run)")
         self.hp.data_hash = ""
-        self.hp.data_hash = Dataset.for_run(self.hp, self.corpus, self.cache_dir, self.tokenizer_file).data_hash
+        shards = run_shards(self.hp, self.corpus, self.cache_dir, self.tokenizer_file)
+        self.hp.data_hash = Dataset.from_shard_set(self.hp, shards, self.tokenizer_file, self.corpus).data_hash
         progress(f"data: {self.hp.data_hash[:10]}…; starting the S3 server")
         if self.s3 is None:
             self.s3 = start_engine(self.engine)
+        self.data_source = self.publish_data(shards, progress) if self.data_bucket else shards.origin
         progress(f"S3 at {self.s3.endpoint}; creating the chain and {len(self.nodes)} wallets")
         chain_file = self.run_dir / "chain.sqlite"
         chain_file.unlink(missing_ok=True)
@@ -138,6 +155,22 @@ class LocalNet:
                   "hparams": asdict(self.hp)}
         (self.run_dir / "config.json").write_text(json.dumps(config, indent=2))
 
+    def publish_data(self, shards: ShardSet, progress: Progress = _quiet) -> str:
+        """Publish the corpus to the dataset bucket (``prepare_data.py --upload``'s code) and keep its read key
+        for the nodes; the URL.  An external store without a ``dataset.json`` key file: the local shards."""
+        assert self.s3 is not None
+        try:
+            creds = self.s3.provision(DATASET)
+        except ValueError as e:  # ExternalEngine: the operator made no dataset bucket keys
+            progress(f"data: no dataset bucket ({e}); every node reads the local shards")
+            return shards.origin
+        url = f"s3://{creds.bucket}/{self.hp.data_hash}"  # (its first 16 digits name only the tokeniser)
+        done = publish(shards.folder, url, creds.write_client())
+        self._data_keys = (creds.read_key_id, creds.read_secret)
+        progress(f"data: published to {url} ({done.objects} objects, {done.nbytes / 1e6:.1f} MB); every node "
+                 "reads it from there")
+        return url
+
     def credentials(self, node: NodeSpec):
         """The node's bucket keys, provisioned once (provisioning again would revoke the old keys)."""
         if node.name not in self._creds:
@@ -150,6 +183,8 @@ class LocalNet:
         env.update({"AWS_ACCESS_KEY_ID": creds.write_key_id, "AWS_SECRET_ACCESS_KEY": creds.write_secret,
                     "DSO_READ_ACCESS_KEY_ID": creds.read_key_id, "DSO_READ_SECRET_ACCESS_KEY": creds.read_secret,
                     "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"})
+        if self._data_keys is not None:
+            env[DATA_KEY_ENV], env[DATA_SECRET_ENV] = self._data_keys
         env["PYTHONPATH"] = str(ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         return env
 
@@ -170,6 +205,8 @@ class LocalNet:
             cmd += ["--neuron.train_sequences", str(self.hp.batch_size)]
         if node.metrics_port:
             cmd += ["--neuron.metrics_port", str(node.metrics_port)]
+        if self.data_source.startswith("s3://") and self.s3 is not None:
+            cmd += ["--data.corpus", self.data_source, "--data.endpoint", self.s3.endpoint]
         return cmd + node.extra_args
 
     def start(self, progress: Progress = _quiet) -> None:

@@ -4,7 +4,9 @@
                                [--validators 1] [--report-dir runs/localnet] [--seed 1234]
                                [--set hparams.KEY=VALUE ...]
 
-Starts the embedded S3 server (moto, IAM auth on) and a LocalChain, creates,
+Starts the embedded S3 server (moto, IAM auth on) and a LocalChain, publishes
+the corpus to a dataset bucket on that server (every node reads it from there;
+``--data.local``: from the local shards), creates,
 registers and funds wallets, starts the validators (different stakes) and the
 miners — N honest ones plus every ``--adversary`` — as separate processes,
 shows a live table while W windows run (one plain line per window when the
@@ -30,8 +32,8 @@ from typing import Any
 from rich.console import Console
 
 from dso.config import Config, ConfigError, HParams
-from dso.config_sources import set_hparams
-from dso.data import DataError, corpus_tokenizer
+from dso.config_sources import profile_names, set_hparams, use_profile
+from dso.data import DataError, corpus_tokenizer, is_remote_corpus
 from sim import report as run_report
 from sim.behaviours import BEHAVIOURS, GOOD
 from sim.localnet import LocalNet, plan_nodes
@@ -76,6 +78,9 @@ def parse(argv: list[str] | None) -> tuple[argparse.Namespace, HParams]:
                    help="run the first honest miner as a torchrun group of N ranks (FSDP2 over gloo; docs/scale.md)")
     p.add_argument("--report-dir", default="runs/localnet", help="report and run files (default runs/localnet)")
     p.add_argument("--seed", type=int, default=None, help="run seed (model init, data assignment)")
+    p.add_argument("--profile", default="default", metavar="NAME",
+                   help=f"the protocol variant every node runs, configs/NAME.toml: one of {', '.join(profile_names())} "
+                        "(default: default); --set overrides it")
     p.add_argument("--set", action="append", default=[], metavar="hparams.KEY=VALUE",
                    help="override a run hyper-parameter, e.g. --set hparams.commit_reveal=true")
     p.add_argument("--block-time", type=float, default=1.0, help="seconds per block (default 1)")
@@ -91,6 +96,9 @@ def parse(argv: list[str] | None) -> tuple[argparse.Namespace, HParams]:
     p.add_argument("--data.cache_dir", dest="cache_dir", default="~/.cache/dso", help="tokenised data cache")
     p.add_argument("--data.tokenizer_file", dest="tokenizer_file", default="",
                    help="a BPE tokenizer.json every node loads instead of training one")
+    p.add_argument("--data.local", dest="data_local", action="store_true",
+                   help="every node reads the local shards instead of the dataset bucket the network publishes "
+                        "its corpus to (docs/data.md)")
     p.add_argument("--no-adversaries", action="store_true", help="honest miners only (no default mix)")
     p.add_argument("--no-metrics", action="store_true", help="no Prometheus endpoints on the nodes")
     p.add_argument("--kill-leader-after", type=positive, default=None, metavar="N",
@@ -116,8 +124,12 @@ def parse(argv: list[str] | None) -> tuple[argparse.Namespace, HParams]:
         p.error("--block-time must be > 0")
     if args.kill_leader_after is not None and args.validators < 2:
         p.error("--kill-leader-after needs --validators 2 or more (someone must take over)")
+    if is_remote_corpus(args.corpus):
+        p.error(f"--data.corpus {args.corpus}: the local network publishes its corpus itself; pass the text or "
+                "shard folder (nodes on other machines take --data.corpus s3://… directly)")
     cfg = Config()
     try:
+        use_profile(cfg.hparams, args.profile)
         shards = corpus_tokenizer(args.corpus)
         if shards is not None:  # the shards' tokeniser is the run's, unless --set overrides it below
             cfg.hparams.tokenizer, cfg.hparams.model.vocab_size = shards.kind, shards.vocab_size
@@ -195,7 +207,7 @@ def run(argv: list[str] | None = None) -> int:
     external = ExternalEngine(args.endpoint, args.credentials) if args.endpoint else None
     net = LocalNet(out / "run", hp, nodes, block_time=args.block_time, engine=args.engine, s3=external,
                    corpus=args.corpus, cache_dir=args.cache_dir, tokenizer_file=args.tokenizer_file,
-                   metrics=not args.no_metrics)
+                   metrics=not args.no_metrics, data_bucket=not args.data_local)
     console = Console()
     started = time.time()
     command = "python scripts/localnet.py " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
@@ -251,6 +263,7 @@ def run(argv: list[str] | None = None) -> int:
     unigram = run_report.corpus_unigram_bits_per_byte(dataset) if dataset is not None else None
     report = run_report.build(lines, {n.uid: (n.name, n.behaviour) for n in nodes if n.role == "miner"}, posted,
                               validators, miners, unigram)
+    report["data_source"] = net.data_source  # where every node read the corpus: the dataset bucket's s3:// URL
     if dataset is not None:
         report["samples"] = final_samples(net.run_dir / "state", hp, dataset.tokenizer, view.say,
                                           main_validator(killed))

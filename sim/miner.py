@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import logging
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +34,8 @@ from sim.forging_s3 import ForgingS3, shifted_by
 from storage.aggregate import Bundle
 from storage.gather import gather
 from storage.reveal import seal
-from storage.wire import Expect, Payload, decode_payload, encode_payload
+from dso.payload import Payload, PayloadMeta
+from storage.wire import Expect, decode_payload, encode_payload
 
 log = logging.getLogger("dso.sim.miner")
 READ_AFTER_REVEALS = 0.5  # under commit-reveal, readers of others' updates read this long after reveals start
@@ -45,12 +47,22 @@ class AdversarialMiner(Miner):
             raise Fatal(f"--behaviour {behaviour!r}: choose from {', '.join(behaviours.BEHAVIOURS)}")
         super().__init__(ctx)
         self.behaviour = behaviour
+        self.acts = behaviours.make(behaviour)
         self.noise_gen = torch.Generator().manual_seed(ctx.hp.seed * 7919 + ctx.uid)
         self.sybil_dir = Path(ctx.cfg.neuron.state_dir).expanduser() / "sybil"
         self.opened: float | None = None  # the current put window's open (what a forger backdates to)
 
     def plan(self, t: int) -> behaviours.Plan:
-        return behaviours.plan(self.behaviour, t)
+        return self.acts.plan(t)
+
+    def training_data(self, t: int) -> torch.Tensor:
+        ctx = self.ctx
+        return self.acts.training_data(ctx.dataset, ctx.uid, t, ctx.hp.assigned_sequences)[:self.sequences]
+
+    def meta(self, t: int) -> PayloadMeta:
+        """The honest header, declaring what the behaviour claims it trained on."""
+        claim = min(self.sequences, self.ctx.hp.assigned_sequences)
+        return replace(super().meta(t), trained=self.acts.declared(self.report.sequences, claim))
 
     # ------------------------------------------------------ the three steps
     def train(self, t: int) -> tuple[CompressedUpdate | None, float]:
@@ -129,20 +141,16 @@ class AdversarialMiner(Miner):
         if sync is None:
             return None
         others = self.read_payloads(t, read_from, read_until) if plan.reads_peers else []
-        if self.behaviour == "malformed":
-            update = behaviours.zeros(ctx.codec, t)
-        else:
-            previous = self.previous_aggregate(t) if self.behaviour == "replayer" else None
-            update = behaviours.transform(self.behaviour, ctx.codec, own, t, self.noise_gen,
-                                          [p.update for p in others], previous)
+        previous = self.previous_aggregate(t) if self.acts.needs_previous else None
+        update = self.acts.upload(behaviours.Inputs(ctx.codec, t, own, self.noise_gen, [p.update for p in others],
+                                                    previous))
         if self.behaviour == "copier" and others:
             sync = others[0].sync_values  # a careful copier copies the victim's sync samples as well
         if self.behaviour == "sybil":
             update = self.sybil_update(t, update, sync, read_until)
         if update is None:
             return None
-        data = encode_payload(ctx.codec, update, sync, self.meta(t))
-        return behaviours.malformed_bytes(data, t) if self.behaviour == "malformed" else data
+        return self.acts.wire(encode_payload(ctx.codec, update, sync, self.meta(t)), t)
 
     def read_payloads(self, t: int, start: float, until: float) -> list[Payload]:
         """Other miners' payloads of window t as readable between ``start`` and ``until``."""

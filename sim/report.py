@@ -16,7 +16,8 @@ miner, over its windows after the one it joined in; ``summary.miner_utilisation_
 ``summary.miner_utilisation_mean_all_windows`` the same with the joining window), and ``reference_adamw`` /
 ``reference_final_bits_per_byte``: a centralised AdamW run on the tokens the honest and diligent
 miners trained on (sim/reference.py), a curve on the validation-loss plot placed on the window axis
-where the network had processed as many tokens.
+where the network had processed as many tokens.  ``data_source`` (written by the local network): where every
+node read the corpus, the dataset bucket's ``s3://`` URL (or the local shard folder with ``--data.local``).
 
     python -m sim.report REPORT_JSON [--command CMD]   # render md, PNGs and html again from a report.json
 """
@@ -185,6 +186,8 @@ def markdown(report: dict, command: str = "") -> str:
                    "(a model that knows only token frequencies)")
     if s.get("tokens") is not None:
         out.append(f"- training tokens the miners processed: {s['tokens']:,}")
+    if report.get("data_source"):
+        out.append(f"- training data read by every node from `{report['data_source']}`")
     ref = report.get("reference_adamw")
     if ref and report.get("reference_final_bits_per_byte") is not None:
         cut = "" if ref["complete"] else f" (cut short at {ref['tokens'][-1]:,} tokens by its time limit)"

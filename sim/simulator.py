@@ -39,7 +39,7 @@ from scoring.state import ValidatorState
 from scoring.sync import sample_parameters, sync_positions
 from sim import behaviours
 from sim.foresight import evaluation_chance
-from storage.wire import Payload, PayloadMeta
+from dso.payload import Payload, PayloadMeta
 
 MALFORMED = (Reason.MALFORMED, Reason.WRONG_COUNT, Reason.NON_FINITE, Reason.BAD_SHAPE)
 
@@ -47,7 +47,7 @@ MALFORMED = (Reason.MALFORMED, Reason.WRONG_COUNT, Reason.NON_FINITE, Reason.BAD
 @dataclass
 class SimPeer:
     uid: int
-    behaviour: str
+    behaviour: behaviours.Behaviour
     feedback: ErrorFeedback
     model: torch.nn.Module | None = None   # own stale copy while desynchronised
     outer: OuterState | None = None         # and the outer state that goes with it
@@ -69,7 +69,8 @@ class WindowRecord:
     seconds: float
     evaluated: list[int] = field(default_factory=list)   # S_t
     trained: list[int] = field(default_factory=list)     # peers that trained this window
-    assigned_deltas: dict[int, float] = field(default_factory=dict)  # δ_assigned of S_t (replays of the pay rule)
+    assigned_deltas: dict[int, float] = field(default_factory=dict)  # δ_assigned of S_t
+    poc_statistics: dict[int, float] = field(default_factory=dict)   # the proof of computation's statistic of S_t
 
     def to_dict(self) -> dict:
         return {k: ({str(u): v for u, v in val.items()} if isinstance(val, dict) else val)
@@ -95,7 +96,7 @@ class SimNet:
         self.outer = OuterState.fresh(self.shapes, hp)
         # the miner's inner loop on one scratch model; each peer's own optimiser state is swapped in and out
         self.inner = InnerLoop(copy.deepcopy(self.model), hp)
-        self.peers = [SimPeer(i + 1, b, ErrorFeedback(self.codec, hp.ef_beta, self.device),
+        self.peers = [SimPeer(i + 1, behaviours.make(b), ErrorFeedback(self.codec, hp.ef_beta, self.device),
                               accountant=RdpAccountant.from_config(hp.dp) if hp.dp.enabled else None)
                       for i, b in enumerate(self.roles)]
         self.state = ValidatorState.new(hp.digest(), secret=hashlib.sha256(f"sim{hp.seed}".encode()).hexdigest()[:32])
@@ -105,15 +106,15 @@ class SimNet:
         self.noise = torch.Generator().manual_seed(hp.seed)
         self.ledger_hash = ""
         self.last_outcome: WindowOutcome | None = None  # the engine's full output of the latest window
-        self.trained: set[int] = set()  # uids that trained in the latest window
+        self.trained: dict[int, int] = {}  # uid → sequences it trained on in the latest window
         self.dp_noise_multiplier, self.dp_budget = dp_settings(hp.dp)  # z and budget (hp.dp.target_epsilon)
 
     def _desynced(self, peer: SimPeer, t: int) -> bool:
-        if peer.behaviour != "desync":
+        if peer.behaviour.name != "desync":
             return False
         if self.desync_windows is not None:
             return t in self.desync_windows
-        return not behaviours.plan("desync", t).apply_aggregate
+        return not peer.behaviour.plan(t).apply_aggregate
 
     def _peer_model(self, peer: SimPeer, t: int) -> torch.nn.Module:
         if self._desynced(peer, t):
@@ -125,7 +126,8 @@ class SimNet:
         return peer.model if peer.model is not None else self.model
 
     def _train(self, peer: SimPeer, t: int, batches: int) -> Update | None:
-        """The peer's compressed update, or None once its privacy budget is spent."""
+        """The peer's compressed update, or None once its privacy budget is spent; records the sequences it trained
+        on in ``self.trained``."""
         dp = self.hp.dp
         if peer.accountant is not None and peer.accountant.would_exceed(self.dp_budget):
             return None
@@ -136,8 +138,8 @@ class SimNet:
             loop.fresh()
         loop.start(dict(model.named_parameters()))
         batch_size, max_steps = self.inner_budget(batches)
-        loop.train(t, self.dataset.assigned(peer.uid, t, hp.assigned_sequences), batch_size=batch_size,
-                   max_steps=max_steps)
+        data = peer.behaviour.training_data(self.dataset, peer.uid, t, hp.assigned_sequences)
+        self.trained[peer.uid] = loop.train(t, data, batch_size=batch_size, max_steps=max_steps).sequences
         peer.inner_state = loop.state()
         grads = loop.pseudo_gradient()
         if peer.accountant is not None:
@@ -166,9 +168,14 @@ class SimNet:
 
     def plan(self, peer: SimPeer, t: int) -> behaviours.Plan:
         """What the peer does in window t; the gamer decides from what it can foresee of the schedule."""
-        if peer.behaviour == "gamer":
+        if peer.behaviour.name == "gamer":
             return behaviours.gamer_plan(evaluation_chance(self.state, self.hp, t, peer.uid, self.active))
-        return behaviours.plan(peer.behaviour, t)
+        return peer.behaviour.plan(t)
+
+    def honest_sequences(self) -> int:
+        """The sequences an honest peer trains on per window (what a peer that did not train declares)."""
+        batch_size, steps = self.inner_budget(1)
+        return batch_size if self.hp.inner.mode == "gradient" else batch_size * steps
 
     def uploads(self, t: int) -> tuple[dict[int, Payload], dict[int, Rejection]]:
         """What every peer's behaviour puts on the wire in window t, as the validator's gather would see it:
@@ -179,15 +186,15 @@ class SimNet:
         sync: dict[int, torch.Tensor] = {}
         sybil_update = None
         plans = {peer.uid: self.plan(peer, t) for peer in self.peers}
-        self.trained = {uid for uid, plan in plans.items() if plan.train}
+        self.trained = {}
         for peer in self.peers:
             plan = plans[peer.uid]
-            if plan.train and not (peer.behaviour == "sybil" and sybil_update is not None):
+            if plan.train and not (peer.behaviour.name == "sybil" and sybil_update is not None):
                 own[peer.uid] = self._train(peer, t, plan.data_batches)
-                if peer.behaviour == "sybil":
+                if peer.behaviour.name == "sybil":
                     sybil_update = own[peer.uid]
             sync[peer.uid] = sample_parameters(dict(self._peer_model(peer, t).named_parameters()), positions)
-        honest = [u for p in self.peers if p.behaviour in behaviours.GOOD and (u := own.get(p.uid)) is not None]
+        honest = [u for p in self.peers if p.behaviour.good and (u := own.get(p.uid)) is not None]
         updates: dict[int, Update] = {}
         rejections: dict[int, Rejection] = {}
         for peer in self.peers:
@@ -199,15 +206,18 @@ class SimNet:
         # copies land in the same second as their source: the worst case for copy detection.  Every payload is
         # seen by the validator in its one look at the close of the put window (seen = 0.0); a backdater serves
         # a forged, earlier LastModified, which nothing may trust
-        payloads = {u: Payload(PayloadMeta(u, t, hp.protocol_version, hp.digest()), update, sync[u], 0,
-                               -behaviours.BACKDATE_BY if self.roles[u - 1] == "backdater" else 0.0, seen=0.0)
+        honest_count = self.honest_sequences()
+        declared = {p.uid: p.behaviour.declared(self.trained.get(p.uid, 0), honest_count) for p in self.peers}
+        payloads = {u: Payload(PayloadMeta(u, t, hp.protocol_version, hp.digest(), trained=declared[u]), update,
+                               sync[u], 0, -behaviours.BACKDATE_BY if self.roles[u - 1] == "backdater" else 0.0,
+                               seen=0.0)
                     for u, update in updates.items()}
         return payloads, rejections
 
     def _outcome(self, peer: SimPeer, t: int, plan: behaviours.Plan, own: dict[int, Update | None],
                  sybil_update: Update | None, honest: list[Update]) -> Update | Rejection:
         """One peer's update, or the rejection the real gatherer would return for what it uploaded."""
-        b, hp = peer.behaviour, self.hp
+        b, hp = peer.behaviour.name, self.hp
         if b == "absent":
             return Rejection(Reason.MISSING, "nothing uploaded")
         if plan.train and own.get(peer.uid) is None and not (b == "sybil" and sybil_update is not None):
@@ -224,8 +234,8 @@ class SimNet:
             return Rejection(MALFORMED[t % len(MALFORMED)], "simulated broken payload")
         if b == "sybil" and sybil_update is not None:
             return sybil_update
-        update = behaviours.transform(b, self.codec, own.get(peer.uid), t, self.noise, honest,
-                                      self.previous_aggregate())
+        inputs = behaviours.Inputs(self.codec, t, own.get(peer.uid), self.noise, honest, self.previous_aggregate())
+        update = peer.behaviour.upload(inputs)
         return Rejection(Reason.MISSING, "nothing to upload") if update is None else update
 
     def step(self, t: int) -> WindowRecord:
@@ -252,7 +262,8 @@ class SimNet:
         return WindowRecord(t, evaluate(self.model, self.val, hp.micro_batch, self.device), report.loss_scores,
                             report.loss_ratings, report.mu, report.scores, report.weights, agg.used,
                             {u: r.reason.value for u, r in outcome.rejections.items()}, time.perf_counter() - started,
-                            list(report.evaluated), sorted(self.trained), dict(report.assigned_deltas))
+                            list(report.evaluated), sorted(self.trained), dict(report.assigned_deltas),
+                            dict(report.poc_statistics))
 
     def run(self, windows: int, on_window: Callable[[WindowRecord], None] | None = None) -> list[WindowRecord]:
         records = []

@@ -36,7 +36,8 @@ from storage import keys
 from storage.client import S3Client, StorageError
 from storage.jsonobj import rejection_for
 from storage.tensorfile import check_spec, header_allowance, load_arrays, parse_uint, read_capped
-from storage.wire import Expect, Payload, decode_payload, encode_payload, payload_size_cap
+from dso.payload import Payload
+from storage.wire import Expect, decode_payload, encode_payload, payload_size_cap
 
 if TYPE_CHECKING:
     from dso.config import HParams

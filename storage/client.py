@@ -93,9 +93,9 @@ def _new_client(endpoint: str | None, region: str, key: str, secret: str, config
 class S3Client:
     """Thread-safe S3 client for one endpoint and one key pair.
 
-    Credentials come from the arguments, else from ``AWS_ACCESS_KEY_ID`` /
-    ``AWS_SECRET_ACCESS_KEY`` (region: ``AWS_REGION``; an empty endpoint lets botocore use
-    ``AWS_ENDPOINT_URL_S3`` or AWS itself); with neither, requests are sent unsigned
+    Credentials come from the arguments, else (unless ``use_environment`` is off) from
+    ``AWS_ACCESS_KEY_ID`` / ``AWS_SECRET_ACCESS_KEY`` (region: ``AWS_REGION``; an empty endpoint lets
+    botocore use ``AWS_ENDPOINT_URL_S3`` or AWS itself); with neither, requests are sent unsigned
     (anonymous reads of public buckets).  The shared-credentials file and
     instance metadata are deliberately not consulted: a peer's identity must be
     explicit."""
@@ -103,9 +103,11 @@ class S3Client:
     def __init__(self, endpoint: str | None, region: str = "us-east-1", access_key_id: str = "",
                  secret_access_key: str = "", timeout: float = 10.0, max_attempts: int = 4,
                  retry_mode: str = "standard", max_pool_connections: int = 16,
-                 multipart_threshold: int = 64 * MiB, multipart_chunksize: int = 16 * MiB):
-        key = access_key_id or os.environ.get("AWS_ACCESS_KEY_ID", "")
-        secret = secret_access_key or os.environ.get("AWS_SECRET_ACCESS_KEY", "")
+                 multipart_threshold: int = 64 * MiB, multipart_chunksize: int = 16 * MiB,
+                 use_environment: bool = True):
+        env = os.environ if use_environment else {}
+        key = access_key_id or env.get("AWS_ACCESS_KEY_ID", "")
+        secret = secret_access_key or env.get("AWS_SECRET_ACCESS_KEY", "")
         if bool(key) != bool(secret):
             raise ValueError("S3 credentials need both an access key id and a secret")
         if timeout <= 0 or max_attempts < 1:
@@ -159,6 +161,20 @@ class S3Client:
             raise translate(e.__context__ if isinstance(e, S3UploadFailedError) and e.__context__ else e,
                             what) from None
         self._count(up=len(data))
+
+    def put_file(self, bucket: str, key: str, path: str | os.PathLike[str],
+                 content_type: str = "application/octet-stream") -> int:
+        """Upload a file from disk (multipart above the threshold, read in parts: the file is never held in
+        memory whole); returns its size."""
+        size = os.path.getsize(path)
+        try:
+            self._client.upload_file(os.fspath(path), bucket, key, ExtraArgs={"ContentType": content_type},
+                                     Config=self._transfer)
+        except Exception as e:  # noqa: BLE001
+            raise translate(e.__context__ if isinstance(e, S3UploadFailedError) and e.__context__ else e,
+                            f"PUT {bucket}/{key}") from None
+        self._count(up=size)
+        return size
 
     def delete(self, bucket: str, keys: list[str]) -> int:
         """Delete keys (batches of 1000); returns how many the server reported deleted."""
@@ -223,6 +239,22 @@ class S3Client:
             resp = self._client.get_object(Bucket=bucket, Key=key)
         except Exception as e:  # noqa: BLE001
             raise translate(e, what) from None
+        data = self._read_body(resp, what, max_bytes, deadline)
+        return data, _info(key, resp, size=len(data))
+
+    def get_range(self, bucket: str, key: str, start: int, length: int, deadline: float | None = None) -> bytes:
+        """``length`` bytes of an object from byte ``start`` (fewer at its end): one ranged GET, never
+        reading more than asked whatever the server sends."""
+        if start < 0 or length <= 0:
+            raise ValueError("a range needs start >= 0 and length > 0")
+        what = f"GET {bucket}/{key} bytes {start}-{start + length - 1}"
+        try:
+            resp = self._client.get_object(Bucket=bucket, Key=key, Range=f"bytes={start}-{start + length - 1}")
+        except Exception as e:  # noqa: BLE001
+            raise translate(e, what) from None
+        return self._read_body(resp, what, length, deadline)
+
+    def _read_body(self, resp: dict[str, Any], what: str, max_bytes: int | None, deadline: float | None) -> bytes:
         body = resp["Body"]
         try:
             announced = resp.get("ContentLength")
@@ -244,8 +276,7 @@ class S3Client:
             raise translate(e, what) from None
         finally:
             body.close()
-        data = b"".join(parts)
-        return data, _info(key, resp, size=len(data))
+        return b"".join(parts)
 
     def list(self, bucket: str, prefix: str = "", limit: int = 100_000) -> list[ObjectInfo]:
         out: list[ObjectInfo] = []

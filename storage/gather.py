@@ -38,7 +38,8 @@ from storage.endpoints import EndpointPolicy, address_problem
 from storage.jsonobj import rejection_for
 from storage.peer_client import PeerClient
 from storage.schedule import FairSchedule, Job, ordered
-from storage.wire import Expect, Payload, decode_payload, payload_size_cap
+from dso.payload import Payload
+from storage.wire import Expect, decode_payload, payload_size_cap
 
 if TYPE_CHECKING:
     from dso.config import StorageConfig

@@ -40,7 +40,8 @@ from storage.client import StorageError
 from storage.commitment import BucketInfo, parse_commitment
 from storage.gather import DEFAULT_PER_HOST, DEFAULT_READERS, DEFAULT_WORKERS, JOIN_GRACE_SECONDS, ReaderCache, host_of
 from storage.schedule import FairSchedule, Job
-from storage.wire import Expect, Payload
+from dso.payload import Payload
+from storage.wire import Expect
 
 log = logging.getLogger("dso.look")
 LOOK_SECONDS = 2.0          # the look's budget (HEADs only); a peer not answered by then is undecided

@@ -48,6 +48,9 @@ def _iam_refusal(endpoint: str, name: str, exc: Exception) -> CliError:
 def provision(args: argparse.Namespace) -> PeerCredentials:
     if args.seaweedfs_config:
         return _provision_seaweedfs(args)
+    if args.public_read:
+        raise CliError(f"--public-read works with --seaweedfs-config; elsewhere make the bucket public with the "
+                       f"provider's own means (a bucket policy, R2's public access; {DOCS})")
     try:
         admin = AdminCredentials.load(args.admin_file)
     except ValueError as e:
@@ -67,7 +70,11 @@ def _provision_seaweedfs(args: argparse.Namespace) -> PeerCredentials:
     if not args.endpoint or endpoint_problem(args.endpoint):
         raise CliError(f"--endpoint: the SeaweedFS S3 gateway's URL is needed to publish "
                        f"({endpoint_problem(args.endpoint or '')})")
-    creds = IdentityFile(args.seaweedfs_config).add_peer(args.name, args.endpoint.rstrip("/"), args.region)
+    identities = IdentityFile(args.seaweedfs_config)
+    creds = identities.add_peer(args.name, args.endpoint.rstrip("/"), args.region)
+    if args.public_read:
+        identities.add_public_reader(creds.bucket)
+        print(f"{PROG}: unsigned requests may read and list {creds.bucket} (identity 'anonymous')", file=sys.stderr)
     print(f"{PROG}: identities dso-{args.name}-write/-read added to {args.seaweedfs_config}; reload SeaweedFS "
           f"(`kill -HUP <weed pid>`) and create bucket {creds.bucket} with an admin key "
           f"(`aws s3 mb s3://{creds.bucket} --endpoint-url {creds.endpoint}`)", file=sys.stderr)
@@ -116,6 +123,9 @@ def main(argv: list[str]) -> int:
     pp.add_argument("--endpoint", default="", help="S3 URL to publish (with --seaweedfs-config)")
     pp.add_argument("--region", default="us-east-1")
     pp.add_argument("--out", default="", help="also write the credentials JSON here (mode 0600)")
+    pp.add_argument("--public-read", action="store_true",
+                    help="with --seaweedfs-config: anyone may read and list the bucket without keys (a public "
+                         "dataset bucket, docs/data.md)")
     pc = sub.add_parser("check", help="check a credentials JSON (the format provision prints)")
     pc.add_argument("credentials")
     args = p.parse_args(argv)

@@ -31,7 +31,8 @@ from storage.gather import GatherResult, Judge, ReaderCache, check_time, fetch_p
 from storage.look import Look
 from storage.jsonobj import encode_json, parse_json_object, rejection_for
 from storage.peer_client import PeerClient
-from storage.wire import Expect, Payload, decode_payload, payload_size_cap
+from dso.payload import Payload
+from storage.wire import Expect, decode_payload, payload_size_cap
 
 COMMIT_FORMAT = "dso-commit/v1"
 REVEAL_FORMAT = "dso-reveal/v1"

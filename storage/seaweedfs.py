@@ -10,9 +10,25 @@ a peer is provisioned by adding two identities to that file and reloading.
 :class:`IdentityFile` edits such a file (the same code serves an operator's
 own SeaweedFS: ``python -m storage.server provision NAME --seaweedfs-config FILE``);
 :class:`SeaweedS3` runs a private ``weed server`` for the local network and
-tests: free loopback ports, a temporary data directory, ``-volume.max=0``
-(volume count from free disk space) with 64 MB volumes so hundreds of
-buckets fit, telemetry off, and everything deleted on :meth:`SeaweedS3.stop`.
+tests: free loopback ports, a temporary data directory, and everything deleted
+on :meth:`SeaweedS3.stop`.
+
+:func:`server_command` is the one ``weed server`` command: the engine runs it,
+and docs/deployment.md prints it for operators (:func:`documented_command`; a
+test keeps the two equal).  Its settings, and why:
+
+- ``-volume.max=0`` (volume slots from free disk space) with 64 MB volumes
+  (``-master.volumeSizeLimitMB=64``) and one new volume per bucket
+  (``WEED_MASTER_VOLUME_GROWTH_COPY_1=1``; weed grows 7 by default): with the
+  30 GB default volumes a server on a disk with 78 GB free had 2 slots and
+  could create 0 of 40 peers' buckets, with these settings all of them;
+- ``-volume.preStopSeconds=0``: no 10 s pause before the volume server stops;
+- telemetry off; the Iceberg and Lance listeners off (ports 8181 and 9101,
+  the latter a node's metrics port in docs/operations.md).
+
+SIGTERM stops it: after 15-18 s (measured, weed 4.48: the filer's gRPC server waits
+15 s for its subscribers before it gives up on them); a second signal does not
+hurry it.
 """
 from __future__ import annotations
 
@@ -30,12 +46,18 @@ import time
 from pathlib import Path
 from typing import Any
 
-from storage.client import StorageError
+from storage.client import S3Client, StorageError
 from storage.credentials import (ADMIN_USER, BUCKET_PREFIX, REGION, AdminCredentials, PeerCredentials,
                                  _write_private, check_peer_name)
 from storage.engines import Engine
 
 ADMIN_ACTIONS = ["Admin", "Read", "Write", "List", "Tagging"]
+SERVER_ENV = {"WEED_MASTER_VOLUME_GROWTH_COPY_1": "1"}  # one new volume per bucket instead of seven
+SERVER_FLAGS = ["-master.telemetry=false", "-master.volumeSizeLimitMB=64", "-volume.max=0",
+                "-volume.preStopSeconds=0", "-filer", "-s3", "-s3.port.iceberg=0", "-s3.port.lance=0"]
+PORT_FLAGS = ("-master.port", "-master.port.grpc", "-volume.port", "-volume.port.grpc", "-filer.port",
+              "-filer.port.grpc", "-s3.port", "-s3.port.grpc")
+ANONYMOUS = "anonymous"  # the identity SeaweedFS applies to unsigned requests
 
 
 def find_weed() -> str | None:
@@ -94,12 +116,39 @@ class IdentityFile:
         self.add([{"name": ADMIN_USER, "credentials": [{"accessKey": keys[0], "secretKey": keys[1]}],
                    "actions": ADMIN_ACTIONS}])
 
+    def add_public_reader(self, bucket: str) -> None:
+        """Let unsigned requests read and list ``bucket`` (SeaweedFS's ``anonymous`` identity; other buckets
+        it already opened stay open): a public-read dataset bucket."""
+        config = self.load()
+        anonymous: dict[str, Any] = next((i for i in config.get("identities", []) if i.get("name") == ANONYMOUS), {})
+        actions = [a for a in anonymous.get("actions", []) if isinstance(a, str)]
+        actions += [a for a in (f"Read:{bucket}", f"List:{bucket}") if a not in actions]
+        self.add([{"name": ANONYMOUS, "actions": actions}])
+
     def add_peer(self, name: str, endpoint: str, region: str = REGION) -> PeerCredentials:
         """New keys for peer ``name`` (bucket ``dso-<name>``), written to the file; the server needs a reload."""
         bucket = BUCKET_PREFIX + check_peer_name(name)
         write, read = new_key_pair(), new_key_pair()
         self.add(peer_identities(name, bucket, write, read))
         return PeerCredentials(name, endpoint, region, bucket, *write, *read)
+
+
+def server_command(weed: str, data_dir: str, identity_file: str, ip: str, bind: str = "",
+                   ports: tuple[int, ...] = ()) -> list[str]:
+    """``weed server`` with the project's settings (module doc); ``ports`` in the order of ``PORT_FLAGS``
+    (none: weed's defaults, S3 on 8333).  Run it with :data:`SERVER_ENV` in the environment."""
+    if ports and len(ports) != len(PORT_FLAGS):
+        raise ValueError(f"ports: {len(PORT_FLAGS)} of them ({', '.join(PORT_FLAGS)}), or none")
+    return [weed, "server", f"-dir={data_dir}", f"-ip={ip}", *([f"-ip.bind={bind}"] if bind else []),
+            *SERVER_FLAGS, *(f"{flag}={port}" for flag, port in zip(PORT_FLAGS, ports)),
+            f"-s3.config={identity_file}"]
+
+
+def documented_command(data_dir: str = "/data", identity_file: str = "/etc/seaweedfs/s3.json",
+                       ip: str = "s3.example.com") -> str:
+    """The command docs/deployment.md shows operators: the engine's, with weed's default ports."""
+    env = " ".join(f"{k}={v}" for k, v in SERVER_ENV.items())
+    return f"{env} " + " ".join(["weed", *server_command("weed", data_dir, identity_file, ip)[1:]])
 
 
 def _free_ports(n: int) -> list[int]:
@@ -155,23 +204,16 @@ class SeaweedS3(Engine):
         identities = IdentityFile(Path(data_dir) / "s3.json")
         admin_keys = new_key_pair()
         identities.add_admin(admin_keys)
-        master, master_grpc, volume, volume_grpc, filer, filer_grpc, s3, s3_grpc = _free_ports(8)
-        cmd = [weed, "server", f"-dir={data_dir}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
-               f"-master.port={master}", f"-master.port.grpc={master_grpc}", "-master.telemetry=false",
-               "-master.volumeSizeLimitMB=64", "-volume.max=0", "-volume.preStopSeconds=0",
-               f"-volume.port={volume}", f"-volume.port.grpc={volume_grpc}",
-               "-filer", f"-filer.port={filer}", f"-filer.port.grpc={filer_grpc}",
-               "-s3", f"-s3.port={s3}", f"-s3.port.grpc={s3_grpc}", "-s3.port.iceberg=0", "-s3.port.lance=0",
-               f"-s3.config={identities.path}"]
-        # one new volume per bucket instead of seven: hundreds of peers' buckets on a small disk
-        env = {**os.environ, "WEED_MASTER_VOLUME_GROWTH_COPY_1": "1"}
+        ports = tuple(_free_ports(len(PORT_FLAGS)))
+        s3 = ports[PORT_FLAGS.index("-s3.port")]
+        cmd = server_command(weed, data_dir, str(identities.path), "127.0.0.1", "127.0.0.1", ports)
+        env = {**os.environ, **SERVER_ENV}
         log_path = Path(data_dir) / "weed.log"
         with open(log_path, "wb") as log:
             process = subprocess.Popen(cmd, stdout=None if verbose else log, stderr=subprocess.STDOUT,
                                        stdin=subprocess.DEVNULL, env=env, start_new_session=True)
         admin = AdminCredentials(f"http://127.0.0.1:{s3}", REGION, *admin_keys)
-        engine = cls(admin, process, data_dir, identities, (master, master_grpc, volume, volume_grpc, filer,
-                                                               filer_grpc, s3, s3_grpc))
+        engine = cls(admin, process, data_dir, identities, ports)
         try:
             engine._wait_ready(timeout)
         except RuntimeError as e:
@@ -223,6 +265,22 @@ class SeaweedS3(Engine):
             self._wait_for_key(creds, timeout)
         return creds
 
+    def make_public(self, bucket: str, timeout: float = 20.0) -> None:
+        """Open ``bucket`` to unsigned reads and lists, and wait until the gateway applies it."""
+        with self._lock:
+            self.identities.add_public_reader(bucket)
+            self.reload()
+        anonymous = S3Client(self.endpoint, self.region, timeout=5, max_attempts=1, use_environment=False)
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                anonymous.list(bucket, limit=1)
+                return
+            except StorageError as e:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"SeaweedFS did not open {bucket} to unsigned reads: {e}") from None
+            time.sleep(0.05)
+
     def _wait_for_key(self, creds: PeerCredentials, timeout: float) -> None:
         """Until the gateway knows the new read key (the reload is asynchronous)."""
         client = creds.read_client(timeout=5, max_attempts=1)
@@ -238,8 +296,19 @@ class SeaweedS3(Engine):
                     raise RuntimeError(f"SeaweedFS did not accept the new keys of {creds.name!r}: {e}") from None
             time.sleep(0.05)
 
+    def terminate(self, timeout: float = 60.0) -> float | None:
+        """SIGTERM only, as an operator stops it; the seconds it took to exit (None: still running)."""
+        started = time.monotonic()
+        if self._process.poll() is None:
+            self._process.terminate()
+            try:
+                self._process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                return None
+        return time.monotonic() - started
+
     def stop(self) -> None:
-        """SIGTERM, and SIGKILL after 2 s: weed drains for ~15 s on its own, for data we delete anyway."""
+        """SIGTERM, and SIGKILL after 2 s: weed drains for 15-18 s on its own, for data we delete anyway."""
         if self._process.poll() is None:
             self._process.terminate()
             try:

@@ -4,8 +4,8 @@ Tensors: exactly ``codec.wire_spec()`` (the compressed update, whatever the
 codec) plus ``sync.values`` (float32, ``sync_samples`` long: θ_t at the
 positions chosen for SyncScore).  ``__metadata__`` (all strings): ``format``,
 ``protocol_version``, ``uid``, ``window``, ``hparams`` (HParams digest),
-``data_hash``, ``model_hash`` (θ the miner trained from) and the codec
-settings as ``codec.<name>``.
+``data_hash``, ``model_hash`` (θ the miner trained from), ``trained`` (sequences of
+its assignment it trained on, from the first) and the codec settings as ``codec.<name>``.
 
 :func:`decode_payload` never raises: it returns a :class:`Payload` or a
 :class:`~dso.rejections.Rejection`.  Order of checks: size cap → container
@@ -24,6 +24,7 @@ import torch
 
 from dso.codecs import Codec, Update
 from dso.model import sync_sample_count
+from dso.payload import Payload, PayloadMeta
 from dso.packing import PackingError
 from dso.rejections import Reason, Rejection, unexpected
 from storage.tensorfile import header_allowance, parse_uint, read_header, check_spec, load_arrays
@@ -34,16 +35,6 @@ if TYPE_CHECKING:
 FORMAT = "dso-update"
 SYNC_KEY = "sync.values"
 _HASH_CHARS = set("0123456789abcdef")
-
-
-@dataclass(frozen=True)
-class PayloadMeta:
-    uid: int
-    window: int
-    protocol_version: int
-    hparams_digest: str
-    data_hash: str = ""
-    model_hash: str = ""
 
 
 @dataclass(frozen=True)
@@ -58,6 +49,7 @@ class Expect:
     data_hash: str | None = None
     model_hash: str | None = None
     run: str = ""                  # the network run the payload is read under (its key prefix)
+    max_trained: int | None = None  # the most sequences a payload may declare it trained on (the assignment)
 
     @classmethod
     def from_hparams(cls, hp: HParams, window: int, *, data_hash: str | None = None, **kw: Any) -> "Expect":
@@ -67,21 +59,10 @@ class Expect:
         if data_hash is None:
             data_hash = hp.data_hash or None
         return cls(window=window, protocol_version=hp.protocol_version, hparams_digest=hp.digest(),
-                   sync_samples=sync_sample_count(hp), data_hash=data_hash, **kw)
+                   sync_samples=sync_sample_count(hp), data_hash=data_hash, max_trained=hp.assigned_sequences, **kw)
 
     def for_uid(self, uid: int) -> "Expect":
         return replace(self, uid=uid)
-
-
-@dataclass
-class Payload:
-    meta: PayloadMeta
-    update: Update                 # the codec's CompressedUpdate
-    sync_values: torch.Tensor      # float32 (sync_samples,)
-    nbytes: int
-    last_modified: float | None = None  # the peer's server's time (untrusted), set by gather
-    seen: float | None = None           # when the validator itself first saw the object (storage/gather.py observe)
-    etag: str = ""                      # as the peer's server reported it on the read, set by gather
 
 
 def full_spec(codec: Codec, sync_samples: int) -> dict[str, tuple[str, tuple[int, ...]]]:
@@ -102,7 +83,7 @@ def payload_size_cap(codec: Codec, sync_samples: int) -> int:
 def _metadata(meta: PayloadMeta, codec: Codec) -> dict[str, str]:
     md = {"format": FORMAT, "protocol_version": str(meta.protocol_version), "uid": str(meta.uid),
           "window": str(meta.window), "hparams": meta.hparams_digest, "data_hash": meta.data_hash,
-          "model_hash": meta.model_hash}
+          "model_hash": meta.model_hash, "trained": str(meta.trained)}
     md.update({f"codec.{k}": str(v) for k, v in codec.settings().items()})
     return md
 
@@ -129,7 +110,7 @@ def _parse_meta(md: dict[str, str], codec: Codec) -> PayloadMeta | Rejection:
         return Rejection(Reason.METADATA_MISMATCH, f"metadata keys: missing {missing[:4]}, extra {extra[:4]}")
     if md["format"] != FORMAT:
         return Rejection(Reason.METADATA_MISMATCH, f"format {md['format'][:32]!r}, expected {FORMAT!r}")
-    nums = {k: parse_uint(md[k]) for k in ("protocol_version", "uid", "window")}
+    nums = {k: parse_uint(md[k]) for k in ("protocol_version", "uid", "window", "trained")}
     for k, v in nums.items():
         if v is None:
             return Rejection(Reason.METADATA_MISMATCH, f"{k}: {md[k][:32]!r} is not a canonical integer")
@@ -138,7 +119,8 @@ def _parse_meta(md: dict[str, str], codec: Codec) -> PayloadMeta | Rejection:
         if len(md[k]) > 128 or not set(md[k]) <= _HASH_CHARS:
             return Rejection(Reason.METADATA_MISMATCH, f"{k}: not a lowercase hex digest")
     return PayloadMeta(uid=ints["uid"], window=ints["window"], protocol_version=ints["protocol_version"],
-                       hparams_digest=md["hparams"], data_hash=md["data_hash"], model_hash=md["model_hash"])
+                       hparams_digest=md["hparams"], data_hash=md["data_hash"], model_hash=md["model_hash"],
+                       trained=ints["trained"])
 
 
 def _compare(meta: PayloadMeta, md: dict[str, str], codec: Codec, expect: Expect) -> Rejection | None:
@@ -151,6 +133,9 @@ def _compare(meta: PayloadMeta, md: dict[str, str], codec: Codec, expect: Expect
         checks.append(("data_hash", meta.data_hash, expect.data_hash))
     if expect.model_hash is not None:
         checks.append(("model_hash", meta.model_hash, expect.model_hash))
+    if expect.max_trained is not None and meta.trained > expect.max_trained:
+        return Rejection(Reason.METADATA_MISMATCH, f"trained: {meta.trained} sequences declared, more than the "
+                         f"{expect.max_trained} assigned")
     checks += [(f"codec.{k}", md[f"codec.{k}"], str(v)) for k, v in codec.settings().items()]
     for name, got, want in checks:
         if got != want:

@@ -1,4 +1,16 @@
-"""Shared fixtures: one torch thread, a tiny model, and a corpus from the standard library."""
+"""Shared fixtures (one torch thread, a tiny model, a corpus from the standard library) and the test tiers.
+
+Every test lives in one tier directory and carries that tier's marker, set here from its path:
+
+* ``tests/unit``: in-process, no server, no network of processes; the whole tier runs in about a minute
+  (``make test-fast``);
+* ``tests/integration``: an S3 server (moto or SeaweedFS), child processes, the in-process simulator, the benchmark
+  sections' quick runs;
+* ``tests/e2e``: local networks of real processes on the real clock.  They assert what cannot flake on a loaded
+  2-core machine; statistical claims (shares over seeds) are calibrated in the seeded simulator instead.
+
+``-m unit`` (or ``integration``, ``e2e``) selects a tier; ``--strict-markers`` refuses a marker nobody declared.
+"""
 from __future__ import annotations
 
 from pathlib import Path
@@ -7,6 +19,23 @@ import pytest
 import torch
 
 torch.set_num_threads(1)
+
+TIERS = ("unit", "integration", "e2e")
+TESTS = Path(__file__).resolve().parent
+
+
+def tier_of(path: Path) -> str | None:
+    """The tier directory a test file lives in (None: outside every tier)."""
+    parts = path.resolve().relative_to(TESTS).parts
+    return parts[0] if len(parts) > 1 and parts[0] in TIERS else None
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        tier = tier_of(item.path)
+        if tier is None:
+            raise pytest.UsageError(f"{item.nodeid}: every test lives in one of tests/{{{','.join(TIERS)}}}/")
+        item.add_marker(getattr(pytest.mark, tier))
 
 
 @pytest.fixture(scope="session")
@@ -51,3 +80,17 @@ def seaweedfs_engine():
     yield engine
     engine.stop()
 
+
+@pytest.fixture(scope="session")
+def sim_dataset(tmp_path_factory):
+    """The run's data for a simulated network, a factory: the default corpus (Shakespeare) with ``hp``'s tokeniser
+    and sequence length, tokenised once per setting for the session.  The proof of computation's calibration is
+    the default data's: on CPython's documentation prose, a few hundred kilobytes of repetitive text, a tiny model's
+    honest updates leave too faint a trace on the sequences they trained on (docs/scoring.md)."""
+    from dso.data import Dataset
+
+    cache = tmp_path_factory.mktemp("shakespeare")
+
+    def make(hp):
+        return Dataset.for_run(hp, "shakespeare", str(cache))
+    return make

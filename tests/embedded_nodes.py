@@ -6,7 +6,8 @@ from dataclasses import asdict
 from pathlib import Path
 
 from dso.config import Config, HParams
-from dso.config_sources import from_dict
+from dso.config import ModelConfig
+from dso.config_sources import from_dict, use_profile
 from storage.server import EmbeddedS3
 
 
@@ -23,3 +24,19 @@ def node_config(root: Path, s3: EmbeddedS3, name: str, wallets: str, corpus: str
         "data": {"corpus": corpus, "cache_dir": cache},
         "neuron": {"state_dir": str(root / name)},
         "hparams": asdict(hp)})
+
+
+def tiny_node_hparams() -> HParams:
+    """A tiny model and short windows for in-process nodes (validators, the simulator) in paper mode: identity
+    holds in any mode; paper mode keeps every window's list non-trivial in 6 windows."""
+    hp = HParams(model=ModelConfig(vocab_size=256, d_model=32, n_layers=1, n_heads=2, ffn_hidden=64, seq_len=32),
+                 tokenizer="bytes")
+    hp.batch_size, hp.assigned_sequences, hp.micro_batch, hp.chunk, hp.topk = 8, 16, 8, 16, 8
+    hp.eval_sequences, hp.eval_peers, hp.learning_rate, hp.warmup_windows = 8, 4, 5e-3, 0
+    hp.topg, hp.checkpoint_every = 4, 3
+    hp.inner.steps_max = 2  # the assignment holds steps_max × batch_size
+    # identity holds in any mode; paper mode keeps every window's list non-trivial in 6 windows (with inner steps
+    # and the sgd rule an early list can hold only a freerider, and the model does not move: see the steps test)
+    use_profile(hp, "gauntlet")
+    hp.pay_rule, hp.weight_power = "work", 0.7  # the paper's training, this project's pay
+    return hp

@@ -19,14 +19,14 @@ from pathlib import Path
 
 from benchmarks.common import ROOT, finite_or_none, save_plot, worker_pool
 
-FULL = {"windows": 45, "peers": 4, "adamw_lrs": (2e-3, 4e-3, 8e-3)}
-QUICK = {"windows": 3, "peers": 2, "adamw_lrs": (2e-3,)}
+FULL = {"windows": 45, "peers": 4, "adamw_lrs": (2e-3, 4e-3, 8e-3), "steps_max": None}
+QUICK = {"windows": 2, "peers": 2, "adamw_lrs": (2e-3,), "steps_max": 2}  # a smoke run: every variant, no figure
 PLOT = ROOT / "docs" / "img" / "convergence.png"
 TAIL = 5  # windows averaged for the (less noisy) tail comparison
 
 
 def train_variant(kind: str, windows: int, peers: int, value_bits: int | None = None,
-                  lr: float | None = None) -> dict:
+                  lr: float | None = None, steps_max: int | None = None) -> dict:
     """One training run (in a worker process): validation loss before training and after each window."""
     from benchmarks.common import default_dataset, setup_worker
     setup_worker()
@@ -36,6 +36,8 @@ def train_variant(kind: str, windows: int, peers: int, value_bits: int | None = 
     hp = HParams()
     if value_bits is not None:
         hp.value_bits = value_bits
+    if steps_max is not None:
+        hp.inner.steps_max = steps_max
     dataset = default_dataset(hp)
     if kind == "adamw":
         hist = run_adamw(hp, dataset, peers, windows, lr=lr)
@@ -113,9 +115,10 @@ def run(quick: bool) -> dict:
     from dso.config import HParams
 
     cfg = QUICK if quick else FULL
-    w, n = cfg["windows"], cfg["peers"]
-    jobs = {"demo": ("demo", w, n), "demo_fp32_values": ("demo", w, n, 32), "uncompressed": ("uncompressed", w, n)}
-    jobs.update({adamw_key(lr): ("adamw", w, n, None, lr) for lr in cfg["adamw_lrs"]})
+    w, n, steps = cfg["windows"], cfg["peers"], cfg["steps_max"]
+    jobs = {"demo": ("demo", w, n, None, None, steps), "demo_fp32_values": ("demo", w, n, 32, None, steps),
+            "uncompressed": ("uncompressed", w, n, None, None, steps)}
+    jobs.update({adamw_key(lr): ("adamw", w, n, None, lr, steps) for lr in cfg["adamw_lrs"]})
     with worker_pool(2) as pool:
         futures = {name: pool.submit(train_variant, *args) for name, args in jobs.items()}
         runs = {name: f.result() for name, f in futures.items()}

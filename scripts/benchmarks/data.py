@@ -10,6 +10,10 @@ writer's own peak is reported too (bounded by one shard's buffer).
 ``miner_peak_rss_mb``: list of ``{corpus_mb, rss_mb}``; ``rss_growth_mb`` is the difference between
 the largest and the smallest corpus.  The byte tokeniser is used: shards are read the same way whatever
 the tokeniser, and tokenising 200 MB with a BPE would only lengthen the benchmark.
+
+Then :mod:`benchmarks.data_remote` measures a miner reading a 2 GiB corpus from a dataset bucket against
+reading the same shards locally; its headline figures (``remote_vs_local``, ``cache_peak_mb``,
+``cache_peak_share``, ``remote_rss_growth_mb``) are copied to the top of the section, the rest is under ``remote``.
 """
 from __future__ import annotations
 
@@ -19,9 +23,11 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks import data_remote
 from benchmarks.common import own_peak_rss_mb, worker_pool
 
 WINDOWS, STEPS_PER_WINDOW = 4, 2
+HEADLINE = ("remote_vs_local", "cache_peak_mb", "cache_peak_share", "remote_rss_growth_mb")  # of data_remote
 FILE_MB = 20  # generated corpora are split into files of about this size
 
 
@@ -56,7 +62,7 @@ def prepare(source: Path, out: Path) -> dict:
     from benchmarks.common import setup_worker
     setup_worker()
     from dso.corpus import corpus_files
-    from dso.shards import write_shards
+    from dso.shard_writer import write_shards
     from dso.tokenizer import Tokenizer
     manifest = write_shards(corpus_files(str(source)), Tokenizer.bytes(), out)
     return {"tokens": manifest.tokens, "shards": len(manifest.shards), "prepare_peak_rss_mb": own_peak_rss_mb()}
@@ -119,8 +125,10 @@ def run(quick: bool) -> dict:
             shutil.rmtree(out)
     finally:
         shutil.rmtree(root, ignore_errors=True)
+    remote = data_remote.run(quick)
     return {"miner_peak_rss_mb": rows, "rss_growth_mb": round(rss_growth(rows), 1), "prepare": prepared,
-            "windows": WINDOWS, "steps_per_window": STEPS_PER_WINDOW, "tokenizer": "bytes"}
+            "windows": WINDOWS, "steps_per_window": STEPS_PER_WINDOW, "tokenizer": "bytes",
+            **{k: remote[k] for k in HEADLINE}, "remote": remote}
 
 
 def markdown(result: dict) -> str:
@@ -128,4 +136,6 @@ def markdown(result: dict) -> str:
     for row, prep in zip(result["miner_peak_rss_mb"], result["prepare"]):
         lines.append(f"| {row['corpus_mb']} | {row['rss_mb']} | {prep['prepare_peak_rss_mb']} | {prep['shards']} |")
     lines.append(f"\nminer peak RSS growth from the smallest to the largest corpus: {result['rss_growth_mb']} MB")
+    if "remote" in result:
+        lines += ["", data_remote.markdown(result["remote"])]
     return "\n".join(lines)

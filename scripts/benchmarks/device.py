@@ -8,7 +8,7 @@ On the CPU: the default model, one thread.  Where CUDA is available, also:
   model FLOPs (6 per parameter and token, plus attention's 12 · layers · d_model · seq_len) over the card's
   dense bf16 peak (``PEAK_BF16_TFLOPS``, by device name; null for a card not in the table);
 * ``theta_bit_identical``: three windows aggregated on a CPU model and on a CUDA model end with the same
-  model hash and outer-state digest (1) or not (0) — the check ``tests/foundation/test_gpu_ready.py`` skips
+  model hash and outer-state digest (1) or not (0) — the check ``tests/unit/foundation/test_gpu_ready.py`` skips
   without a GPU.
 
 On a machine without a GPU the ``cuda`` entries say so instead of a number (nothing is measured there)."""

@@ -57,9 +57,8 @@ def run_variant(spend: str, seed: int, windows: int, steps: int, honest: int, se
 
     from benchmarks.common import default_dataset, setup_worker
     from dso.config import HParams
-    from dso.train import evaluate
     from dso.outer import peer_norms, reference_norms
-    from scoring.evaluation import ParameterSnapshot, evaluate_peer, update_step
+    from scoring.evaluation import ParameterSnapshot, random_losses, stepped_losses, update_step
     from sim.simulator import SimNet
 
     setup_worker()
@@ -79,13 +78,13 @@ def run_variant(spend: str, seed: int, windows: int, steps: int, honest: int, se
         payloads, rejections = net.uploads(t)
         reference = reference_norms([peer_norms(net.codec, p.update) for p in payloads.values()], list(net.shapes))
         snapshot = ParameterSnapshot(net.model)
-        base = evaluate(net.model, rand, hp.micro_batch, "cpu")
+        base = random_losses(net.model, snapshot, None, rand, hp.micro_batch).base
         scores = {}
         for uid, payload in sorted(payloads.items()):
             step = update_step(net.codec, payload.update, hp, t, reference, net.shapes)
             assert isinstance(step, dict), step  # every peer here is honest or diligent
-            # only δ_rand (LossScore) is read: one sequence stands in for the assigned sample
-            scores[uid] = evaluate_peer(net.model, snapshot, step, 1.0, rand[:1], rand, base, hp.micro_batch).delta_rand
+            stepped = stepped_losses(net.model, snapshot, step, [rand], hp.micro_batch)[0]
+            scores[uid] = float(base.mean() - stepped.mean())  # LossScore
         record = net.conclude(t, payloads, rejections)
         rows.append({"window": t, "scores": scores, "val_loss": record.val_loss})
         print(f"[extra_compute] {spend}: window {t + 1}/{windows}, val {record.val_loss:.3f}, diligent/honest "

@@ -40,7 +40,8 @@ from storage import keys  # noqa: E402
 from storage.commitment import BucketInfo  # noqa: E402
 from storage.gather import ReaderCache, gather  # noqa: E402
 from storage.server import EmbeddedS3  # noqa: E402
-from storage.wire import Expect, PayloadMeta, decode_payload, encode_payload  # noqa: E402
+from dso.payload import PayloadMeta
+from storage.wire import Expect, decode_payload, encode_payload  # noqa: E402
 
 WINDOW = 1
 
@@ -146,7 +147,8 @@ def bench_hostile(repeats: int = 3, deadline_seconds: float = 8.0) -> dict:
         honest = {}
         for uid in HONEST_UIDS:
             creds = server.provision(f"honest{uid}")
-            update = codec.compress({n: torch.randn(p.shape, generator=gen) for n, p in model.named_parameters()})
+            update = codec.compress({n: torch.randn(p.shape, generator=gen) for n, p in model.named_parameters()},
+                                    WINDOW)
             blob = encode_payload(codec, update, torch.randn(hp.sync_samples, generator=gen),
                                   PayloadMeta(uid, WINDOW, hp.protocol_version, hp.digest()))
             creds.write_client().put(creds.bucket, keys.gradient(WINDOW, uid, hp.protocol_version), blob)

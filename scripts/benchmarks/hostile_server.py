@@ -8,7 +8,7 @@ Modes:
          the reader's size cap), one byte every 0.5 s
          (headers at once, so HEAD passes and the GET hangs on the body);
   crawl  drips the status line and headers themselves, one byte every 0.5 s.
-Used by tests/storage/test_storage_fair_gather.py and the gather benchmark (``start`` below).
+Used by tests/integration/storage/test_storage_fair_gather.py and the gather benchmark (``start`` below).
 """
 from __future__ import annotations
 

@@ -40,7 +40,7 @@ if __name__ == "__main__":  # run as a script: make `benchmarks` and `dso` impor
     sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parents[2])]
 
 from benchmarks.common import ROOT, finite_or_none, save_plot, worker_pool  # noqa: E402
-from dso.presets import PAPER_MODE  # noqa: E402
+from dso.config_sources import profile_settings  # noqa: E402
 
 FULL = {"peers": 4, "windows": 12, "steps": 6, "ddp_lrs": (1e-3, 2e-3, 4e-3), "localnet": True, "tiny": False,
         "workers": 2}
@@ -115,8 +115,8 @@ def network_spec(peers: int, windows: int, steps: int, tiny: bool = False, **ove
 
 
 def paper_set() -> dict:
-    """The Gauntlet paper's setup (``dso.presets.PAPER_MODE``)."""
-    return dict(PAPER_MODE)
+    """The Gauntlet paper's setup (the ``gauntlet`` profile)."""
+    return profile_settings("gauntlet")
 
 
 # --------------------------------------------------------------- figures
@@ -158,7 +158,8 @@ def payload_object_bytes(hp) -> int:
 
     from dso.codec import DeMoCodec
     from dso.model import build_model, parameter_shapes
-    from storage.wire import PayloadMeta, encode_payload
+    from dso.payload import PayloadMeta
+    from storage.wire import encode_payload
 
     codec = DeMoCodec.from_hparams(parameter_shapes(build_model(hp.model, hp.seed)), hp)
     update = codec.compress({n: torch.randn(s) for n, s in codec.shapes.items()}, 99999)

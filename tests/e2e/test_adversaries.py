@@ -8,7 +8,6 @@ from short_net import run_short_network
 
 from sim import report as run_report
 
-pytestmark = pytest.mark.slow
 WINDOWS = 12
 ADVERSARIES = [("diligent", 1), ("freerider", 1), ("noise", 1), ("copier", 1), ("malformed", 1)]
 

@@ -30,7 +30,6 @@ from storage.checkpoint import save_checkpoint
 from neurons.manifest import run_of
 from storage.jsonobj import encode_json, get_json
 
-pytestmark = pytest.mark.slow
 CR_WINDOWS = 8
 
 

@@ -15,7 +15,6 @@ from sim.localnet import LocalNet
 from storage.commitment import BucketInfo, parse_commitment
 from storage.gather import ReaderCache
 
-pytestmark = pytest.mark.slow
 WINDOWS = 12
 ADVERSARIES = [("backdater", 1), ("hider", 1), ("gamer", 1)]
 

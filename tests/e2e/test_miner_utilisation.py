@@ -13,7 +13,6 @@ import pytest
 
 from sim.localnet import LocalNet, plan_nodes, wait_for
 
-pytestmark = pytest.mark.slow
 WINDOWS = 10
 FLOOR = 0.5
 

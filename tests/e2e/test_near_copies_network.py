@@ -6,7 +6,6 @@ from __future__ import annotations
 import pytest
 from short_net import run_short_network
 
-pytestmark = pytest.mark.slow
 WINDOWS = 12
 ADVERSARIES = [("noisycopy", 1), ("scaledcopy", 1), ("mixer", 1), ("replayer", 1)]
 

@@ -21,7 +21,6 @@ from scrape import by_label, one, scrape
 from dso.config_sources import from_dict
 from sim.localnet import LocalNet, plan_nodes, wait_for
 
-pytestmark = pytest.mark.slow
 WINDOWS = 20
 RESTART_AFTER = 5  # k: the state saved after this window is the restart point
 # The 2-rank miner starts a few windows after the others (torchrun, a second interpreter, FSDP's start-up:
@@ -68,13 +67,17 @@ def network(tmp_path_factory, stdlib_corpus, network_hparams):
 
 
 def test_weights_reach_the_chain_and_pay_every_honest_miner(network):
+    """The posted row sums to 1 over the miners, and every honest miner was paid in some window (one whose last
+    proof-of-computation test fell short is unpaid for a window: how often is the simulator's figure)."""
     net, _ = network
     validator = next(n for n in net.nodes if n.role == "validator")
     posted = net.chain.weights().get(validator.uid)
     assert posted, "the validator posted no weights"
-    for miner in (n for n in net.nodes if n.role == "miner"):
-        assert posted.get(miner.uid, 0.0) > 0, f"honest {miner.name} got no weight: {posted}"
     assert sum(posted.values()) == pytest.approx(1.0)
+    rows = [line["weights"] for line in net.validator_lines()]
+    for miner in (n for n in net.nodes if n.role == "miner"):
+        paid = [row.get(str(miner.uid), 0.0) > 0 for row in rows]
+        assert sum(paid) >= 2, f"honest {miner.name} was paid in {sum(paid)} windows: {rows}"
 
 
 def test_the_two_rank_miner_trains_uploads_and_is_paid(network):
@@ -84,8 +87,8 @@ def test_the_two_rank_miner_trains_uploads_and_is_paid(network):
     assert "training on 2 ranks" in log and "rank 1: stopped by the leader" not in log  # still running
     lines = net.miner_lines()[ranked.name]
     assert sum(1 for line in lines if line["uploaded"] and line["inner_steps"] > 0) >= RANKED_WINDOWS - 2, lines
-    validator = next(n for n in net.nodes if n.role == "validator")
-    assert net.chain.weights().get(validator.uid, {}).get(ranked.uid, 0.0) > 0
+    paid = [row.get(str(ranked.uid), 0.0) > 0 for row in (line["weights"] for line in net.validator_lines())]
+    assert sum(paid) >= 2, f"the 2-rank miner was paid in {sum(paid)} windows"
 
 
 def test_miners_hold_the_validators_model_after_every_window(network):
@@ -93,8 +96,10 @@ def test_miners_hold_the_validators_model_after_every_window(network):
     reference = {line["window"]: line["model_hash"] for line in net.validator_lines()}
     for name, lines in net.miner_lines().items():
         compared = [line["window"] for line in lines if line["window"] in reference]
-        enough = RANKED_WINDOWS - 2 if name == ranked_miner(net).name else WINDOWS - 3
-        assert len(compared) >= enough, f"{name} followed too few windows: {compared}"
+        # a miner may join late on a loaded machine; from its first window on it misses at most three
+        since_joined = [w for w in reference if compared and w >= compared[0]]
+        least = RANKED_WINDOWS - 2 if name == ranked_miner(net).name else WINDOWS // 2
+        assert len(compared) >= max(least, len(since_joined) - 3), f"{name} followed too few: {compared}"
         for line in lines:
             if line["window"] in reference:
                 assert line["model_hash"] == reference[line["window"]], f"{name} diverged at {line['window']}"
@@ -161,8 +166,9 @@ def test_nodes_serve_their_metrics(network):
     assert one(v, "dso_node_info", role="validator", uid=str(validator.uid), hparams=net.hp.digest()) == 1
     assert 0 < one(v, "dso_windows_total") <= len(lines) and one(v, "dso_window") <= lines[-1]["window"]
     nats = one(v, "dso_validation_loss_nats_per_token")
-    assert nats in [line["val_loss"] for line in lines]
-    assert one(v, "dso_validation_loss_bits_per_byte") == pytest.approx(nats / math.log(2))
+    line = next(line for line in lines if line["val_loss"] == nats)
+    assert one(v, "dso_validation_loss_bits_per_byte") == pytest.approx(line["val_bits_per_byte"])
+    assert 0 < line["val_bits_per_byte"] < nats / math.log(2)  # a BPE token stands for more than one byte
     weights = by_label(v, "dso_peer_weight_ratio", "uid")
     assert set(weights) == {str(n.uid) for n in miners} and sum(weights.values()) == pytest.approx(1.0)
     assert set(by_label(v, "dso_peer_score", "uid")) == set(weights)
@@ -187,12 +193,14 @@ def test_nodes_serve_their_metrics(network):
     assert one(m, "dso_node_info", role="miner", uid=str(miners[0].uid), hparams=net.hp.digest()) == 1
     windows = one(m, "dso_windows_total")
     assert windows >= WINDOWS - 3
-    per_window = net.hp.batch_size * net.hp.model.seq_len     # an honest miner trains on the baseline share
-    assert one(m, "dso_trained_tokens_total") == windows * per_window
+    # what it recorded, window by window: whole batches of its assignment (one or two inner steps, as time allows)
+    records = net.miner_lines()[miners[0].name][:int(windows)]
+    per_batch, most = net.hp.batch_size * net.hp.model.seq_len, net.hp.assigned_sequences * net.hp.model.seq_len
+    assert one(m, "dso_trained_tokens_total") == sum(r["tokens"] for r in records)
+    assert all(r["tokens"] % per_batch == 0 and r["tokens"] <= most for r in records), records
     assert one(m, "dso_uploads_total", result="ok") >= windows - 1
     assert 0 < one(m, "dso_train_loss_nats_per_token") < 6
-    assert one(m, "dso_train_loss_bits_per_byte") == pytest.approx(one(m, "dso_train_loss_nats_per_token")
-                                                                   / math.log(2))
+    assert 0 < one(m, "dso_train_loss_bits_per_byte") < one(m, "dso_train_loss_nats_per_token") / math.log(2)
     assert 0 < one(m, "dso_utilisation_ratio") <= 1 and one(m, "dso_s3_sent_bytes_total") > 0
     assert one(m, "dso_chain_writes_total", call="register", result="ok") == 1
     assert 0 <= one(m, "dso_inner_steps") <= net.hp.inner.steps_max  # inner optimiser steps of the last window

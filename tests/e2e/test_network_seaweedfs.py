@@ -9,7 +9,6 @@ import pytest
 
 from sim.localnet import LocalNet, plan_nodes, wait_for
 
-pytestmark = pytest.mark.slow
 WINDOWS = 6
 
 
@@ -43,6 +42,12 @@ def test_the_network_ran_on_seaweedfs(seaweed_network, seaweedfs_engine):
     creds = net.credentials(validator)
     keys = [o.key.split("/", 1)[-1] for o in creds.read_client().list(creds.bucket)]
     assert any(k.startswith("checkpoint") or k.startswith("aggregate") for k in keys), keys
+    # the corpus is in a dataset bucket on the same SeaweedFS server, and every node read it from there
+    assert net.data_source == f"s3://dso-dataset/{net.hp.data_hash}"
+    listed = {o.key for o in net.s3.admin.client().list("dso-dataset", prefix=net.hp.data_hash)}
+    assert f"{net.hp.data_hash}/manifest.json" in listed and f"{net.hp.data_hash}/shard-00000.chunks" in listed
+    for node in net.nodes:
+        assert f" from {net.data_source}, hparams " in (net.logs / f"{node.name}.log").read_text(), node.name
 
 
 def test_weights_and_models_agree_on_seaweedfs(seaweed_network):

@@ -15,7 +15,6 @@ import pytest
 from sim.agreement import TARGET_MEAN_L1, weight_agreement
 from sim.localnet import LocalNet, plan_nodes, wait_for
 
-pytestmark = pytest.mark.slow
 KILL_AFTER = 8     # windows the first leader scores before it is killed
 AFTER_KILL = 14    # windows the second validator scores after that (the hand-over has taken five to eight)
 
