@@ -133,14 +133,21 @@ class DeMoCodec:
     # --------------------------------------------------------- compress
     def compress_tensor(self, name: str, x: torch.Tensor, window: int, uid: int = 0) -> TensorUpdate:
         """Top-k of the chunked DCT of ``x`` (DeMo's transform is the same in every window)."""
-        coeffs = self.plans[name].encode(x.float())
+        idx, vals = self.select(name, self.plans[name].encode(x.float()))
+        codes, scale = self.quantise(vals)
+        return TensorUpdate(idx, codes, scale)
+
+    def select(self, name: str, coeffs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(indices, values) of the top-k of every chunk row of ``coeffs`` (n_chunks × chunk_size), on the CPU.
+        Each row on its own: any run of whole chunk rows gives those rows' part of the whole tensor's result."""
         idx = coeffs.abs().topk(self.k(name), dim=1, sorted=False).indices.sort(dim=1).values
-        vals = coeffs.gather(1, idx).cpu()
+        return idx.cpu(), coeffs.gather(1, idx).cpu()
+
+    def quantise(self, vals: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(codes, level table) of one tensor's kept values (float32 values and no table with 32-bit values)."""
         if self.quantiser is None:
-            codes, scale = vals.clone(), torch.zeros(0)
-        else:
-            codes, scale = self.quantiser.quantise(vals)
-        return TensorUpdate(idx.cpu(), codes, scale)
+            return vals.clone(), torch.zeros(0)
+        return self.quantiser.quantise(vals)
 
     def compress(self, tensors: Mapping[str, torch.Tensor], window: int, uid: int = 0) -> CompressedUpdate:
         return {n: self.compress_tensor(n, t, window, uid) for n, t in tensors.items()}

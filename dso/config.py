@@ -381,6 +381,8 @@ class StorageConfig:
     timeout_seconds: float = _doc("per-request connect/read timeout", default=10.0)
     gather_deadline_seconds: float = _doc("per-peer deadline when gathering", default=8.0)
     retention_windows: int = _doc("own objects older than this are deleted", default=50)
+    checkpoint_shard_mib: int = _doc("a validator's checkpoints go to S3 as shards of at most this many MiB (each "
+                                     "above 64 MiB a multipart upload; docs/storage.md)", default=256)
     # --- issue 18: which endpoints of other peers a node may send requests to (docs/storage.md)
     allow_loopback_endpoints: bool = _doc(
         "accept peers' endpoints on loopback addresses, over plain http (local networks and tests only); "
@@ -413,6 +415,10 @@ class NeuronConfig:
                                "A miner with more compute per window scores higher by raising this than by taking "
                                "more steps (docs/training.md, 'Fifth pass')", default=0)
     max_windows: int = _doc("stop after this many windows (0 = run forever)", default=0)
+    activation_checkpointing: bool = _doc(
+        "miner: recompute each block's activations in the backward pass instead of keeping them (less memory, "
+        "about a third more compute, the same numbers; one process or a torchrun group; docs/scale.md)",
+        default=False)
     log_json: str = _doc("append one JSON line per window to this file", default="")
     # --- operations (issue 19): Prometheus metrics, docs/operations.md
     metrics_port: int = _doc("serve Prometheus metrics on this TCP port (0 = off; the local network turns it on "
@@ -439,6 +445,8 @@ class Config:
         _positive(self, "", "threads")
         if self.neuron.train_sequences < 0:
             raise ConfigError("neuron.train_sequences: must be >= 0")
+        if self.storage.checkpoint_shard_mib < 1:
+            raise ConfigError("storage.checkpoint_shard_mib: must be >= 1")
         if self.neuron.step_sequences < 0:
             raise ConfigError("neuron.step_sequences: must be >= 0")
         if self.netuid < 0:

@@ -53,11 +53,14 @@ def inner_lr(cfg: InnerConfig, window: int, step_count: int) -> float:
     return cfg.lr * warm * factor
 
 
-def make_optimizer(params: Iterable[torch.nn.Parameter], cfg: InnerConfig) -> torch.optim.Optimizer:
+def make_optimizer(params: Iterable[torch.nn.Parameter], cfg: InnerConfig,
+                   foreach: bool | None = None) -> torch.optim.Optimizer:
+    """The inner optimiser; ``foreach=False`` updates one tensor at a time (no whole-model temporaries)."""
     if cfg.optimizer == "sgd":
-        return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.beta1, weight_decay=cfg.weight_decay)
+        return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.beta1, weight_decay=cfg.weight_decay,
+                               foreach=foreach)
     return torch.optim.AdamW(params, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps,
-                             weight_decay=cfg.weight_decay)
+                             weight_decay=cfg.weight_decay, foreach=foreach)
 
 
 @dataclass
@@ -94,10 +97,16 @@ class InnerLoop:
     def __init__(self, model: Decoder, hp: HParams):
         self.model, self.hp, self.cfg = model, hp, hp.inner
         self.params = dict(model.named_parameters())
-        self.anchor = {n: p.detach().clone() for n, p in self.params.items()}
-        self.optimizer = make_optimizer(list(self.params.values()), self.cfg) if self.cfg.mode == "steps" else None
+        self.anchor = self.new_anchor()
+        self.optimizer = self.new_optimizer() if self.cfg.mode == "steps" else None
         self.step_count = 0
         self.gradient: dict[str, torch.Tensor] | None = None
+
+    def new_anchor(self) -> dict[str, torch.Tensor]:
+        return {n: p.detach().clone() for n, p in self.params.items()}
+
+    def new_optimizer(self) -> torch.optim.Optimizer:
+        return make_optimizer(list(self.params.values()), self.cfg)
 
     # ------------------------------------------------------------ window
     @torch.no_grad()

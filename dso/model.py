@@ -16,6 +16,7 @@ from typing import Any, Callable, Iterable
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from dso.config import HParams, ModelConfig
 
@@ -110,6 +111,9 @@ class Decoder(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.cfg = cfg
+        # recompute each block's activations in the backward pass instead of keeping them (a node setting:
+        # memory for compute, the same numbers; docs/scale.md)
+        self.activation_checkpointing = False
         self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
         self.norm = RMSNorm(cfg.d_model, cfg.norm_eps)
@@ -123,10 +127,18 @@ class Decoder(nn.Module):
             raise ValueError(f"sequence of {t} tokens exceeds seq_len={self.cfg.seq_len}")
         cos, sin = self.rope_cos[:t], self.rope_sin[:t]
         x = self.embed(tokens)
+        recompute = self.activation_checkpointing and torch.is_grad_enabled()
         for block in self.blocks:
-            x = block(x, cos, sin)
+            x = checkpoint(block, x, cos, sin, use_reentrant=False) if recompute else block(x, cos, sin)
         logits: torch.Tensor = self.norm(x) @ self.embed.weight.T  # tied output head
         return logits
+
+    def reset_rotary(self) -> None:
+        """Recompute the rotary tables (after the model was built on the meta device and given memory)."""
+        cos, sin = rotary_tables(self.cfg.d_model // self.cfg.n_heads, self.cfg.seq_len, self.cfg.rope_theta)
+        with torch.no_grad():
+            self.rope_cos.copy_(cos)
+            self.rope_sin.copy_(sin)
 
     def loss(self, batch: torch.Tensor) -> torch.Tensor:
         """Mean next-token cross-entropy of a (n, seq_len + 1) batch of ids."""

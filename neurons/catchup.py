@@ -82,7 +82,8 @@ def sync_to(ctx: NodeContext, model_window: int, target: int) -> int:
     if isinstance(ckpt, Rejection):
         log.warning("catch-up: checkpoint of window %d unusable: %s", pointer.window, ckpt)
         return reached
-    ckpt.load_into(ctx.model)
+    ckpt.load_into(ctx.model)  # shard by shard, from the verified copies
+    ckpt.close()
     ctx.outer = ckpt.outer
     log.info("catch-up: loaded checkpoint of window %d (%s…)", ckpt.window, model_hash(ctx.model)[:10])
     reached, stop = replay(ctx, ckpt.window, target, source)

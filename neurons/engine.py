@@ -43,7 +43,7 @@ from dso.rejections import Rejection
 from dso.robust import AggregationInfo, decoded_rows
 from dso.train import learning_rate
 from scoring.copies import assigned_gains, find_copies, thresholds_for
-from scoring.evaluation import ParameterSnapshot
+from scoring.evaluation import ParameterSnapshot, PeerEvaluator
 from scoring.history import find_replays
 from scoring.state import ValidatorState
 from scoring.window import Scorer, WindowEvidence, WindowReport, score_window
@@ -120,9 +120,11 @@ def aggregate_window(model: torch.nn.Module, codec: Codec, hp: HParams, window: 
 def run_window(state: ValidatorState, model: torch.nn.Module, codec: Codec, dataset: Dataset, hp: HParams,
                inputs: WindowInputs, *, outer: OuterState, ledger_prev_hash: str, validator: str,
                device: str | torch.device = "cpu",
-               on_aggregate: Callable[[Aggregation], None] | None = None) -> WindowOutcome:
+               on_aggregate: Callable[[Aggregation], None] | None = None,
+               evaluator: PeerEvaluator | None = None) -> WindowOutcome:
     """One window.  ``model`` and ``outer`` hold θ_t and the outer state on entry, θ_{t+1} and the next state on
-    return; ``state`` is updated all-or-nothing."""
+    return; ``state`` is updated all-or-nothing.  ``evaluator``: who computes the evaluated peers' losses
+    (default: this process; a torchrun validator's ranks, neurons/validator_ranks.py)."""
     t, payloads = inputs.window, inputs.payloads
     updates = {u: p.update for u, p in payloads.items()}
     uids = sorted(updates)
@@ -156,7 +158,7 @@ def run_window(state: ValidatorState, model: torch.nn.Module, codec: Codec, data
                                   inputs.active, inputs.randomness, inputs.eval_seed,
                                   aggregation.reference_norms if aggregation.used else None,
                                   aggregation.moved if hp.outer.rule != "signed" else None, control)
-        report = score_window(state, Scorer(model, codec, dataset, hp), evidence)
+        report = score_window(state, Scorer(model, codec, dataset, hp, evaluator), evidence)
     finally:
         theta_next.restore()
     del theta_t, theta_next, control

@@ -24,7 +24,8 @@ MAX_UID = 65535  # uids are u16 on chain; the metagraph bounds them further by t
 ROLES = ("miner", "validator")
 # the step label's values (cpu: the window's CPU seconds; bundle_after_close: when the validator's bundle
 # went out, after the uploads closed)
-STEPS = ("train", "gather", "engine", "total", "cpu", "bundle_after_close", "encode", "upload", "wait", "apply")
+STEPS = ("train", "gather", "engine", "total", "cpu", "bundle_after_close", "encode", "upload", "wait", "apply",
+         "checkpoint_wait")
 GATHER_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0)
 _SHORT_CODE = re.compile(r"[a-z][a-z0-9_]{0,31}")
 WindowSeconds = Callable[[int], Optional[float]]

@@ -2,6 +2,7 @@
 """DSO miner: trains on its assigned data, uploads a compressed update each put window, follows the network.
 
     python neurons/miner.py [--wallet.name W --wallet.hotkey H] [flags]
+    torchrun --standalone --nproc_per_node N neurons/miner.py [flags]    # one miner on N ranks (FSDP2)
 
 Each window t (docs/design.md §5, docs/training.md): from θ_t, inner optimiser steps (dso/inner.py) on
 SelectData(seed, uid, t) until a deadline that leaves time to encode and upload inside the put window, at
@@ -18,13 +19,16 @@ miner stops uploading for good once another round would exceed its ε budget (ne
 
 A window is three steps, :meth:`Miner.train`, :meth:`Miner.upload` and :meth:`Miner.follow` (which trains
 ahead: :meth:`Miner.train_ahead`); what goes into the upload is :meth:`Miner.payload`.  This module holds only
-the honest implementation; experiments (``sim/``) subclass it to model other miners.
+the honest implementation; experiments (``sim/``) subclass it to model other miners.  Started by torchrun, one
+miner runs on several ranks: rank 0 is this miner, the model's training slices are spread over every rank
+(neurons/miner_ranks.py, docs/scale.md).
 """
 from __future__ import annotations
 
 import logging
 import math
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -33,6 +37,7 @@ from dso.clock import GATHER_SETTLE_SECONDS, PutWindow
 from dso.codec import CompressedUpdate, ErrorFeedback
 from dso.config import Config
 from dso.config_sources import parse_args
+from dso.distributed import launched_ranks
 from dso.inner import Ahead, InnerLoop, InnerReport
 from dso.model import model_hash, state_hash, sync_sample_count
 from dso.rejections import Rejection
@@ -65,11 +70,6 @@ class Miner:
         problem = reveal.settings_problem(hp)
         if problem:
             raise Fatal(problem)
-        self.feedback = ErrorFeedback(ctx.codec, hp.ef_beta, ctx.device)
-        self.ef_file = ctx.state_dir / "error_feedback.safetensors"
-        saved = load_tensors(self.ef_file)
-        if saved is not None and self.feedback.load_state(saved):
-            log.info("restored the error-feedback buffer from %s", self.ef_file)
         self.privacy = MinerPrivacy(hp.dp, ctx.state_dir)
         # sequences per inner step: more compute is better spent on larger steps than on more of them
         self.step_batch = ctx.cfg.neuron.step_sequences or hp.batch_size
@@ -84,12 +84,9 @@ class Miner:
         if self.sequences > hp.assigned_sequences:
             raise Fatal(f"--neuron.train_sequences {self.sequences} exceeds the {hp.assigned_sequences} sequences "
                         "the protocol assigns per window (hparams.assigned_sequences)")
-        self.inner = InnerLoop(ctx.model, hp)
-        self.inner_file = ctx.state_dir / "inner_state.safetensors"
-        saved = load_tensors(self.inner_file)
-        if saved is not None and self.inner.load_state(saved):
-            log.info("restored the inner optimiser's state from %s (%d steps so far)", self.inner_file,
-                     self.inner.step_count)
+        ctx.model.activation_checkpointing = ctx.cfg.neuron.activation_checkpointing
+        self.feedback, self.inner = self.training_parts()
+        self.restore_state()
         self.encode_seconds = ENCODE_SECONDS
         self.trained_at = 0.0    # when the last window's inner training ended (time.time())
         self.margin_from = 0.0   # ... or its deadline, if earlier: the next deadline leaves the time from here
@@ -255,11 +252,11 @@ class Miner:
             deadline = math.inf  # a step taken past the deadline on purpose is not an overrun
         self.trained_at = time.time()
         self.margin_from = min(self.trained_at, deadline)  # a step that overran the deadline counts against it
-        grads, loss = self.inner.pseudo_gradient(), self.report.mean_loss
+        update, loss = self.compress(t), self.report.mean_loss
         self.inner.restore_anchor()  # back to θ_t: sync samples, the payload's model hash and the bundle start there
         done = data[:self.report.sequences]
         self.trained = (done.shape[0] * (done.shape[1] - 1), max(1, ctx.dataset.target_bytes(done)))  # tokens, bytes
-        return self.feedback.step(self.privacy.release(grads), t, ctx.uid), loss
+        return update, loss
 
     def training_data(self, t: int) -> torch.Tensor:
         """The sequences it trains on in window t, in order: the first ``self.sequences`` of its assignment (the
@@ -298,10 +295,35 @@ class Miner:
         to compress, encode and upload inside the put window (what the last upload took, with a margin)."""
         return self.ctx.clock.put_window(t).close - UPLOAD_MARGIN - self.encode_seconds
 
+    def training_parts(self) -> tuple[Any, InnerLoop]:
+        """The error feedback and the inner loop this miner trains with (one process: the node's model)."""
+        return ErrorFeedback(self.ctx.codec, self.ctx.hp.ef_beta, self.ctx.device), InnerLoop(self.ctx.model,
+                                                                                              self.ctx.hp)
+
+    def state_files(self) -> tuple[Path, Path]:
+        """Where the error feedback and the inner optimiser's state are kept."""
+        return self.ctx.state_dir / "error_feedback.safetensors", self.ctx.state_dir / "inner_state.safetensors"
+
+    def restore_state(self) -> None:
+        """Load the miner's own state saved by :meth:`save_state` (a fresh one where it does not fit)."""
+        ef_file, inner_file = self.state_files()
+        saved = load_tensors(ef_file)
+        if saved is not None and self.feedback.load_state(saved):
+            log.info("restored the error-feedback buffer from %s", ef_file)
+        saved = load_tensors(inner_file)
+        if saved is not None and self.inner.load_state(saved):
+            log.info("restored the inner optimiser's state from %s (%d steps so far)", inner_file,
+                     self.inner.step_count)
+
     def save_state(self) -> None:
         """The miner's own state, kept across restarts: error feedback and the inner optimiser."""
-        save_tensors(self.ef_file, self.feedback.state())
-        save_tensors(self.inner_file, self.inner.state())
+        ef_file, inner_file = self.state_files()
+        save_tensors(ef_file, self.feedback.state())
+        save_tensors(inner_file, self.inner.state())
+
+    def compress(self, t: int) -> CompressedUpdate:
+        """The window's update as it leaves the miner: pseudo-gradient → privacy → error feedback → compression."""
+        return self.feedback.step(self.privacy.release(self.inner.pseudo_gradient()), t, self.ctx.uid)
 
     def upload(self, t: int, own: CompressedUpdate | None, put: PutWindow) -> bool:
         """Put window t's payload in our bucket (with commit-reveal: commit now, reveal after the put window)."""
@@ -425,6 +447,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def serve(cfg: Config) -> int:
+    if launched_ranks() > 1:  # started by torchrun: one miner on several ranks (neurons/miner_ranks.py)
+        from neurons.miner_ranks import serve_ranks
+        return serve_ranks(cfg)
     return Miner(build_context(cfg, "miner")).run()
 
 

@@ -33,6 +33,7 @@ from dso.chain.writer import ChainWriter, WriteResult
 from dso.clock import GATHER_SETTLE_SECONDS, certain_after, commit_look_ends
 from dso.config import Config
 from dso.config_sources import parse_args
+from dso.distributed import launched_ranks
 from dso.model import model_hash
 from dso.provenance import record_hash
 from dso.train import bits_per_byte, evaluate
@@ -45,12 +46,12 @@ from neurons.follow import Follower
 from neurons.lifecycle import Fatal, run_main
 from neurons.reveal import settings_problem
 from scoring import state as scoring_state
-from scoring.evaluation import ParameterSnapshot
+from scoring.evaluation import ParameterSnapshot, PeerEvaluator
 from storage import keys
 from storage.aggregate import Bundle, encode_bundle, put_bundle
-from storage.checkpoint import save_checkpoint
+from storage.checkpoint import CheckpointSaver, save_checkpoint
 from storage.cleanup import cleanup
-from storage.client import StorageError
+from storage.client import MiB, StorageError
 from storage.gather import GatherResult
 from storage.jsonobj import put_json
 from storage.look import LOOK_SECONDS, Look, Seen, look, watch
@@ -99,7 +100,11 @@ class Validator:
         self.look: Look | None = None  # what the last look at the close of the uploads saw (storage/look.py)
         self.commitments_look: Look | None = None  # commit-reveal: the look at the commitments, before the reveals
         self.previous_delta: dict | None = None       # the last aggregate Δ (a replay of it is a copy)
+        # checkpoints upload in the background while the validator waits for the next uploads; it waits for a
+        # save still running only before it next changes θ (CheckpointSaver.wait)
+        self.checkpoints = CheckpointSaver(ctx.own.client, ctx.own.bucket, ctx.cfg.storage.checkpoint_shard_mib * MiB)
         self.bundle_published: float | None = None   # when this window's bundle went out (unix time)
+        self.evaluator: PeerEvaluator | None = None   # set on a torchrun validator: its ranks share the peers
 
     # ----------------------------------------------------------------- loop
     def leading(self, window: int | None = None) -> bool:
@@ -132,6 +137,7 @@ class Validator:
             done += 1
             if ctx.cfg.neuron.max_windows and done >= ctx.cfg.neuron.max_windows:
                 break
+        self.checkpoints.wait()
         self.writer.close(timeout=10.0)
         log.info("stopped at window %d", self.book.model_window)
         return 0
@@ -180,6 +186,7 @@ class Validator:
         theirs = None if self.leading() else ctx.moved_run()
         if theirs is None:
             return
+        self.checkpoints.wait()  # the model may change below
         ours, ctx.run = ctx.run, theirs
         t = sync_to(ctx, -1, ctx.clock.current_window())  # −1 (nothing loaded) leaves the model and outer state
         if t < 0:
@@ -286,6 +293,9 @@ class Validator:
         ctx.chain.begin_window(t)
         sent, received = ctx.own.client.bytes_up, ctx.own.client.bytes_down
         timings: dict[str, float] = {}
+        waited = time.perf_counter()
+        self.checkpoints.wait()  # θ changes in this window: a checkpoint still uploading must be done first
+        timings["checkpoint_wait"] = round(time.perf_counter() - waited, 3)
         mark, cpu = time.perf_counter(), time.process_time()
         self.bundle_published = None
         active = ctx.peers.miners()
@@ -297,7 +307,7 @@ class Validator:
                               previous_aggregate=self.previous_delta)
         outcome = run_window(self.scores, ctx.model, ctx.codec, ctx.dataset, ctx.hp, inputs, outer=ctx.outer,
                              ledger_prev_hash=self.book.ledger_hash, validator=ctx.hotkey, device=ctx.device,
-                             on_aggregate=self.publish_aggregate)
+                             on_aggregate=self.publish_aggregate, evaluator=self.evaluator)
         timings["engine"] = round(time.perf_counter() - mark - timings["gather"], 3)
         self.book.ledger_hash = record_hash(outcome.record)
         looked, self.previous_delta, self.look = self.look, outcome.aggregation.delta, None
@@ -359,7 +369,7 @@ class Validator:
         if t % hp.windows_per_weights == 0 and self.caught_up(t):
             self.post_weights(t, outcome.report.weights)
         if (t + 1) % hp.checkpoint_every == 0:
-            save_checkpoint(client, bucket, ctx.model, t + 1, hp, ctx.run, ctx.outer)
+            self.checkpoints.start(ctx.model, t + 1, hp, ctx.run, ctx.outer)
         if t % 10 == 0:
             cleanup(client, bucket, t, ctx.cfg.storage.retention_windows, ctx.run)
         if not self.leading(t):  # the list and the provenance record are the leader's
@@ -410,6 +420,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def serve(cfg: Config) -> int:
+    if launched_ranks() > 1:  # started by torchrun: the ranks share each window's evaluations
+        from neurons.validator_ranks import serve_ranks
+        return serve_ranks(cfg)
     return Validator(build_context(cfg, "validator")).run()
 
 

@@ -13,7 +13,7 @@ window's ``eval_sequences`` random ones at θ'; the random ones at θ_t are meas
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Protocol, Sequence
 
 import torch
 
@@ -161,3 +161,37 @@ def evaluate_peer(model: Decoder, snapshot: ParameterSnapshot, step: Mapping[str
     stepped_assigned, stepped_rand = stepped_losses(model, snapshot, step, [assigned, rand.batch], micro_batch)
     control_assigned = stepped_losses(model, snapshot, control, [assigned], micro_batch)[0]
     return PeerLosses(control_assigned, stepped_assigned, rand.base, rand.control, stepped_rand)
+
+
+@dataclass(frozen=True)
+class SharedInputs:
+    """What every evaluated peer of one window shares: the step's reference norms, the parameter shapes, the
+    consensus step (``control``) and the window's random sequences with their losses at θ_t and θ_t − control."""
+
+    window: int
+    reference: Mapping[str, float]
+    shapes: Mapping[str, tuple[int, ...]]
+    control: Mapping[str, torch.Tensor] | None
+    random: RandomLosses
+
+
+class PeerEvaluator(Protocol):
+    """Who computes the losses of a window's evaluated peers (``jobs``: uid → (update, sampled trained sequences)),
+    at the model's θ_t, which holds θ_t again on return: this process (:func:`evaluate_peers`), or a node's ranks
+    sharing the peers (neurons/validator_ranks.py)."""
+
+    def __call__(self, model: Decoder, snapshot: ParameterSnapshot, codec: Any, hp: HParams, shared: SharedInputs,
+                 jobs: Mapping[int, tuple[Any, torch.Tensor]]) -> dict[int, PeerLosses | Rejection]: ...
+
+
+def evaluate_peers(model: Decoder, snapshot: ParameterSnapshot, codec: Any, hp: HParams, shared: SharedInputs,
+                   jobs: Mapping[int, tuple[Any, torch.Tensor]]) -> dict[int, PeerLosses | Rejection]:
+    """Every job's losses (or why its update cannot be evaluated), one peer after another, in place: one decoded
+    update in memory at a time."""
+    out: dict[int, PeerLosses | Rejection] = {}
+    for uid, (update, trained) in jobs.items():
+        step = update_step(codec, update, hp, shared.window, shared.reference, shared.shapes)
+        out[uid] = step if isinstance(step, Rejection) else evaluate_peer(
+            model, snapshot, step, shared.control, trained, shared.random, hp.micro_batch)
+        del step
+    return out

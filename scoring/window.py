@@ -46,7 +46,8 @@ from dso.payload import Payload
 from dso.train import learning_rate
 from scoring import formulas, selection
 from dso.outer import peer_norms, reference_norms
-from scoring.evaluation import ParameterSnapshot, PeerLosses, evaluate_peer, random_losses, update_step
+from scoring.evaluation import (ParameterSnapshot, PeerEvaluator, PeerLosses, SharedInputs, evaluate_peers,
+                                random_losses)
 from scoring.pay import Evaluation, pay, record_evaluation
 from scoring.rating import rate_match
 from scoring.state import PeerState, ValidatorState
@@ -62,12 +63,14 @@ PURPOSE_FAST, PURPOSE_EVAL, PURPOSE_DATA = 1, 2, 3
 @dataclass(frozen=True)
 class Scorer:
     """What scores every window: the validator's model (θ_t on entry to a window), the run's codec, data and
-    hyper-parameters."""
+    hyper-parameters, and who computes the evaluated peers' losses (default: this process, one peer after
+    another; a torchrun validator's ranks share them, neurons/validator_ranks.py)."""
 
     model: Decoder
     codec: Codec
     dataset: Dataset
     hp: HParams
+    evaluator: PeerEvaluator | None = None
 
 
 @dataclass(frozen=True)
@@ -329,18 +332,20 @@ def _evaluate(state: ValidatorState, scorer: Scorer, evidence: WindowEvidence, c
     if not math.isfinite(base_mean):
         notes.append(f"validator loss on D_rand is {base_mean}: evaluation skipped this window")
         return {}, base_mean
-    losses = {}
-    shapes = parameter_shapes(model)
     for uid in chosen:
         state.peers[uid].last_eval_window = window
-        step = update_step(scorer.codec, evidence.payloads[uid].update, hp, window, reference, shapes)
-        if isinstance(step, Rejection):
+    shared = SharedInputs(window, reference, parameter_shapes(model), evidence.control, random)
+    jobs = {uid: (evidence.payloads[uid].update, trained[uid]) for uid in chosen}
+    results = (scorer.evaluator or evaluate_peers)(model, snapshot, scorer.codec, hp, shared, jobs)
+    losses = {}
+    for uid in chosen:
+        got = results[uid]
+        if isinstance(got, Rejection):
             if uid not in failures:  # at most one penalty per peer per window
-                failures[uid] = step
-                _penalise(state.peers[uid], step, hp, window)
+                failures[uid] = got
+                _penalise(state.peers[uid], got, hp, window)
             continue
-        losses[uid] = evaluate_peer(model, snapshot, step, evidence.control, trained[uid], random, hp.micro_batch)
-        del step
+        losses[uid] = got
     return losses, base_mean
 
 

@@ -5,8 +5,8 @@
                                                     --hparams.tokenizer, --data.corpus, --data.cache_dir …]
 
 CHECKPOINT is one of:
-  * a checkpoint file as validators upload it (``checkpoint/{window}-v{v}.safetensors``, see
-    storage/checkpoint.py): its metadata, parameter set, shapes and model hash are verified;
+  * a checkpoint in one file (storage/checkpoint_file.py): its metadata, parameter set, shapes and model
+    hash are verified;
   * a validator state: its ``model.safetensors``, a ``w{window}/`` folder holding it, or the state
     folder itself (the one with ``current``); ``meta.json`` beside it, when present, must match.
 
@@ -38,7 +38,7 @@ from dso.model import Decoder, parameter_shapes, state_hash  # noqa: E402
 from dso.rejections import Rejection  # noqa: E402
 from dso.shards import is_shard_corpus, open_shards  # noqa: E402
 from dso.tokenizer import Tokenizer, TokenizerSpec  # noqa: E402
-from storage.checkpoint import FORMAT, decode_checkpoint  # noqa: E402
+from storage.checkpoint_file import FORMAT, decode_checkpoint  # noqa: E402
 
 
 class ExportError(RuntimeError):

@@ -117,6 +117,7 @@ def checkpoint_hashes(client, bucket: str, hp, run: str) -> tuple[dict[int, str]
             problems.append(f"checkpoint of window {window}: {ckpt}")
         else:
             out[window - 1] = ckpt.model_hash  # θ_w = the model after round w − 1
+            ckpt.close()
     return out, problems
 
 

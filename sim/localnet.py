@@ -68,19 +68,26 @@ class NodeSpec:
     process: subprocess.Popen | None = None
     extra_args: list[str] = field(default_factory=list)
     metrics_port: int = 0     # 0: no metrics endpoint
+    ranks: int = 1            # > 1: the node runs as a torchrun group of this many ranks (docs/scale.md)
 
     @property
     def program(self) -> list[str]:
-        """Honest nodes run the production entry points; other behaviours the experiment's miner."""
+        """Honest nodes run the production entry points (through torchrun on several ranks); other behaviours
+        the experiment's miner."""
         if self.role == "miner" and self.behaviour not in ("honest", "diligent"):
             return ["-m", "sim.miner", "--behaviour", self.behaviour]
-        return [str(ROOT / "neurons" / f"{self.role}.py")]
+        entry = str(ROOT / "neurons" / f"{self.role}.py")
+        if self.ranks > 1:
+            return ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={self.ranks}", entry]
+        return [entry]
 
 
-def plan_nodes(miners: int, adversaries: list[tuple[str, int]], validators: int) -> list[NodeSpec]:
+def plan_nodes(miners: int, adversaries: list[tuple[str, int]], validators: int,
+               miner_ranks: int = 1) -> list[NodeSpec]:
+    """Validators, honest miners (the first of them on ``miner_ranks`` ranks) and adversaries."""
     nodes = [NodeSpec(f"validator{i}", "validator", stake=VALIDATOR_STAKES[min(i, len(VALIDATOR_STAKES) - 1)])
              for i in range(validators)]
-    nodes += [NodeSpec(f"miner{i}", "miner") for i in range(miners)]
+    nodes += [NodeSpec(f"miner{i}", "miner", ranks=miner_ranks if i == 0 else 1) for i in range(miners)]
     for kind, count in adversaries:
         nodes += [NodeSpec(f"{kind}{i}", "miner", behaviour=kind) for i in range(count)]
     return nodes

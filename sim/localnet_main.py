@@ -75,6 +75,8 @@ def parse(argv: list[str] | None) -> tuple[argparse.Namespace, HParams]:
     p.add_argument("--adversary", type=adversary, action="append", metavar="KIND[:COUNT]",
                    help="add COUNT miners of a behaviour (repeatable; default mix when absent)")
     p.add_argument("--validators", type=positive, default=1, help="validators, with decreasing stakes (default 1)")
+    p.add_argument("--miner-ranks", type=positive, default=1, metavar="N",
+                   help="run the first honest miner as a torchrun group of N ranks (FSDP2 over gloo; docs/scale.md)")
     p.add_argument("--report-dir", default="runs/localnet", help="report and run files (default runs/localnet)")
     p.add_argument("--seed", type=int, default=None, help="run seed (model init, data assignment)")
     p.add_argument("--profile", default="default", metavar="NAME",
@@ -110,6 +112,8 @@ def parse(argv: list[str] | None) -> tuple[argparse.Namespace, HParams]:
     args = p.parse_args(argv)
     if args.miners < 0:
         p.error("--miners must be >= 0")
+    if args.miner_ranks > 1 and args.miners < 1:
+        p.error("--miner-ranks needs an honest miner (--miners 1 or more)")
     if bool(args.endpoint) != bool(args.credentials):
         p.error("--storage.endpoint and --storage.credentials go together")
     problem = None if args.endpoint else engine_problem(args.engine)
@@ -200,7 +204,7 @@ def kill_leader(net: LocalNet, say: Any) -> str:
 def run(argv: list[str] | None = None) -> int:
     args, hp = parse(argv)
     mix = [] if args.no_adversaries else (args.adversary if args.adversary is not None else DEFAULT_MIX)
-    nodes = plan_nodes(args.miners, mix, args.validators)
+    nodes = plan_nodes(args.miners, mix, args.validators, args.miner_ranks)
     out = Path(args.report_dir)
     external = ExternalEngine(args.endpoint, args.credentials) if args.endpoint else None
     net = LocalNet(out / "run", hp, nodes, block_time=args.block_time, engine=args.engine, s3=external,

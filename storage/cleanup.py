@@ -3,8 +3,8 @@
 Only keys of our layout (:func:`storage.keys.parse`) are touched; anything
 else in the bucket is left alone.  Objects of another network run (an earlier
 run in a reused bucket) are deleted whatever their window.  The newest
-checkpoint of each protocol version of the current run is always kept, so the
-"latest" pointer never dangles.
+checkpoint of each protocol version of the current run (its manifest and its shards) is always kept, so
+the "latest" pointer never dangles.
 """
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ def expired_keys(all_keys: list[str], current_window: int, retention_windows: in
             continue
         if p.window >= cutoff:
             continue
-        if p.kind == "checkpoint" and p.window == newest_checkpoint[p.version]:
+        if p.kind in ("checkpoint", "checkpoint_shard") and p.window == newest_checkpoint.get(p.version):
             continue
         out.append(k)
     return sorted(out)

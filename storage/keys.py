@@ -50,7 +50,14 @@ def reveal(window: int, uid: int, version: int, run: str = "") -> str:
 
 
 def checkpoint(window: int, version: int, run: str = "") -> str:
-    return _scoped(run, f"checkpoint/{_nat('window', window)}-v{_nat('version', version)}.safetensors")
+    """The manifest of window's sharded checkpoint (storage/checkpoint_manifest.py)."""
+    return _scoped(run, f"checkpoint/{_nat('window', window)}-v{_nat('version', version)}.json")
+
+
+def checkpoint_shard(window: int, index: int, version: int, run: str = "") -> str:
+    """Shard ``index`` of window's checkpoint (a safetensors object)."""
+    return _scoped(run, f"checkpoint/{_nat('window', window)}/{_nat('index', index)}-v{_nat('version', version)}"
+                        ".safetensors")
 
 
 def latest_checkpoint(version: int, run: str = "") -> str:
@@ -76,10 +83,10 @@ def ledger(window: int, version: int, run: str = "") -> str:
 
 @dataclass(frozen=True)
 class ParsedKey:
-    kind: str          # gradient | commit | reveal | checkpoint | peers | aggregate | ledger
+    kind: str          # gradient | commit | reveal | checkpoint | checkpoint_shard | peers | aggregate | ledger
     window: int
     version: int
-    uid: int | None = None
+    uid: int | None = None  # the uid of a gradient, commit or reveal; the index of a checkpoint shard
     run: str = ""      # "" = unscoped
 
 
@@ -91,7 +98,8 @@ _PATTERNS = [
         ("gradient", rf"gradient/{_NUM}/{_NUM}-v{_NUM}\.safetensors"),
         ("commit", rf"commit/{_NUM}/{_NUM}-v{_NUM}\.json"),
         ("reveal", rf"reveal/{_NUM}/{_NUM}-v{_NUM}\.json"),
-        ("checkpoint", rf"checkpoint/{_NUM}-v{_NUM}\.safetensors"),
+        ("checkpoint", rf"checkpoint/{_NUM}-v{_NUM}\.json"),
+        ("checkpoint_shard", rf"checkpoint/{_NUM}/{_NUM}-v{_NUM}\.safetensors"),
         ("peers", rf"peers/{_NUM}-v{_NUM}\.json"),
         ("aggregate", rf"aggregate/{_NUM}-v{_NUM}\.safetensors"),
         ("ledger", rf"ledger/{_NUM}-v{_NUM}\.json"),

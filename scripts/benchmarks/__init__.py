@@ -1,8 +1,8 @@
 """Benchmark sections: name → module with ``run(quick) -> dict`` (and optionally ``markdown(result)``)."""
 from __future__ import annotations
 
-from benchmarks import (codec, convergence, data, device, gather, incentives, privacy, robust, sketch, targets,
-                        training, validator)
+from benchmarks import (codec, convergence, data, device, gather, incentives, privacy, robust, scale, sketch,
+                        targets, training, validator)
 
 MODULES = {
     "codec": codec,
@@ -12,6 +12,7 @@ MODULES = {
     "robust": robust,
     "data": data,
     "device": device,
+    "scale": scale,
     "privacy": privacy,
     "incentives": incentives,
     "training": training,

@@ -54,6 +54,12 @@ TARGETS = [
      ">=", 1000.0),
     ("training: miner utilisation in the local network (least-utilised miner)", "training", ("miner_utilisation",),
      ">=", 0.85),
+    # issue 34: one miner on several ranks (FSDP2)
+    ("scale: 2-rank pseudo-gradient, relative L2 to one process", "scale", ("fsdp_rel_err",), "<=", 1e-5),
+    ("scale: 2-rank compressed update, kept indices in common with one process", "scale",
+     ("fsdp_index_agreement",), ">=", 0.999),
+    ("scale: miner inner loop tokens/s / plain torch AdamW loop", "scale", ("miner_vs_plain_torch",), ">=", 0.9),
+    ("scale: peak RSS per rank, 2 ranks / 1 process (125m, full mode)", "scale", ("rank_rss_ratio",), "<=", 0.65),
 ]
 
 

@@ -22,10 +22,11 @@ import sys
 import numpy as np
 import pytest
 
-from dso.model import build_model
+from dso.model import build_model, parameter_shapes
+from dso.outer import OuterState
 from sim.localnet import ROOT, LocalNet, NodeSpec, plan_nodes, read_jsonl, wait_for
 from storage import keys
-from storage.checkpoint import encode_checkpoint
+from storage.checkpoint import save_checkpoint
 from neurons.manifest import run_of
 from storage.jsonobj import encode_json, get_json
 
@@ -178,16 +179,17 @@ def test_tampered_record_or_checkpoint_fails_verification(cr_network, verify_her
     ckpts = sorted(keys.parse(o.key).window for o in client.list(bucket, f"{run}/checkpoint/")
                    if keys.parse(o.key) is not None and keys.parse(o.key).kind == "checkpoint")
     target = ckpts[-1]
-    ckpt_key = keys.checkpoint(target, v, run)
-    original = client.get(bucket, ckpt_key)
+    mine = [o.key for o in client.list(bucket, f"{run}/checkpoint/") if keys.parse(o.key) is not None
+            and keys.parse(o.key).window == target] + [keys.latest_checkpoint(v, run)]
+    originals = {key: client.get(bucket, key) for key in mine}  # the manifest, its shards, the pointer
     try:
-        data, _ = encode_checkpoint(build_model(net.hp.model, net.hp.seed).named_parameters(), target, v,
-                                    net.hp.digest(), net.hp.data_hash)
-        client.put(bucket, ckpt_key, data)
+        save_checkpoint(client, bucket, build_model(net.hp.model, net.hp.seed), target, net.hp, run,
+                        OuterState.fresh(parameter_shapes(build_model(net.hp.model, net.hp.seed)), net.hp))
         status, out = verify_here(net, capsys)
         assert status == 1 and f"checkpoint of window {target - 1} has model" in out, out
     finally:
-        client.put(bucket, ckpt_key, original)
+        for key, data in originals.items():
+            client.put(bucket, key, data)
     assert verify_here(net, capsys)[0] == 0
 
 

@@ -1,5 +1,7 @@
 """End to end: the embedded S3 server, a LocalChain and the real processes (3 miners, 1 validator).
 
+One of the miners runs as a torchrun group of 2 ranks (docs/scale.md); every check below holds for it too.
+
 A small model and fast windows (4 s) keep it to about a minute and a half.  Checks: weights reach the
 chain and pay every honest miner; after every applied window each miner's model hash equals the
 validator's; the validation loss falls; and a restart of the validator changes nothing — a validator
@@ -21,12 +23,20 @@ from sim.localnet import LocalNet, plan_nodes, wait_for
 
 WINDOWS = 20
 RESTART_AFTER = 5  # k: the state saved after this window is the restart point
+# The 2-rank miner starts a few windows after the others (torchrun, a second interpreter, FSDP's start-up:
+# 10-25 s on a loaded 2-core machine) and, every collective waiting for the other rank to be scheduled, may
+# miss a window of these 4-second windows now and then: the network runs until it has this many windows too.
+RANKED_WINDOWS = 10
+
+
+def ranked_miner(net):
+    return next(n for n in net.nodes if n.ranks > 1)
 
 
 @pytest.fixture(scope="module")
 def network(tmp_path_factory, stdlib_corpus, network_hparams):
     root = tmp_path_factory.mktemp("localnet")
-    net = LocalNet(root / "run", network_hparams(), plan_nodes(3, [], 1), block_time=0.5,
+    net = LocalNet(root / "run", network_hparams(), plan_nodes(3, [], 1, miner_ranks=2), block_time=0.5,
                    corpus=str(stdlib_corpus), cache_dir=str(root / "cache"))
     with net:
         net.prepare()
@@ -46,8 +56,11 @@ def network(tmp_path_factory, stdlib_corpus, network_hparams):
             (snapshot / "validator" / "current").write_text(f"w{RESTART_AFTER + 1}")
             return True
 
-        done = wait_for(lambda: copy_restart_point() and len(net.validator_lines()) >= WINDOWS or bool(net.dead()),
-                        timeout=360, step=0.2)
+        def enough() -> bool:
+            return (len(net.validator_lines()) >= WINDOWS
+                    and len(net.miner_lines()[ranked_miner(net).name]) >= RANKED_WINDOWS)
+
+        done = wait_for(lambda: copy_restart_point() and enough() or bool(net.dead()), timeout=420, step=0.2)
         logs = {p.name: p.read_text()[-3000:] for p in net.logs.glob("*.log")}
         assert done and not net.dead(), f"network did not complete {WINDOWS} windows: {logs}"
         yield net, snapshot
@@ -67,6 +80,17 @@ def test_weights_reach_the_chain_and_pay_every_honest_miner(network):
         assert sum(paid) >= 2, f"honest {miner.name} was paid in {sum(paid)} windows: {rows}"
 
 
+def test_the_two_rank_miner_trains_uploads_and_is_paid(network):
+    net, _ = network
+    ranked = ranked_miner(net)
+    log = (net.logs / f"{ranked.name}.log").read_text()
+    assert "training on 2 ranks" in log and "rank 1: stopped by the leader" not in log  # still running
+    lines = net.miner_lines()[ranked.name]
+    assert sum(1 for line in lines if line["uploaded"] and line["inner_steps"] > 0) >= RANKED_WINDOWS - 2, lines
+    paid = [row.get(str(ranked.uid), 0.0) > 0 for row in (line["weights"] for line in net.validator_lines())]
+    assert sum(paid) >= 2, f"the 2-rank miner was paid in {sum(paid)} windows"
+
+
 def test_miners_hold_the_validators_model_after_every_window(network):
     net, _ = network
     reference = {line["window"]: line["model_hash"] for line in net.validator_lines()}
@@ -74,7 +98,8 @@ def test_miners_hold_the_validators_model_after_every_window(network):
         compared = [line["window"] for line in lines if line["window"] in reference]
         # a miner may join late on a loaded machine; from its first window on it misses at most three
         since_joined = [w for w in reference if compared and w >= compared[0]]
-        assert len(compared) >= max(WINDOWS // 2, len(since_joined) - 3), f"{name} followed too few: {compared}"
+        least = RANKED_WINDOWS - 2 if name == ranked_miner(net).name else WINDOWS // 2
+        assert len(compared) >= max(least, len(since_joined) - 3), f"{name} followed too few: {compared}"
         for line in lines:
             if line["window"] in reference:
                 assert line["model_hash"] == reference[line["window"]], f"{name} diverged at {line['window']}"
@@ -156,10 +181,12 @@ def test_nodes_serve_their_metrics(network):
     assert set(gathered) == set(weights) and all(0 < s < 8 for s in gathered.values())
     assert one(v, "dso_gather_seconds_count") >= len(miners) and 0 < one(v, "dso_utilisation_ratio") < 1
     assert one(v, "process_resident_memory_bytes") > 50e6      # torch and a model: well above 50 MB
-    # three honest miners: nothing refused but the windows before they joined the run (nothing uploaded yet)
+    # three honest miners: nothing refused but the windows before they joined the run (nothing uploaded yet), and
+    # for the 2-rank miner a window it missed now and then (RANKED_WINDOWS)
     refused = {k: n for k, n in v.items() if k[0] == "dso_rejections_total"}
     first = {str(ls[0]["uid"]): ls[0]["window"] for ls in net.miner_lines().values() if ls}  # uid → first window
     before = {u: sum(line["window"] < w for line in lines) for u, w in first.items()}  # validator windows before it
+    before[str(ranked_miner(net).uid)] = before.get(str(ranked_miner(net).uid), 0) + 2
     assert all(dict(k[1])["reason"] == "missing" and n <= before.get(dict(k[1])["uid"], 0)
                for k, n in refused.items()), (refused, before)
 

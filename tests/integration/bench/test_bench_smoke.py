@@ -27,7 +27,7 @@ from dso.codec import DeMoCodec  # noqa: E402
 
 def test_every_issue_section_is_registered():
     assert {"codec", "validator", "gather", "convergence", "sketch", "robust", "privacy", "incentives",
-            "training"} <= set(SECTIONS)
+            "training", "scale"} <= set(SECTIONS)
     assert list(SECTIONS)[-1] == "convergence"  # the longest runs last
 
 
@@ -159,6 +159,8 @@ def _result(**over):
                        "diligent_over_honest": 2.5, "diligent_over_honest_30w": 1.49,
                        "split_over_concentrated": 1.0, "poc_honest_pass_rate": 0.95},
         "training": {"loss_ratio_vs_ddp": 1.05, "bytes_ratio_vs_ddp": 999.0, "miner_utilisation": 0.85},
+        "scale": {"fsdp_rel_err": 1e-5, "fsdp_index_agreement": 0.998, "miner_vs_plain_torch": 0.9,
+                  "rank_rss_ratio": 0.66},
     }
     res.update(over)
     return res
@@ -189,6 +191,10 @@ def test_targets_verdicts_on_boundaries():
     assert met["training: network loss / DDP AdamW at equal tokens"] is True                   # exactly 1.05
     assert met["training: bf16 all-reduce bytes / bytes one peer sends per window"] is False   # 999 < 1000
     assert met["training: miner utilisation in the local network (least-utilised miner)"] is True  # exactly 0.85
+    assert met["scale: 2-rank pseudo-gradient, relative L2 to one process"] is True                 # exactly 1e-5
+    assert met["scale: 2-rank compressed update, kept indices in common with one process"] is False  # 0.998
+    assert met["scale: miner inner loop tokens/s / plain torch AdamW loop"] is True                 # exactly 0.9
+    assert met["scale: peak RSS per rank, 2 ranks / 1 process (125m, full mode)"] is False          # 0.66
 
 
 def test_targets_of_sections_not_run_or_failed():

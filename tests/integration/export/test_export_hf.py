@@ -14,7 +14,7 @@ from dso.config import ModelConfig
 from dso.hf_export import interleaved_to_halves, write_export
 from dso.model import apply_rotary, build_model, rotary_tables
 from dso.tokenizer import Tokenizer, train_bpe
-from storage.checkpoint import encode_checkpoint
+from storage.checkpoint_file import encode_checkpoint
 
 transformers = pytest.importorskip("transformers", reason="transformers is the export extra (make test installs it)")
 

@@ -11,7 +11,7 @@ import torch
 from dso.clock import PutWindow
 from dso.model import build_model, model_hash
 from dso.rejections import Reason, Rejection
-from st_craft import build, hostile, honest, split
+from st_craft import hostile, honest
 from storage import keys
 from storage.aggregate import encode_bundle, get_bundle, put_bundle
 from storage.checkpoint import load_latest_checkpoint, read_latest, save_checkpoint
@@ -196,15 +196,15 @@ def test_checkpoint_latest_pointer_and_tampering(alice, hp, shapes):
     assert not isinstance(ckpt, Rejection), ckpt
     fresh = build_model(hp.model, hp.seed + 1)
     ckpt.load_into(fresh)
+    ckpt.close()
     assert model_hash(fresh) == model_hash(model) == ckpt.model_hash
 
-    entries, md = split(r.get(alice.bucket, pointer.key))
-    name = next(iter(entries))
-    dtype, shape, raw = entries[name]
-    entries[name] = (dtype, shape, raw[:5] + bytes([raw[5] ^ 0x01]) + raw[6:])
-    w.put(alice.bucket, pointer.key, build(entries, md))
+    shard = keys.checkpoint_shard(10, 0, hp.protocol_version)  # one shard: the model is small
+    data = bytearray(r.get(alice.bucket, shard))
+    data[-5] ^= 0x01  # one bit of the last tensor's values
+    w.put(alice.bucket, shard, bytes(data))
     got = load_latest_checkpoint(r, alice.bucket, shapes, hp)
-    assert isinstance(got, Rejection) and got.reason is Reason.METADATA_MISMATCH and "hash" in got.detail
+    assert isinstance(got, Rejection) and got.reason is Reason.METADATA_MISMATCH and "sha256" in got.detail
 
     w.put(alice.bucket, keys.latest_checkpoint(hp.protocol_version),
           json.dumps({"window": 10, "version": hp.protocol_version, "key": "../../etc/passwd",

@@ -1,17 +1,11 @@
 """GPU-ready training: bf16 autocast only for CUDA forward passes, fp32 weights/gradients, and an outer step
 that gives the same θ_{t+1} whatever device holds the model (the CUDA test runs only where a GPU exists)."""
-import copy
 
 import pytest
 import torch
 
-from dso.codecs import make_codec
-from dso.inner import InnerLoop
-from dso.model import build_model, model_hash, parameter_shapes
-from dso.outer import OuterState
+from dso.model import build_model
 from dso.train import autocast_dtype, compute_gradients, mixed_precision
-from neurons.engine import aggregate_window
-from dso.payload import Payload, PayloadMeta
 
 
 def test_autocast_only_on_cuda_with_bf16():
@@ -40,30 +34,9 @@ def test_bf16_forward_keeps_fp32_weights_and_gradients_close_to_fp32(tiny_hparam
         assert float(cosine) > 0.98, name
 
 
-def _payloads(hp, model, codec, window):
-    out = {}
-    for uid in (1, 2):
-        loop = InnerLoop(copy.deepcopy(model), hp)
-        data = torch.randint(0, hp.model.vocab_size, (2 * hp.batch_size, hp.model.seq_len + 1),
-                             generator=torch.Generator().manual_seed(10 * window + uid))
-        loop.train(window, data)
-        out[uid] = Payload(PayloadMeta(uid, window, hp.protocol_version, hp.digest()),
-                           codec.compress(loop.pseudo_gradient(), window, uid), torch.zeros(hp.sync_samples), 0, 0.0)
-    return out
-
-
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine: the CPU/GPU "
                     "bit-identity of θ_{t+1} is checked only where a GPU exists")
 def test_theta_next_is_bit_identical_on_cpu_and_cuda(tiny_hparams):
-    hp = tiny_hparams
-    cpu = build_model(hp.model, hp.seed)
-    gpu = copy.deepcopy(cpu).to("cuda")
-    shapes = parameter_shapes(cpu)
-    codec = make_codec(shapes, hp)
-    cpu_outer, gpu_outer = OuterState.fresh(shapes, hp), OuterState.fresh(shapes, hp)
-    for t in range(3):
-        payloads = _payloads(hp, cpu, codec, t)  # the same uploads for both nodes
-        a = aggregate_window(cpu, codec, hp, t, payloads, [1, 2], cpu_outer)
-        b = aggregate_window(gpu, codec, hp, t, payloads, [1, 2], gpu_outer, device="cuda")
-        assert a.hash_after == b.hash_after == model_hash(gpu)
-        assert cpu_outer.digest() == gpu_outer.digest()
+    from sim.gpu import aggregate_on_both
+    on_cpu, on_gpu = aggregate_on_both(tiny_hparams, windows=3)
+    assert on_cpu == on_gpu and len(on_cpu) == 3

@@ -14,7 +14,7 @@ from dso.outer import OuterState
 from neurons.catchup import apply_bundle
 from neurons.engine import aggregate_window
 from storage.aggregate import Bundle
-from storage.checkpoint import decode_checkpoint, encode_checkpoint
+from storage.checkpoint_file import decode_checkpoint, encode_checkpoint
 from dso.payload import Payload, PayloadMeta
 
 WINDOWS = 4

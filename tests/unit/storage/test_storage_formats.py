@@ -15,7 +15,7 @@ from dso.rejections import Reason, Rejection
 from st_craft import build, hostile, honest, metadata_variants, split
 from storage import keys
 from storage.aggregate import decode_bundle, encode_bundle
-from storage.checkpoint import decode_checkpoint, encode_checkpoint
+from storage.checkpoint_file import decode_checkpoint, encode_checkpoint
 from storage.cleanup import expired_keys
 from storage.commitment import BucketInfo, bucket_name_problem, format_commitment, parse_commitment
 from storage.gather import check_time
@@ -49,7 +49,10 @@ def test_cleanup_removes_every_object_of_another_run():
 
 def test_keys_follow_the_design_layout_and_parse_back():
     assert keys.gradient(12, 3, 1) == "gradient/12/3-v1.safetensors"
-    assert keys.checkpoint(40, 2) == "checkpoint/40-v2.safetensors"
+    assert keys.checkpoint(40, 2) == "checkpoint/40-v2.json"
+    assert keys.checkpoint_shard(40, 3, 2) == "checkpoint/40/3-v2.safetensors"
+    shard = keys.parse(keys.checkpoint_shard(40, 3, 2))
+    assert (shard.kind, shard.window, shard.uid, shard.version) == ("checkpoint_shard", 40, 3, 2)
     assert keys.latest_checkpoint(1) == "checkpoint/latest-v1.json"
     assert keys.peers(7, 1) == "peers/7-v1.json"
     assert keys.aggregate(7, 1) == "aggregate/7-v1.safetensors"

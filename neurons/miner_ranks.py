@@ -1,0 +1,150 @@
+"""One miner on several ranks: ``torchrun --nproc_per_node N neurons/miner.py …``.
+
+Rank 0 is the miner of neurons/miner.py — it alone talks to the chain and S3, follows the network in the
+node's ordinary model (the whole θ) and decides every step.  The training state is spread over every rank
+with FSDP2: each rank holds its slices of the local weights, the anchor θ_t, the gradients, the AdamW
+moments and the error-feedback buffer (dso/fsdp.py, dso/sharded_inner.py, dso/sharded_codec.py).  Each
+window every rank starts from the same θ_t (the leader's model, scattered slice by slice), trains its slice
+of every step's batch, and compresses its slices; the leader puts the update together and uploads it.  The
+update is the one a single process would send for the same pseudo-gradient, bit for bit, and the
+pseudo-gradient is a single process's up to rounding (docs/scale.md has the measurements).
+
+The other ranks never open a connection: they build the sharded model from the leader's hyper-parameters
+and carry out its orders (neurons/ranks.py) until it stops them.  Each rank keeps its own state files
+(``…rank{r}-of-{N}.safetensors``); a miner restarted with another number of ranks starts its error
+feedback and optimiser afresh.
+"""
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+import torch
+
+from dso.codec import CompressedUpdate
+from dso.codecs import Codec, make_codec
+from dso.config import Config, HParams
+from dso.distributed import Ranks
+from dso.fsdp import codec_shard_dims, shapes_of, sharded_model
+from dso.model import Decoder, model_hash
+from dso.sharded_codec import ShardedFeedback
+from dso.sharded_inner import Announce, ShardedInnerLoop
+from neurons.context import build_context
+from neurons.miner import Miner
+from neurons.persist import load_tensors, save_tensors
+from neurons.ranks import Orders, Part, run_group
+
+log = logging.getLogger("dso.miner")
+
+
+def ranked_training(hp: HParams, codec: Codec, ranks: Ranks, activation_checkpointing: bool,
+                    theta: Decoder | None, announce: Announce | None) -> tuple[ShardedFeedback, ShardedInnerLoop]:
+    """The sharded error feedback and inner loop, built alike on every rank (the leader passes its model)."""
+    dims = codec_shard_dims(codec, ranks.world)
+    model = sharded_model(hp.model, ranks, dims, activation_checkpointing)
+    inner = ShardedInnerLoop(model, hp, ranks, dims, theta, announce)
+    return ShardedFeedback(codec, hp.ef_beta, ranks, dims, whole=hp.dp.enabled), inner
+
+
+def state_files(state_dir: Path, ranks: Ranks) -> tuple[Path, Path]:
+    suffix = f"rank{ranks.rank}-of-{ranks.world}.safetensors"
+    return state_dir / f"error_feedback.{suffix}", state_dir / f"inner_state.{suffix}"
+
+
+class RankedMiner(Miner):
+    """The miner on rank 0 of its group."""
+
+    def __init__(self, ctx: Any, ranks: Ranks, orders: Orders):
+        self.ranks, self.orders = ranks, orders
+        super().__init__(ctx)
+        self.inner.warm_up()
+        log.info("training on %d ranks: %d tensors compressed in slices, %d gathered on rank 0", ranks.world,
+                 len(self.feedback.parts), len(self.feedback.gathered))
+
+    def training_parts(self) -> tuple[ShardedFeedback, ShardedInnerLoop]:
+        ctx = self.ctx
+        return ranked_training(ctx.hp, ctx.codec, self.ranks, ctx.cfg.neuron.activation_checkpointing, ctx.model,
+                               self.orders.announcer("inner"))
+
+    def state_files(self) -> tuple[Path, Path]:
+        return state_files(self.ctx.state_dir, self.ranks)
+
+    def save_state(self) -> None:
+        self.orders.send("node", "save")
+        super().save_state()
+
+    def compress(self, t: int) -> CompressedUpdate:
+        self.orders.send("feedback", "step", {"window": t})
+        release = self.privacy.release if self.ctx.hp.dp.enabled else None
+        update = self.feedback.step(self.inner.pseudo_gradient(), t, self.ctx.uid, release)
+        assert update is not None  # the leader's
+        return update
+
+    def theta_hash(self) -> str:
+        return model_hash(self.ctx.model)  # the leader's model is θ_{model_window} throughout (its anchor)
+
+    def run(self) -> int:
+        try:
+            return super().run()
+        finally:
+            self.orders.stop()
+
+
+class Follower:
+    """A rank other than the leader: its slices of the training state, and the leader's orders about them
+    (``node``: save the state; ``feedback``: compress the window's slices)."""
+
+    def __init__(self, cfg: Config, ranks: Ranks, hp: HParams):
+        self.ranks = ranks
+        self.codec = make_codec(shapes_of(hp.model), hp)
+        self.feedback, self.inner = ranked_training(hp, self.codec, ranks, cfg.neuron.activation_checkpointing,
+                                                    None, None)
+        state_dir = Path(cfg.neuron.state_dir).expanduser() / f"{cfg.wallet.name}-{cfg.wallet.hotkey}" / "miner"
+        state_dir.mkdir(parents=True, exist_ok=True)
+        self.ef_file, self.inner_file = state_files(state_dir, ranks)
+        saved = load_tensors(self.ef_file)
+        if saved is not None:
+            self.feedback.load_state(saved)
+        saved = load_tensors(self.inner_file)
+        if saved is not None:
+            self.inner.load_state(saved)
+
+    def parts(self) -> dict[str, Part]:
+        return {"inner": self.inner, "feedback": _Orders(self.compress), "node": _Orders(self.node)}
+
+    def node(self, op: str, args: Mapping[str, Any]) -> None:
+        if op != "save":
+            raise ValueError(f"unknown order {op!r}")
+        save_tensors(self.ef_file, self.feedback.state())
+        save_tensors(self.inner_file, self.inner.state())
+
+    def compress(self, op: str, args: Mapping[str, Any]) -> None:
+        if op != "step":
+            raise ValueError(f"unknown order {op!r}")
+        self.feedback.step(self.inner.pseudo_gradient(), int(args["window"]))
+
+
+class _Orders:
+    """A part whose orders one function carries out."""
+
+    def __init__(self, fn: Callable[[str, Mapping[str, Any]], None]):
+        self.handle = fn
+
+
+def follower_parts(cfg: Config, ranks: Ranks, hp: HParams) -> dict[str, Part]:
+    return Follower(cfg, ranks, hp).parts()
+
+
+def serve_ranks(cfg: Config) -> int:
+    """This process's part of a torchrun miner: the miner on rank 0, a follower elsewhere."""
+
+    def lead(ranks: Ranks, orders: Orders) -> int:
+        ctx = build_context(cfg, "miner")
+        orders.hello(ctx.hp)
+        if ranks.device.type == "cuda":  # the node's whole θ (what it follows the network with) stays in host
+            ctx.model.to("cpu")          # memory: the GPUs hold the training slices only
+            ctx.device = torch.device("cpu")
+        return RankedMiner(ctx, ranks, orders).run()
+
+    return run_group(cfg, lead, follower_parts)

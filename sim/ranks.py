@@ -1,0 +1,73 @@
+"""Run a function on N local ranks of one gloo group (spawned processes, one torch thread each).
+
+For tests and benchmarks of the multi-rank code (dso/sharded_*.py, neurons/ranks.py) without torchrun:
+:func:`run_ranks` starts ``world`` fresh interpreters with torchrun's environment (``RANK``,
+``WORLD_SIZE``, ``LOCAL_RANK``, a free ``MASTER_PORT`` on loopback), calls ``fn(*args)`` in each and
+returns every rank's result in rank order.  A rank still running after ``timeout`` seconds prints its
+stack and ends.  ``fn`` must be importable (a module-level function) and its
+result picklable (our own processes, our own data).  A rank that raises fails the whole call with its
+traceback; a group that does not finish within ``timeout`` seconds is killed.
+"""
+from __future__ import annotations
+
+import faulthandler
+import multiprocessing
+import os
+import queue
+import socket
+import traceback
+from typing import Any, Callable
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def _rank_main(fn: Callable[..., Any], args: tuple[Any, ...], env: dict[str, str], results: Any,
+               timeout: float) -> None:
+    os.environ.update(env)
+    faulthandler.dump_traceback_later(timeout, exit=True)  # a rank stuck in a collective shows where, then ends
+    import torch
+    torch.set_num_threads(1)
+    rank = int(env["RANK"])
+    try:
+        results.put((rank, True, fn(*args)))
+    except BaseException:  # noqa: BLE001 — reported to the parent, which raises it
+        results.put((rank, False, traceback.format_exc()))
+    finally:
+        import torch.distributed as dist
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def run_ranks(fn: Callable[..., Any], world: int, *args: Any, timeout: float = 600.0) -> list[Any]:
+    """``fn(*args)`` on ranks 0 … world−1 of one group; their results in rank order."""
+    ctx = multiprocessing.get_context("spawn")
+    results = ctx.Queue()
+    port = str(free_port())
+    procs = []
+    for rank in range(world):
+        env = {"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1",
+               "MASTER_PORT": port, "OMP_NUM_THREADS": "1"}
+        proc = ctx.Process(target=_rank_main, args=(fn, args, env, results, timeout), daemon=True)
+        proc.start()
+        procs.append(proc)
+    got: dict[int, Any] = {}
+    try:
+        while len(got) < world:
+            try:
+                rank, ok, value = results.get(timeout=timeout)
+            except queue.Empty:
+                raise TimeoutError(f"ranks {sorted(set(range(world)) - set(got))} did not finish in {timeout:.0f} s")
+            if not ok:
+                raise RuntimeError(f"rank {rank} failed:\n{value}")
+            got[rank] = value
+    finally:
+        for proc in procs:
+            proc.join(timeout=10)
+            if proc.is_alive():
+                proc.kill()
+    return [got[r] for r in range(world)]

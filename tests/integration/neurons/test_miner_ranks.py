@@ -1,0 +1,75 @@
+"""One miner on two ranks (neurons/miner_ranks.py) against the same miner in one process (neurons/miner.py).
+
+The stand-in context of test_miner_ahead.py (no chain, no S3; the leader's bundle arrives after three looks)
+drives both: train window 1 while window 0's bundle is on its way, rebase onto θ_1, finish window 1 and
+compress it.  The two-rank miner is rank 0 of a gloo group whose rank 1 follows its orders
+(neurons/ranks.py).  Checks: the same steps and losses, the same θ and θ hash in the record, an update
+keeping the same indices, every rank's state file written, and a restarted leader restoring its own.
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+from unit.neurons.test_miner_ahead import Follower, make_miner  # the unit tier's stand-in miner
+
+from sim.ranks import run_ranks
+from sim.scale import as_arrays, index_agreement, relative_l2
+
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")  # gloo/FSDP warnings in the rank processes
+
+
+def _window(miner) -> dict:
+    applied, summary = miner.train_ahead(0, until=time.time() + 60)
+    own, loss = miner.train(1)
+    return {"applied": applied, "summary": summary, "steps": miner.report.steps, "ahead": miner.ahead_steps,
+            "losses": miner.report.losses, "update": as_arrays(own), "theta": miner.theta_hash(),
+            "dense": {n: t.numpy().copy() for n, t in miner.ctx.codec.decompress(own).items()}}
+
+
+def _ranked(tmp, world: int) -> dict | None:
+    from dso.distributed import join_group
+    from neurons.miner_ranks import RankedMiner, follower_parts
+    from neurons.ranks import Orders, follow_leader
+
+    ranks = join_group("cpu")
+    single, delta = make_miner(tmp / "template", after=3)  # the same settings, θ and bundle for every rank
+    cfg = single.ctx.cfg
+    if not ranks.leader:
+        cfg.neuron.state_dir = str(tmp / f"rank{ranks.rank}")
+        return {"orders": follow_leader(cfg, ranks, follower_parts)}
+    orders = Orders(ranks)
+    orders.hello(single.ctx.hp)
+    ctx = single.ctx
+    ctx.state_dir = tmp / "leader"
+    ctx.state_dir.mkdir(parents=True)
+    miner = RankedMiner(ctx, ranks, orders)
+    miner.follower = Follower(ctx.model, delta, after=3)
+    miner.model_window = 0
+    out = _window(miner)
+    miner.save_state()
+    steps = miner.inner.step_count
+    again = RankedMiner(ctx, ranks, orders)  # a restarted leader reads its own state file
+    out.update(steps_saved=steps, steps_restored=again.inner.step_count,
+               files=sorted(p.name for p in ctx.state_dir.iterdir()))
+    orders.stop()
+    return out
+
+
+def test_a_two_rank_miner_trains_and_compresses_as_one_process(tmp_path):
+    miner, _ = make_miner(tmp_path / "single", after=3)
+    single = _window(miner)
+    leader, follower = run_ranks(_ranked, 2, tmp_path / "ranked", 2, timeout=300)
+    assert leader["applied"] and single["applied"]
+    assert (leader["steps"], leader["ahead"]) == (single["steps"], single["ahead"]) == (5, 3)
+    assert np.allclose(leader["losses"], single["losses"], rtol=1e-5, atol=0)
+    assert leader["theta"] == single["theta"]  # θ_1 = θ_0 + the bundle's Δ, the same bits
+    agreement = index_agreement({n: u["idx"] for n, u in leader["update"].items()},
+                                {n: u["idx"] for n, u in single["update"].items()})
+    assert agreement >= 0.999
+    assert relative_l2(leader["dense"], single["dense"]) < 1e-3
+    assert follower["orders"] > 10  # it took every step, scatter and compression with the leader
+    assert leader["files"] == ["error_feedback.rank0-of-2.safetensors", "inner_state.rank0-of-2.safetensors"]
+    assert (tmp_path / "ranked" / "rank1" / "default-default" / "miner" / "inner_state.rank1-of-2.safetensors").exists()
+    assert leader["steps_restored"] == leader["steps_saved"] > 0
