@@ -114,6 +114,7 @@ class LocalNet:
         wallets = self.run_dir / "wallets"
         for i, node in enumerate(self.nodes, 1):
             wallet = create_local_wallet(node.name, "default", str(wallets), overwrite=True)
+            self.chain.fund(hotkey_address(wallet), self.chain.registration_burn())  # what registering burns now
             node.uid = self.chain.register(wallet)
             if node.stake:
                 self.chain.add_stake(hotkey_address(wallet), node.stake)
