@@ -44,17 +44,20 @@ from neurons.follow import Follower
 from neurons.miner_privacy import MinerPrivacy
 from neurons.lifecycle import Fatal, run_main
 from neurons.persist import load_tensors, save_tensors
+from neurons.publish import publish_payload
 from scoring.sync import sample_parameters, sync_positions
-from storage import keys
 from storage.aggregate import Bundle
 from storage.cleanup import cleanup
+from storage.look import SIGNATURE_LEAD_SECONDS
 from storage.client import StorageError
 from storage.wire import PayloadMeta, encode_payload
 
 log = logging.getLogger("dso.miner")
 UPLOAD_MARGIN = 0.5     # an upload started later than this before the put window closes would land late
 BUNDLE_MARGIN = 3.0     # how long past the validator's gather deadline a miner waits for the window's bundle
-ENCODE_SECONDS = 1.0    # first guess of error feedback + payload + upload time, until one is measured
+# first guess of error feedback + payload + signature + upload time (the payload goes up SIGNATURE_LEAD_SECONDS
+# after its signature), until one is measured
+ENCODE_SECONDS = 1.0 + SIGNATURE_LEAD_SECONDS
 ENCODE_MARGIN = 0.5     # added to the measured time: a miner's CPU share varies from one window to the next
 
 
@@ -300,7 +303,8 @@ class Miner:
         """Put window t's payload in our bucket (with commit-reveal: commit now, reveal after the put window)."""
         if own is None:
             return False
-        if time.time() >= put.close - UPLOAD_MARGIN:
+        lead = 0.0 if self.ctx.hp.commit_reveal else SIGNATURE_LEAD_SECONDS  # the payload follows its signature
+        if time.time() >= put.close - UPLOAD_MARGIN - lead:
             log.warning("window %d: training ended after the put window; not uploading", t)
             self.keep_for_upload()  # leave more next time: the last step or the compression took longer
             return False
@@ -389,13 +393,8 @@ class Miner:
         return sample_parameters(dict(ctx.model.named_parameters()), positions)
 
     def put_payload(self, t: int, data: bytes) -> bool:
-        ctx = self.ctx
-        try:
-            ctx.own.client.put(ctx.own.bucket, keys.gradient(t, ctx.uid, ctx.hp.protocol_version, ctx.run), data)
-        except StorageError as e:
-            log.warning("window %d: upload failed: %s", t, e)
-            return False
-        return True
+        """Signed: the signature first, the payload SIGNATURE_LEAD_SECONDS later (neurons/publish.py)."""
+        return publish_payload(self.ctx, t, data)
 
     def clean_bucket(self, t: int) -> None:
         """Delete our objects older than the retention, and every object an earlier run left in the bucket."""

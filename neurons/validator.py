@@ -23,7 +23,7 @@ import copy
 import logging
 import secrets
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from dso.chain import ChainError
@@ -53,7 +53,7 @@ from storage.cleanup import cleanup
 from storage.client import StorageError
 from storage.gather import GatherResult
 from storage.jsonobj import put_json
-from storage.look import LOOK_SECONDS, Look, Seen, look, watch
+from storage.look import LOOK_SECONDS, Look, Seen, look, speakers_first, watch
 from storage.peers import PeersList, put_peers
 from storage.reveal import gather_window
 from storage.wire import Expect, Payload
@@ -98,6 +98,7 @@ class Validator:
         self.look: Look | None = None  # what the last look at the close of the uploads saw (storage/look.py)
         self.commitments_look: Look | None = None  # commit-reveal: the look at the commitments, before the reveals
         self.previous_delta: dict | None = None       # the last aggregate Δ (a replay of it is a copy)
+        self.silent: set[int] = set()  # peers that gave the last watch no answer: asked last (storage/look.py)
         self.bundle_published: float | None = None   # when this window's bundle went out (unix time)
 
     # ----------------------------------------------------------------- loop
@@ -207,7 +208,7 @@ class Validator:
         if not ctx.clock.sleep_until(close - ctx.clock.put_window_seconds, ctx.stop) or time.time() >= close:
             return {}
         return watch(t, self.commitments_of(ctx.peers.miners()), Expect.from_hparams(ctx.hp, t, run=ctx.run), close,
-                     readers=ctx.readers, stop=ctx.stop)
+                     readers=ctx.readers, stop=ctx.stop, priority=self.scores.standing(), silent=self.silent)
 
     def look_at_close(self, t: int, close: float, first: dict[int, Seen] | None = None) -> Look | None:
         """Look at every miner's upload once the uploads of window t closed (the put window; the reveal window
@@ -219,8 +220,10 @@ class Validator:
         peers = self.commitments_of(ctx.peers.miners())
         # ends by a second past the usual gather start (a stalling server cannot delay the window more than that)
         budget = max(0.5, min(LOOK_SECONDS, close + GATHER_SETTLE_SECONDS + 1.0 - time.time()))
-        found = look(t, peers, Expect.from_hparams(ctx.hp, t, run=ctx.run), close, budget=budget, readers=ctx.readers)
+        found = look(t, peers, Expect.from_hparams(ctx.hp, t, run=ctx.run), close, budget=budget, readers=ctx.readers,
+                     priority=speakers_first(peers, self.scores.standing(), self.silent))
         found.first = dict(first or {})
+        self.silent = (self.silent | found.silent) - set(found.seen) - set(found.absent)
         log.info("window %d: looked at the uploads %.2f s after they closed: %s", t, found.started - close,
                  found.summary())
         return found
@@ -237,7 +240,8 @@ class Validator:
         expect = Expect.from_hparams(ctx.hp, t, run=ctx.run)
         found = look(t, self.commitments_of(ctx.peers.miners()), expect, put.close,
                      budget=max(0.0, commit_look_ends(put) - time.time()), readers=ctx.readers,
-                     key_for=lambda uid: keys.commit(t, uid, expect.protocol_version, expect.run))
+                     key_for=lambda uid: keys.commit(t, uid, expect.protocol_version, expect.run),
+                     priority=speakers_first(ctx.peers.miners(), self.scores.standing(), self.silent))
         log.info("window %d: looked at the commitments %.2f s after the put window closed: %s", t,
                  found.started - put.close, found.summary())
         return found
@@ -247,17 +251,18 @@ class Validator:
         commitments = self.ctx.peers.commitments()
         return {u: commitments.get(u) for u in uids}
 
-    def gather(self, t: int, peers: list[int]) -> GatherResult:
-        """Window t's payloads of ``peers``, under the run's upload rules (plain or commit-reveal)."""
+    def gather(self, t: int, peers: Mapping[int, str]) -> GatherResult:
+        """Window t's payloads of ``peers`` (uid → hotkey, whose signature each must carry), under the run's upload
+        rules (plain or commit-reveal)."""
         ctx = self.ctx
         self.gather_seconds = {}
-        return gather_window(t, self.commitments_of(peers), ctx.codec,
+        return gather_window(t, self.commitments_of(sorted(peers)), ctx.codec,
                              Expect.from_hparams(ctx.hp, t, run=ctx.run, data_hash=ctx.dataset.data_hash),
                              ctx.clock.put_window(t), ctx.cfg.storage.gather_deadline_seconds,
                              commit_reveal=ctx.hp.commit_reveal, readers=ctx.readers,
                              priority=self.scores.standing(), peer_seconds=self.gather_seconds,
                              judge=self.look.judge if self.look is not None else None,
-                             commitments_look=self.commitments_look)
+                             commitments_look=self.commitments_look, hotkeys=peers)
 
     def leader_bundle(self, t: int) -> dict[int, Payload] | None:
         """What a validator that does not lead aggregates: the leader's bundle (None when leading, or when
@@ -288,7 +293,7 @@ class Validator:
         mark, cpu = time.perf_counter(), time.process_time()
         self.bundle_published = None
         active = ctx.peers.miners()
-        got = self.gather(t, sorted(active))
+        got = self.gather(t, active)
         timings["gather"] = round(time.perf_counter() - mark, 3)
         eval_seed = ctx.clock.eval_randomness(t, ctx.hp.commit_reveal, ctx.stop)  # who is evaluated (issue 17)
         inputs = WindowInputs(t, got.payloads, got.rejections, active, self.book.lists.get(t, []),

@@ -28,15 +28,18 @@ from neurons import reveal
 from neurons.context import build_context
 from neurons.lifecycle import Fatal, run_main
 from neurons.miner import UPLOAD_MARGIN, Miner
+from neurons.publish import publish_payload, sign
 from sim import behaviours
 from sim.forging_s3 import ForgingS3, shifted_by
 from storage.aggregate import Bundle
 from storage.gather import gather
+from storage.look import SIGNATURE_LEAD_SECONDS
 from storage.reveal import seal
 from storage.wire import Expect, Payload, decode_payload, encode_payload
 
 log = logging.getLogger("dso.sim.miner")
 READ_AFTER_REVEALS = 0.5  # under commit-reveal, readers of others' updates read this long after reveals start
+READ_EVERY = 0.2          # readers of others' updates look again this often until they find enough
 
 
 class AdversarialMiner(Miner):
@@ -106,7 +109,7 @@ class AdversarialMiner(Miner):
             data = self.build(t, plan, own, put.open + 0.6, put.close)
             if data is None:
                 return False
-            sealed = seal(data, t, ctx.uid)
+            sealed = seal(data, t, ctx.uid, signature=sign(ctx, t, data) or "")
         if plan.late and not ctx.clock.sleep_until(put.close + plan.late_by, ctx.stop):
             return False
         if not reveal.commit(ctx, sealed):
@@ -117,7 +120,8 @@ class AdversarialMiner(Miner):
             data = self.build(t, plan, own, reveal_time(put) + READ_AFTER_REVEALS, reveal_window_after(put).close)
             if data is None:
                 return False
-            sealed = seal(data, t, ctx.uid)  # the copy with a fresh nonce: it cannot match the commitment
+            # the copy with a fresh nonce, signed with our own key: it cannot match the commitment
+            sealed = seal(data, t, ctx.uid, signature=sign(ctx, t, data) or "")
         return reveal.reveal(ctx, sealed, put)
 
     def build(self, t: int, plan: behaviours.Plan, own: CompressedUpdate | None, read_from: float,
@@ -145,15 +149,28 @@ class AdversarialMiner(Miner):
         return behaviours.malformed_bytes(data, t) if self.behaviour == "malformed" else data
 
     def read_payloads(self, t: int, start: float, until: float) -> list[Payload]:
-        """Other miners' payloads of window t as readable between ``start`` and ``until``."""
+        """Other miners' payloads of window t as readable between ``start`` and ``until``: read again every
+        READ_EVERY seconds until there are enough to build on (honest payloads follow their signatures by
+        SIGNATURE_LEAD_SECONDS), with time left to upload."""
         ctx = self.ctx
         ctx.clock.sleep_until(start, ctx.stop)
         others = {u: c for u, c in ctx.peers.commitments().items() if u in ctx.peers.miners()}
-        result = gather(t, others, ctx.codec, Expect.from_hparams(ctx.hp, t, run=ctx.run), None,
-                        max(0.5, until - time.time() - 0.5), readers=ctx.readers)
-        self.follower.bytes += result.bytes_down
+        wanted = 2 if self.behaviour in ("mixer", "alie") else 1
+        while True:
+            result = gather(t, others, ctx.codec, Expect.from_hparams(ctx.hp, t, run=ctx.run), None,
+                            max(0.5, until - time.time() - 0.5), readers=ctx.readers)
+            self.follower.bytes += result.bytes_down
+            if len(result.payloads) >= wanted or time.time() + READ_EVERY > until - UPLOAD_MARGIN or ctx.stop():
+                break
+            ctx.stop.sleep(READ_EVERY)
         log.info("window %d: %s read %d updates of others", t, self.behaviour, len(result.payloads))
         return [result.payloads[u] for u in sorted(result.payloads)]
+
+    def put_payload(self, t: int, data: bytes) -> bool:
+        """Signed with our own key; a copier, or an upload late anyway, gains nothing from waiting after its
+        signature, so it does not."""
+        skip = self.behaviour in behaviours.COPIERS or self.plan(t).late
+        return publish_payload(self.ctx, t, data, lead=0.0 if skip else SIGNATURE_LEAD_SECONDS)
 
     def previous_aggregate(self, t: int) -> dict[str, torch.Tensor] | None:
         """Window t−1's aggregate Δ, recomputed from the leader's public bundle (what the replayer uploads)."""

@@ -15,8 +15,8 @@ count per chunk, encoding, finiteness) → sync values.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any, Mapping
 
 import numpy as np
 import safetensors.numpy
@@ -58,6 +58,9 @@ class Expect:
     data_hash: str | None = None
     model_hash: str | None = None
     run: str = ""                  # the network run the payload is read under (its key prefix)
+    # the hotkey whose signature the payload must carry (dso/signatures.py); None: not checked (tools, tests);
+    # "" : required, but the uid has no hotkey on chain, so nothing can pass
+    signer: str | None = None
 
     @classmethod
     def from_hparams(cls, hp: HParams, window: int, *, data_hash: str | None = None, **kw: Any) -> "Expect":
@@ -72,6 +75,10 @@ class Expect:
     def for_uid(self, uid: int) -> "Expect":
         return replace(self, uid=uid)
 
+    def for_peer(self, uid: int, hotkeys: Mapping[int, str] | None) -> "Expect":
+        """For one uid, signed by its hotkey in ``hotkeys`` (None: signatures not checked)."""
+        return replace(self, uid=uid, signer=None if hotkeys is None else hotkeys.get(uid, ""))
+
 
 @dataclass
 class Payload:
@@ -80,8 +87,11 @@ class Payload:
     sync_values: torch.Tensor      # float32 (sync_samples,)
     nbytes: int
     last_modified: float | None = None  # the peer's server's time (untrusted), set by gather
-    seen: float | None = None           # when the validator itself first saw the object (storage/gather.py observe)
-    etag: str = ""                      # as the peer's server reported it on the read, set by gather
+    seen: float | None = None           # when the validator itself first saw its signature (storage/look.py)
+    sha256: str = ""                    # of the bytes read (dso/signatures.py digest), set by gather
+    signature: str = ""                 # the miner's signature of those bytes, set by a gather that checks it
+    evidence: str = ""                  # sha256 of the signature object as read: what the look compares
+    raw: bytes = field(default=b"", repr=False)  # the bytes read: a bundle carries them as signed
 
 
 def full_spec(codec: Codec, sync_samples: int) -> dict[str, tuple[str, tuple[int, ...]]]:

@@ -1,0 +1,48 @@
+"""How a miner publishes its payload: signed, the signature first, the bytes ``SIGNATURE_LEAD_SECONDS`` later.
+
+The signature object (storage/signature.py) binds the digest of bytes nobody else holds yet; the validators'
+watch (storage/look.py) reads it a round or more before the payload appears, which is the evidence of authorship
+a copier cannot produce: it can sign a copy only after reading the payload (docs/decisions/0301).  Under
+commit-reveal the signature travels with the reveal instead (neurons/reveal.py), where the commitment already
+dates the payload.
+"""
+from __future__ import annotations
+
+import logging
+import time
+
+from dso import signatures
+from dso.chain.wallets import WalletError
+from neurons.context import NodeContext
+from storage import keys, signature
+from storage.client import StorageError
+from storage.look import SIGNATURE_LEAD_SECONDS
+
+log = logging.getLogger("dso.miner")
+
+
+def sign(ctx: NodeContext, t: int, data: bytes) -> str | None:
+    """Our hotkey's signature of window t's payload bytes (None, logged, if the wallet cannot sign)."""
+    try:
+        return signatures.sign_payload(ctx.wallet, ctx.run, t, ctx.uid, data)
+    except WalletError as e:
+        log.warning("window %d: cannot sign the payload: %s; not uploading", t, e)
+        return None
+
+
+def publish_payload(ctx: NodeContext, t: int, data: bytes, lead: float = SIGNATURE_LEAD_SECONDS) -> bool:
+    """Window t's signature, then (``lead`` seconds later) its payload, in our bucket; True when both are up."""
+    sig = sign(ctx, t, data)
+    if sig is None:
+        return False
+    v = ctx.hp.protocol_version
+    try:
+        signature.put(ctx.own.client, ctx.own.bucket, ctx.run, t, ctx.uid, v, signatures.digest(data), sig)
+        signed_at = time.time()
+        if not ctx.clock.sleep_until(signed_at + lead, ctx.stop):
+            return False
+        ctx.own.client.put(ctx.own.bucket, keys.gradient(t, ctx.uid, v, ctx.run), data)
+    except StorageError as e:
+        log.warning("window %d: upload failed: %s", t, e)
+        return False
+    return True
