@@ -42,12 +42,13 @@ from neurons.engine import (LIST_LEAD, Aggregation, WindowInputs, WindowOutcome,
                             run_window)
 from neurons.catchup import sync_to
 from neurons.follow import Follower
+from neurons.leader_check import Disagreement, choose_bundle
 from neurons.lifecycle import Fatal, run_main
 from neurons.reveal import settings_problem
 from scoring import state as scoring_state
 from scoring.evaluation import ParameterSnapshot
 from storage import keys
-from storage.aggregate import Bundle, encode_bundle, put_bundle
+from storage.aggregate import encode_bundle, put_bundle
 from storage.checkpoint import save_checkpoint
 from storage.cleanup import cleanup
 from storage.client import StorageError
@@ -100,6 +101,7 @@ class Validator:
         self.previous_delta: dict | None = None       # the last aggregate Δ (a replay of it is a copy)
         self.silent: set[int] = set()  # peers that gave the last watch no answer: asked last (storage/look.py)
         self.bundle_published: float | None = None   # when this window's bundle went out (unix time)
+        self.leader_check: Disagreement | None = None  # the last window's check of the bundle we were to follow
 
     # ----------------------------------------------------------------- loop
     def leading(self, window: int | None = None) -> bool:
@@ -264,26 +266,30 @@ class Validator:
                              judge=self.look.judge if self.look is not None else None,
                              commitments_look=self.commitments_look, hotkeys=peers)
 
-    def leader_bundle(self, t: int) -> dict[int, Payload] | None:
-        """What a validator that does not lead aggregates: the leader's bundle (None when leading, or when
-        the leader published none in time — then our own list; docs/protocol.md).  A bundle that does not
-        start from our θ_t means we went our own way (e.g. in a window the old leader died in): we reload
-        the leader's checkpoint and bundles up to t first."""
+    def leader_bundle(self, t: int, got: GatherResult) -> dict[int, Payload] | None:
+        """What a validator that does not lead aggregates: the leader's bundle, once checked against our own gather
+        and list (neurons/leader_check.py: a bundle holding a payload its miner did not sign, or one we rejected,
+        is not followed, nor is its validator again; then the next validator's by stake).  None when leading,
+        when we are the next to follow, or when no bundle came in time: then our own list (docs/protocol.md).  A
+        bundle that does not start from our θ_t means we went our own way (e.g. in a window the old leader died
+        in): we reload the leader's checkpoint and bundles up to t first."""
+        self.leader_check = None
         if self.leading(t):
             return None
-        got = self.follower.bundle(t, time.time() + BUNDLE_WAIT_SECONDS)
-        if not isinstance(got, Bundle):
-            log.warning("window %d: no bundle from the leader (%s); aggregating our own list", t, got)
+        selection = [u for u in self.book.lists.get(t, []) if u in got.payloads]
+        bundle, self.leader_check = choose_bundle(self.ctx, self.follower, t, got.payloads, got.rejections,
+                                                  selection, time.time() + BUNDLE_WAIT_SECONDS)
+        if bundle is None:
             return None
-        if got.model_hash_before != model_hash(self.ctx.model):
-            log.warning("window %d: the leader's bundle starts from another model; re-synchronising", t)
+        if bundle.model_hash_before != model_hash(self.ctx.model):
+            log.warning("window %d: the bundle we follow starts from another model; re-synchronising", t)
             ours, our_outer = ParameterSnapshot(self.ctx.model), copy.deepcopy(self.ctx.outer)
-            if sync_to(self.ctx, -1, t) != t or model_hash(self.ctx.model) != got.model_hash_before:
+            if sync_to(self.ctx, -1, t) != t or model_hash(self.ctx.model) != bundle.model_hash_before:
                 ours.restore()
                 self.ctx.outer = our_outer
-                log.warning("window %d: could not reach the leader's model; aggregating our own list", t)
+                log.warning("window %d: could not reach that model; aggregating our own list", t)
                 return None
-        return {u: got.payloads[u] for u in got.uids}
+        return {u: bundle.payloads[u] for u in bundle.uids}
 
     def process(self, t: int) -> dict[str, Any]:
         ctx, started = self.ctx, time.time()
@@ -297,7 +303,7 @@ class Validator:
         timings["gather"] = round(time.perf_counter() - mark, 3)
         eval_seed = ctx.clock.eval_randomness(t, ctx.hp.commit_reveal, ctx.stop)  # who is evaluated (issue 17)
         inputs = WindowInputs(t, got.payloads, got.rejections, active, self.book.lists.get(t, []),
-                              ctx.clock.window_randomness(t), eval_seed, bundle=self.leader_bundle(t),
+                              ctx.clock.window_randomness(t), eval_seed, bundle=self.leader_bundle(t, got),
                               previous_aggregate=self.previous_delta)
         outcome = run_window(self.scores, ctx.model, ctx.codec, ctx.dataset, ctx.hp, inputs, outer=ctx.outer,
                              ledger_prev_hash=self.book.ledger_hash, validator=ctx.hotkey, device=ctx.device,
@@ -324,6 +330,8 @@ class Validator:
                     bytes_down=ctx.own.client.bytes_down - received + got.bytes_down,
                     gather_seconds={str(u): round(s, 4) for u, s in self.gather_seconds.items()})
         line["look"] = looked.summary() if looked is not None else None  # how late the look ran (docs/scoring.md)
+        if self.leader_check is not None:  # the leader's bundle against our own gather and list (metrics)
+            line["leader"] = self.leader_check.to_dict()
         if ctx.hp.commit_reveal:
             line["commitments_look"] = looked_at_commitments.summary() if looked_at_commitments is not None else None
         ctx.events.emit(line)

@@ -31,6 +31,9 @@ knows none of this; sim/miner.py and sim/simulator.py apply these plans.
 | backdater | a copier that serves a forged, earlier LastModified from its own S3 server (issue 17) |
 | hider | uploads after the put window closed and serves a forged LastModified inside it (issue 17) |
 
+A validator behaviour lives at the end (issue 37): ``lying_leader`` — when it leads, its bundle holds a forged
+payload and a payload it rejected, and leaves out the best one (sim/validator.py).
+
 The ``gamer`` needs foresight of the evaluation schedule.  In the simulator it gets the most a miner could
 know (sim/foresight.py: the validator's whole state, everything but randomness that does not exist yet at
 upload time); on the local network it guesses the old round-robin period (trains one window in
@@ -38,6 +41,7 @@ upload time); on the local network it guesses the old round-robin period (trains
 """
 from __future__ import annotations
 
+import hashlib
 import math
 import time
 from dataclasses import dataclass
@@ -48,7 +52,9 @@ import safetensors.numpy
 import torch
 
 from dso.codecs import Codec, Update
+from dso.rejections import Rejection
 from storage.tensorfile import load_arrays, read_header
+from storage.wire import Expect, Payload, decode_payload, encode_payload
 
 BEHAVIOURS = ("honest", "diligent", "freerider", "absent", "noise", "scaler", "signflip", "copier", "sybil",
               "desync", "late", "malformed", "alie", "ipm", "gamer", "noisycopy", "mixer", "scaledcopy", "replayer",
@@ -260,3 +266,21 @@ def sybil_exchange(group_dir: Path, uid: int, window: int, update_bytes: bytes |
             return None
         time.sleep(0.05)
     return shared.read_bytes()
+
+
+# ------------------------------------------------------------------ a lying leader (validators: sim/validator.py)
+LYING_LEADER = "lying_leader"  # when it leads: forges a payload, includes a rejected one, drops the best one
+VALIDATOR_BEHAVIOURS = (LYING_LEADER,)
+
+
+def forged_payload(codec: Codec, payload: Payload) -> Payload:
+    """``payload`` with its update negated, under the same uid and the same signature, which no longer covers
+    the bytes: what a leader that forges a miner's payload puts in its bundle."""
+    meta = payload.meta
+    data = encode_payload(codec, scaled(codec, meta.window, payload.update, -1.0), payload.sync_values, meta)
+    forged = decode_payload(data, codec, Expect(meta.window, meta.protocol_version, meta.hparams_digest,
+                                                int(payload.sync_values.numel())))
+    if isinstance(forged, Rejection):
+        raise ValueError(f"a negated payload does not decode: {forged}")
+    forged.raw, forged.sha256, forged.signature = data, hashlib.sha256(data).hexdigest(), payload.signature
+    return forged

@@ -60,9 +60,11 @@ class NodeSpec:
 
     @property
     def program(self) -> list[str]:
-        """Honest nodes run the production entry points; other behaviours the experiment's miner."""
+        """Honest nodes run the production entry points; other behaviours the experiment's miner or validator."""
         if self.role == "miner" and self.behaviour not in ("honest", "diligent"):
             return ["-m", "sim.miner", "--behaviour", self.behaviour]
+        if self.role == "validator" and self.behaviour != "honest":
+            return ["-m", "sim.validator", "--behaviour", self.behaviour]
         return [str(ROOT / "neurons" / f"{self.role}.py")]
 
 
