@@ -39,6 +39,7 @@ class Follower:
         self.bytes = 0
         self.next_look = 0.0    # time.monotonic() before which arrived() does not look again
         self.refused: dict[int, str] = {}  # window → why a validator's bundle of it was refused
+        self.source: dict[int, int] = {}   # window → the validator whose bundle of it we took
 
     def take_bytes(self) -> int:
         n, self.bytes = self.bytes, 0
@@ -75,8 +76,11 @@ class Follower:
             if self.ctx.run:
                 for source in self.ctx.peers.sources(t):
                     got = self.fetch(source, t)
-                    if isinstance(got, Bundle) or got.reason not in (Reason.UNSIGNED, Reason.BAD_SIGNATURE):
-                        break  # a bundle, or the one we follow has none yet: wait for it
+                    if isinstance(got, Bundle):
+                        self.source[t] = source
+                        break
+                    if got.reason not in (Reason.UNSIGNED, Reason.BAD_SIGNATURE):
+                        break  # the one we follow has none yet: wait for it
             if isinstance(got, Bundle) or (got.reason != Reason.MISSING and t not in self.refused):
                 return got  # there, or there but unusable: waiting will not help
             if time.time() >= until or not self.ctx.stop.sleep(POLL_SECONDS):
@@ -107,7 +111,7 @@ class Follower:
             log.warning("window %d: %s; catching up from a checkpoint", t, bad.detail)
             self.diverged = True
             return False, f"diverged at window {t}"
-        return True, f"applied the bundle of {len(got.uids)} peers"
+        return True, f"applied the bundle of {len(got.uids)} peers from validator uid {self.source.pop(t, '?')}"
 
     def gather_own(self, t: int) -> tuple[bool, str]:
         """No valid bundle of window t: gather the signed payloads of the list in effect and aggregate them in list

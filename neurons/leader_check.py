@@ -106,8 +106,15 @@ def choose_bundle(ctx: NodeContext, follower: Follower, t: int, payloads: Mappin
     """(the bundle to apply for window t, or None to aggregate our own selection; the comparison of the first
     bundle checked — the leader's, unless we refused it before).  Validators are tried by stake: a refused one is
     skipped from then on, and once we are next, our own selection is the one to apply."""
-    first: Disagreement | None = None
     hotkeys = ctx.peers.hotkeys()
+    leader = ctx.peers.leader_uid(t)
+    first: Disagreement | None = None
+    if leader is not None and leader != ctx.uid and leader in ctx.peers.distrusted:
+        # a leader we no longer follow is still compared, once its bundle is there: the metric keeps showing it
+        where = ctx.peers.reader(leader)
+        got = where if isinstance(where, Rejection) else get_bundle(*where, ctx.codec, ctx.hp, t, ctx.run)
+        if isinstance(got, Bundle):
+            first = compare(got, leader, payloads, rejections, selection, hotkeys, ctx.run)
     for source in ctx.peers.sources(t):
         if source == ctx.uid:
             return None, first

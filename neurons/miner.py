@@ -48,7 +48,7 @@ from neurons.publish import publish_payload
 from scoring.sync import sample_parameters, sync_positions
 from storage.aggregate import Bundle
 from storage.cleanup import cleanup
-from storage.look import SIGNATURE_LEAD_SECONDS
+from storage.look import SIGNATURE_LEAD_SECONDS, signature_lead
 from storage.client import StorageError
 from storage.wire import PayloadMeta, encode_payload
 
@@ -303,7 +303,8 @@ class Miner:
         """Put window t's payload in our bucket (with commit-reveal: commit now, reveal after the put window)."""
         if own is None:
             return False
-        lead = 0.0 if self.ctx.hp.commit_reveal else SIGNATURE_LEAD_SECONDS  # the payload follows its signature
+        hp = self.ctx.hp
+        lead = 0.0 if hp.commit_reveal else signature_lead(hp.put_window_seconds)  # the payload follows its signature
         if time.time() >= put.close - UPLOAD_MARGIN - lead:
             log.warning("window %d: training ended after the put window; not uploading", t)
             self.keep_for_upload()  # leave more next time: the last step or the compression took longer
@@ -393,7 +394,7 @@ class Miner:
         return sample_parameters(dict(ctx.model.named_parameters()), positions)
 
     def put_payload(self, t: int, data: bytes) -> bool:
-        """Signed: the signature first, the payload SIGNATURE_LEAD_SECONDS later (neurons/publish.py)."""
+        """Signed: the signature first, the payload a lead later (neurons/publish.py)."""
         return publish_payload(self.ctx, t, data)
 
     def clean_bucket(self, t: int) -> None:

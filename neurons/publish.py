@@ -1,4 +1,4 @@
-"""How a miner publishes its payload: signed, the signature first, the bytes ``SIGNATURE_LEAD_SECONDS`` later.
+"""How a miner publishes its payload: signed, the signature first, the bytes a lead later (storage/look.py).
 
 The signature object (storage/signature.py) binds the digest of bytes nobody else holds yet; the validators'
 watch (storage/look.py) reads it a round or more before the payload appears, which is the evidence of authorship
@@ -16,7 +16,7 @@ from dso.chain.wallets import WalletError
 from neurons.context import NodeContext
 from storage import keys, signature
 from storage.client import StorageError
-from storage.look import SIGNATURE_LEAD_SECONDS
+from storage.look import signature_lead
 
 log = logging.getLogger("dso.miner")
 
@@ -30,8 +30,10 @@ def sign(ctx: NodeContext, t: int, data: bytes) -> str | None:
         return None
 
 
-def publish_payload(ctx: NodeContext, t: int, data: bytes, lead: float = SIGNATURE_LEAD_SECONDS) -> bool:
-    """Window t's signature, then (``lead`` seconds later) its payload, in our bucket; True when both are up."""
+def publish_payload(ctx: NodeContext, t: int, data: bytes, lead: float | None = None) -> bool:
+    """Window t's signature, then (``lead`` seconds later; the run's :func:`signature_lead` by default) its payload,
+    in our bucket; True when both are up."""
+    lead = signature_lead(ctx.hp.put_window_seconds) if lead is None else lead
     sig = sign(ctx, t, data)
     if sig is None:
         return False

@@ -54,7 +54,7 @@ from storage.cleanup import cleanup
 from storage.client import StorageError
 from storage.gather import GatherResult
 from storage.jsonobj import put_json
-from storage.look import LOOK_SECONDS, Look, Seen, look, speakers_first, watch
+from storage.look import LOOK_SECONDS, Look, Seen, look, speakers_first, watch, watch_interval
 from storage.peers import PeersList, put_peers
 from storage.reveal import gather_window
 from storage.wire import Expect, Payload
@@ -210,7 +210,8 @@ class Validator:
         if not ctx.clock.sleep_until(close - ctx.clock.put_window_seconds, ctx.stop) or time.time() >= close:
             return {}
         return watch(t, self.commitments_of(ctx.peers.miners()), Expect.from_hparams(ctx.hp, t, run=ctx.run), close,
-                     readers=ctx.readers, stop=ctx.stop, priority=self.scores.standing(), silent=self.silent)
+                     readers=ctx.readers, stop=ctx.stop, priority=self.scores.standing(), silent=self.silent,
+                     interval=watch_interval(ctx.hp.put_window_seconds))
 
     def look_at_close(self, t: int, close: float, first: dict[int, Seen] | None = None) -> Look | None:
         """Look at every miner's upload once the uploads of window t closed (the put window; the reveal window

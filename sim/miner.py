@@ -33,7 +33,6 @@ from sim import behaviours
 from sim.forging_s3 import ForgingS3, shifted_by
 from storage.aggregate import Bundle
 from storage.gather import gather
-from storage.look import SIGNATURE_LEAD_SECONDS
 from storage.reveal import seal
 from storage.wire import Expect, Payload, decode_payload, encode_payload
 
@@ -151,7 +150,7 @@ class AdversarialMiner(Miner):
     def read_payloads(self, t: int, start: float, until: float) -> list[Payload]:
         """Other miners' payloads of window t as readable between ``start`` and ``until``: read again every
         READ_EVERY seconds until there are enough to build on (honest payloads follow their signatures by
-        SIGNATURE_LEAD_SECONDS), with time left to upload."""
+        a lead: storage.look.signature_lead), with time left to upload."""
         ctx = self.ctx
         ctx.clock.sleep_until(start, ctx.stop)
         others = {u: c for u, c in ctx.peers.commitments().items() if u in ctx.peers.miners()}
@@ -170,7 +169,7 @@ class AdversarialMiner(Miner):
         """Signed with our own key; a copier, or an upload late anyway, gains nothing from waiting after its
         signature, so it does not."""
         skip = self.behaviour in behaviours.COPIERS or self.plan(t).late
-        return publish_payload(self.ctx, t, data, lead=0.0 if skip else SIGNATURE_LEAD_SECONDS)
+        return publish_payload(self.ctx, t, data, lead=0.0 if skip else None)
 
     def previous_aggregate(self, t: int) -> dict[str, torch.Tensor] | None:
         """Window t−1's aggregate Δ, recomputed from the leader's public bundle (what the replayer uploads)."""

@@ -3,7 +3,8 @@
     python -m sim.validator --behaviour lying_leader [--lie-after N] [every neurons/validator.py flag]
 
 From its ``N``-th window on, whenever it leads, :class:`LyingLeader` changes what it aggregates — and so what its
-bundle says — in three ways at once (sim/behaviours.py ``LYING_LEADER``):
+bundle says — in three ways at once, in every window where it can do all three (sim/behaviours.py
+``LYING_LEADER``):
 
 * it **forges** a payload: the second peer of its list keeps its uid and signature, with its update negated;
 * it **includes a rejected** one: a payload its own gather rejected (too late, missing at the gather) read again
@@ -56,26 +57,26 @@ class LyingLeader(Validator):
     def gather(self, t: int, peers: Mapping[int, str]) -> GatherResult:
         got = super().gather(t, peers)
         if self.processed >= self.lie_after and self.leading(t):
-            self.lies[t] = self.lie(t, got, peers)
-            log.warning("window %d: lying: %s", t, self.lies[t])
+            lie = self.lie(t, got, peers)
+            if lie is not None:
+                self.lies[t] = lie
+                log.warning("window %d: lying: %s", t, lie)
         return got
 
-    def lie(self, t: int, got: GatherResult, peers: Mapping[int, str]) -> dict[str, Any]:
-        """Change window t's aggregation set in place (the payloads and our list): what the bundle will say."""
+    def lie(self, t: int, got: GatherResult, peers: Mapping[int, str]) -> dict[str, Any] | None:
+        """Change window t's aggregation set in place (the payloads and our list): what the bundle will say.  All
+        three lies or none: a list with two payloads we accepted, and a rejected payload to read again."""
         listed = list(self.book.lists.get(t, []))
         accepted = [u for u in listed if u in got.payloads]
-        done: dict[str, Any] = {}
-        if accepted:  # drop the best
-            done["dropped"] = accepted[0]
-            del got.payloads[accepted[0]]
-        if len(accepted) > 1:  # forge the next one
-            done["forged"] = accepted[1]
-            got.payloads[accepted[1]] = behaviours.forged_payload(self.ctx.codec, got.payloads[accepted[1]])
+        if len(accepted) < 2:
+            return None
         included = self.reread_rejected(t, got, peers)
-        if included is not None:
-            done["included_rejected"] = included
-            self.book.lists[t] = listed + [included] if included not in listed else listed
-        return done
+        if included is None:
+            return None
+        del got.payloads[accepted[0]]  # drop the best
+        got.payloads[accepted[1]] = behaviours.forged_payload(self.ctx.codec, got.payloads[accepted[1]])
+        self.book.lists[t] = listed + [included] if included not in listed else listed
+        return {"dropped": accepted[0], "forged": accepted[1], "included_rejected": included}
 
     def reread_rejected(self, t: int, got: GatherResult, peers: Mapping[int, str]) -> int | None:
         """A payload our gather rejected as late or missing, read again (no time check) once it is there."""

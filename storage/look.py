@@ -25,7 +25,7 @@ revealed, by pinning headers.
 
 The copy tie-break orders uploads by when the validator first saw their signatures (:func:`watch`: while the
 uploads are open it reads, every ``interval``, the signature objects of the peers it has not seen yet).  A miner
-publishes its signature ``SIGNATURE_LEAD_SECONDS`` before its payload, more than two rounds, so the author's
+publishes its signature :func:`signature_lead` before its payload, more than two rounds, so the author's
 signature is seen at least a round before any copier could have signed a copy of the payload.  Signatures first
 seen in the same round, or first at the look, are "seen together" and proof of computation decides.  The watch
 never rejects anything.
@@ -56,10 +56,23 @@ from storage.wire import Expect, Payload
 log = logging.getLogger("dso.look")
 LOOK_SECONDS = 2.0          # the look's budget (small GETs only); a peer not answered by then is undecided
 LOOK_PEER_SECONDS = 0.75    # each request's own deadline (a stalling server holds one worker this long)
-WATCH_INTERVAL_SECONDS = 0.5  # while uploads are open, peers not seen yet are looked at this often
+WATCH_INTERVAL_SECONDS = 0.5  # while uploads are open, peers not seen yet are looked at this often (at most)
+WATCH_ROUNDS_PER_PUT_WINDOW = 6  # ... and at least this many times in a put window
 # A miner publishes its signature this long before its payload: more than two watch rounds, so the validator sees
 # the author's signature in an earlier round than any copier's (a copy can be signed only once the payload is out).
 SIGNATURE_LEAD_SECONDS = 2 * WATCH_INTERVAL_SECONDS + 0.1
+
+
+def watch_interval(put_window_seconds: float) -> float:
+    """Seconds between the watch's rounds for a run's put window: WATCH_INTERVAL_SECONDS, shorter for short windows
+    (the signature's lead, two rounds, must leave the payload time to land inside the put window)."""
+    return min(WATCH_INTERVAL_SECONDS, put_window_seconds / WATCH_ROUNDS_PER_PUT_WINDOW)
+
+
+def signature_lead(put_window_seconds: float) -> float:
+    """How long a miner waits between publishing its signature and its payload: two watch rounds and a margin
+    (SIGNATURE_LEAD_SECONDS for a put window of 3 s or more; 0.6 s for the tests' 1.5 s put windows)."""
+    return 2 * watch_interval(put_window_seconds) + 0.1
 LOOK_OBJECT_BYTES = 1024    # signature and commitment objects are ~300 bytes
 
 
