@@ -87,3 +87,17 @@ def test_a_flood_is_not_free_and_keeps_newcomers_out_only_while_it_pays(tmp_path
     assert paid.newcomers_admitted >= 2 * max(1, free.newcomers_admitted)
     for outcome in (free, paid):
         assert not outcome.validator_evicted and not outcome.honest_miner_evicted, outcome
+
+
+def test_the_cli_funds_a_hotkey_and_status_shows_the_burn(make_chain, capsys, monkeypatch):
+    from dso.chain.__main__ import main as cli_main
+    monkeypatch.setenv("COLUMNS", "200")
+    chain = make_chain(burn_initial=1.0, burn_min=0.0005)
+    (wallet,) = wallets("cli-fund", 1)
+    assert cli_main(["fund", "--path", str(chain.path), "--hotkey", hk(wallet), "--amount", "2.5"]) == 0
+    assert "balance of 2.5 (a registration burns 1 now)" in capsys.readouterr().out
+    assert chain.balance(hk(wallet)) == 2.5 and chain.register(wallet) == 0
+    assert cli_main(["status", "--path", str(chain.path)]) == 0  # on the wall clock: many half-lives later
+    assert "a registration burns 0.0005)" in capsys.readouterr().out
+    assert cli_main(["fund", "--path", str(chain.path), "--hotkey", hk(wallet), "--amount", "-9"]) == 1
+    assert "cannot take 9" in capsys.readouterr().err
