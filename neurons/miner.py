@@ -196,7 +196,7 @@ class Miner:
         up_started = time.time()
         uploaded = self.upload(t, own, put)
         self.timings["upload"] = round(time.time() - up_started, 3)
-        if uploaded:
+        if uploaded:  # the payload itself goes up the signature's lead later, while we train ahead (upload())
             self.keep_for_upload()
         applied = self.follow(t)
         if own is not None:
@@ -283,11 +283,17 @@ class Miner:
         a starved machine does not make a window last longer)."""
         return round(min(1.0, self.report.seconds / max(self.ctx.clock.window_seconds(), 1e-9)), 4)
 
-    def keep_for_upload(self) -> None:
+    def keep_for_upload(self, still_to_come: float = 0.0) -> None:
         """What the next training deadline leaves before the put window closes: the time from this window's
         deadline (or the end of training, if earlier) to now — an overrun of the last step, compression,
-        encoding and the upload — plus a margin for a CPU share that varies."""
-        self.encode_seconds = min(ENCODE_MARGIN + time.time() - self.margin_from, self.ctx.hp.put_window_seconds)
+        encoding, the signature's lead and the upload (``still_to_come``: the part an upload refused now would
+        still have taken) — plus a margin for a CPU share that varies; at most the put window and the lead."""
+        cap = self.ctx.hp.put_window_seconds + self.signature_lead()
+        self.encode_seconds = min(ENCODE_MARGIN + time.time() - self.margin_from + still_to_come, cap)
+
+    def signature_lead(self) -> float:
+        """How long our payload follows its signature (neurons/publish.py; under commit-reveal, none)."""
+        return 0.0 if self.ctx.hp.commit_reveal else signature_lead(self.ctx.hp.put_window_seconds)
 
     def deadline(self, t: int) -> float:
         """When inner training of window t must stop (unix time): late enough to use the window, early enough
@@ -303,11 +309,10 @@ class Miner:
         """Put window t's payload in our bucket (with commit-reveal: commit now, reveal after the put window)."""
         if own is None:
             return False
-        hp = self.ctx.hp
-        lead = 0.0 if hp.commit_reveal else signature_lead(hp.put_window_seconds)  # the payload follows its signature
+        lead = self.signature_lead()  # the payload follows its signature
         if time.time() >= put.close - UPLOAD_MARGIN - lead:
             log.warning("window %d: training ended after the put window; not uploading", t)
-            self.keep_for_upload()  # leave more next time: the last step or the compression took longer
+            self.keep_for_upload(lead)  # leave more next time: the last step or the compression took longer
             return False
         data = self.payload(t, own)
         if data is None:
@@ -394,8 +399,8 @@ class Miner:
         return sample_parameters(dict(ctx.model.named_parameters()), positions)
 
     def put_payload(self, t: int, data: bytes) -> bool:
-        """Signed: the signature first, the payload a lead later (neurons/publish.py)."""
-        return publish_payload(self.ctx, t, data)
+        """Signed: the signature first, the payload a lead later from a thread (neurons/publish.py)."""
+        return publish_payload(self.ctx, t, data, wait=False)
 
     def clean_bucket(self, t: int) -> None:
         """Delete our objects older than the retention, and every object an earlier run left in the bucket."""

@@ -9,6 +9,7 @@ dates the payload.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 
 from dso import signatures
@@ -30,9 +31,10 @@ def sign(ctx: NodeContext, t: int, data: bytes) -> str | None:
         return None
 
 
-def publish_payload(ctx: NodeContext, t: int, data: bytes, lead: float | None = None) -> bool:
+def publish_payload(ctx: NodeContext, t: int, data: bytes, lead: float | None = None, wait: bool = True) -> bool:
     """Window t's signature, then (``lead`` seconds later; the run's :func:`signature_lead` by default) its payload,
-    in our bucket; True when both are up."""
+    in our bucket.  ``wait``: return once both are up (True when they are); else return once the signature is up
+    and put the payload from a thread, so the miner trains on while it waits (a failed put is logged)."""
     lead = signature_lead(ctx.hp.put_window_seconds) if lead is None else lead
     sig = sign(ctx, t, data)
     if sig is None:
@@ -40,10 +42,21 @@ def publish_payload(ctx: NodeContext, t: int, data: bytes, lead: float | None = 
     v = ctx.hp.protocol_version
     try:
         signature.put(ctx.own.client, ctx.own.bucket, ctx.run, t, ctx.uid, v, signatures.digest(data), sig)
-        signed_at = time.time()
-        if not ctx.clock.sleep_until(signed_at + lead, ctx.stop):
-            return False
-        ctx.own.client.put(ctx.own.bucket, keys.gradient(t, ctx.uid, v, ctx.run), data)
+    except StorageError as e:
+        log.warning("window %d: upload failed: %s", t, e)
+        return False
+    due = time.time() + lead
+    if not wait:  # not a daemon: a node that stops still finishes this put (at most the lead later)
+        threading.Thread(target=_put_payload, args=(ctx, t, data, due), name=f"dso-upload-{t}").start()
+        return True
+    return _put_payload(ctx, t, data, due)
+
+
+def _put_payload(ctx: NodeContext, t: int, data: bytes, due: float) -> bool:
+    if not ctx.clock.sleep_until(due, ctx.stop):
+        return False
+    try:
+        ctx.own.client.put(ctx.own.bucket, keys.gradient(t, ctx.uid, ctx.hp.protocol_version, ctx.run), data)
     except StorageError as e:
         log.warning("window %d: upload failed: %s", t, e)
         return False

@@ -139,7 +139,7 @@ def check_time(put_window: PutWindow | None, last_modified: float) -> Rejection 
 def fetch_payload(client: PeerClient, bucket: str, key: str, codec: Codec, expect: Expect, put_window: PutWindow | None,
                   deadline: float) -> tuple[Payload | Rejection, int]:
     """One peer's object → (Payload or Rejection, bytes downloaded).  Never raises.  With ``expect.signer`` set,
-    the peer's signature object is read first and must cover the payload read (storage/signature.py)."""
+    the peer's signature object is read after the payload and must cover it (storage/signature.py)."""
     cap = payload_size_cap(codec, expect.sync_samples)
     got = 0
     signed: signature.Signed | None = None
@@ -150,11 +150,6 @@ def fetch_payload(client: PeerClient, bucket: str, key: str, codec: Codec, expec
         bad = check_time(put_window, info.last_modified)
         if bad:
             return bad, 0
-        if expect.signer is not None:
-            read = signature.read(client, bucket, expect, deadline)
-            if isinstance(read, Rejection):
-                return read, 0
-            signed = read
         if time.monotonic() > deadline:
             return Rejection(Reason.TIMEOUT, "deadline passed before download"), 0
         data, info = client.get_with_info(bucket, key, max_bytes=cap, deadline=deadline)
@@ -162,6 +157,11 @@ def fetch_payload(client: PeerClient, bucket: str, key: str, codec: Codec, expec
         bad = check_time(put_window, info.last_modified)
         if bad:
             return bad, got
+        if expect.signer is not None:  # an honest miner's signature went up before its payload
+            read = signature.read(client, bucket, expect, deadline)
+            if isinstance(read, Rejection):
+                return read, got
+            signed = read
     except StorageError as e:
         return rejection_for(e), got
     except Exception as e:  # noqa: BLE001 — a hostile server must not crash the caller
