@@ -68,8 +68,10 @@ SCALE = 1000.0
 LATE_BY = 1.1       # `late` uploads (commits, under commit-reveal) this long after the put window closed
 # the hider, later still: past ⌊close⌋ + 1.25 s, where the validator's look at the close is certain.  An upload
 # landing before that is seen by the look and judged by its LastModified, which a forger controls: the band a
-# forged LastModified can hide in is at most 1.25 s past the close (docs/scoring.md, "Forgers on real processes")
-HIDE_BY = 1.5
+# forged LastModified can hide in is at most 1.25 s past the close (docs/scoring.md, "Forgers on real processes").
+# And before the gather at close + 1.5 s, so the upload is read (and judged late), not missed: 1.5 raced it once the
+# look had become quicker (issue 37), and the hider was `missing` in most windows
+HIDE_BY = 1.4
 DESYNC_EVERY, DESYNC_LENGTH = 8, 3   # desync skips aggregates for 3 windows out of every 8
 GAMER_PERIOD = 5     # without foresight, the gamer trains one window in 5 (30 peers, 6 evaluated per window)
 GAMER_THRESHOLD = 0.5  # with foresight, it trains when its chance of being evaluated is at least this
