@@ -5,7 +5,7 @@ payloads and never bytes.  Both import this module; neither imports the other.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -33,5 +33,8 @@ class Payload:
     sync_values: torch.Tensor      # float32 (sync_samples,)
     nbytes: int
     last_modified: float | None = None  # the peer's server's time (untrusted), set by gather
-    seen: float | None = None           # when the validator itself first saw the object (storage/gather.py observe)
-    etag: str = ""                      # as the peer's server reported it on the read, set by gather
+    seen: float | None = None           # when the validator itself first saw its signature (storage/look.py)
+    sha256: str = ""                    # of the bytes read (dso/signatures.py digest), set by gather
+    signature: str = ""                 # the miner's signature of those bytes, set by a gather that checks it
+    evidence: str = ""                  # sha256 of the signature object as read: what the look compares
+    raw: bytes = field(default=b"", repr=False)  # the bytes read: a bundle carries them as signed

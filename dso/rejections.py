@@ -29,6 +29,8 @@ class Reason(str, Enum):
     NON_FINITE = "non_finite"
     METADATA_MISMATCH = "metadata_mismatch"  # uid, window, protocol version, codec or run settings differ
     BAD_COMMITMENT = "bad_commitment"    # chain commitment string unparsable
+    UNSIGNED = "unsigned"                # no signature object next to the payload (dso/signatures.py)
+    BAD_SIGNATURE = "bad_signature"      # not the uid's hotkey's signature of these bytes for this run and window
     OUT_OF_SYNC = "out_of_sync"          # SyncScore above threshold
     NO_COMMIT = "no_commit"              # commit-reveal: reveal without a timely commitment
     NO_REVEAL = "no_reveal"              # commit-reveal: commitment never revealed

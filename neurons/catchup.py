@@ -19,7 +19,7 @@ from dso.outer import OuterState
 from dso.rejections import Reason, Rejection
 from neurons.context import NodeContext, Source
 from neurons.engine import aggregate_window
-from storage.aggregate import Bundle, get_bundle
+from storage.aggregate import Bundle, get_bundle, unsigned
 from storage.checkpoint import load_checkpoint, read_latest
 
 log = logging.getLogger("dso.catchup")
@@ -46,11 +46,15 @@ def apply_bundle(model: torch.nn.Module, codec: Codec, hp: HParams, bundle: Bund
 
 def replay(ctx: NodeContext, model_window: int, target: int, source: Source) -> tuple[int, Rejection | None]:
     """Apply bundles model_window … target−1 from ``source`` = (client, bucket), stopping at the first that
-    is missing or does not fit.  Returns (model window reached, why it stopped early or None)."""
+    is missing, holds a payload its miner did not sign, or does not fit.  Returns (model window reached, why it
+    stopped early or None)."""
     while model_window < target:
         bundle = get_bundle(*source, ctx.codec, ctx.hp, model_window, ctx.run)
         if isinstance(bundle, Rejection):
             return model_window, bundle
+        forged = unsigned(bundle, ctx.peers.hotkeys(), ctx.run)  # only payloads their miners signed
+        if forged:
+            return model_window, next(iter(forged.values()))
         bad = apply_bundle(ctx.model, ctx.codec, ctx.hp, bundle, ctx.outer, ctx.device)
         if bad:
             return model_window, bad

@@ -67,6 +67,9 @@ class PeerDirectory:
                  clock: Clock):
         self.chain, self.readers, self.uid, self.own = chain, readers, uid, own
         self.leader_idle_blocks, self.clock = leader_idle_blocks, clock
+        # validators this node refused to follow (a bundle with a payload its miner did not sign, or one holding a
+        # payload this validator rejected): skipped as sources of bundles and checkpoints until the node restarts
+        self.distrusted: set[int] = set()
 
     def commitments(self) -> dict[int, str | None]:
         """uid → raw commitment of every registered uid (parsed and validated by whoever reads it)."""
@@ -81,11 +84,25 @@ class PeerDirectory:
         validators = self.validators()
         return {n.uid: n.hotkey for n in self.chain.metagraph() if n.uid != self.uid and n.uid not in validators}
 
+    def hotkeys(self) -> dict[int, str]:
+        """uid → hotkey of every registered uid: whose signature each payload must carry (dso/signatures.py)."""
+        return {n.uid: n.hotkey for n in self.chain.metagraph()}
+
     def reader(self, uid: int) -> Source | Rejection:
+        if uid == self.uid:
+            return self.own.client, self.own.bucket
         info = parse_commitment(self.chain.commitment(uid))
         if isinstance(info, Rejection):
             return info
         return self.readers.get(info), info.bucket
+
+    def sources(self, window: int | None = None) -> list[int]:
+        """Where a node takes ``window``'s bundle from: the live protocol validators by stake (the leader first, as
+        :meth:`leader_uid` decides it), without those it refused to follow."""
+        block = self.decision_block(window)
+        live = [n for n in self.chain.protocol_validators(block)
+                if n.last_update > 0 and block - n.last_update <= self.leader_idle_blocks]
+        return [n.uid for n in live if n.uid not in self.distrusted]
 
     def decision_block(self, window: int | None = None) -> int:
         """The block whose state decides who leads ``window``: its last block, once a later one exists (a
@@ -103,11 +120,14 @@ class PeerDirectory:
         return lead.uid if lead else None
 
     def leader(self, window: int | None = None) -> Source | Rejection | None:
-        """Where the objects of ``window``'s leading validator are (None: no validator yet)."""
+        """Where the objects of ``window``'s leading validator are (None: no validator yet).  A leader this node
+        refused to follow is passed over for the next validator by stake it still follows."""
         uid = self.leader_uid(window)
+        if uid is not None and uid in self.distrusted:
+            uid = next(iter(self.sources(window)), None)
         if uid is None:
             return None
-        return (self.own.client, self.own.bucket) if uid == self.uid else self.reader(uid)
+        return self.reader(uid)
 
 
 class EventLog:

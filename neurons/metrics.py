@@ -26,6 +26,8 @@ ROLES = ("miner", "validator")
 # went out, after the uploads closed)
 STEPS = ("train", "gather", "engine", "total", "cpu", "bundle_after_close", "encode", "upload", "wait", "apply",
          "checkpoint_wait")
+# how the bundle a validator was to follow disagrees with its own gather and list (neurons/leader_check.py)
+LEADER_KINDS = ("forged", "included_rejected", "differs", "unverified", "dropped")
 GATHER_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0)
 _SHORT_CODE = re.compile(r"[a-z][a-z0-9_]{0,31}")
 WindowSeconds = Callable[[int], Optional[float]]
@@ -79,6 +81,12 @@ class NodeMetrics:
             self.rejections = Counter("dso_rejections_total", "Peer inputs refused, by reason", ["reason", "uid"],
                                       registry=r)
             self.aggregated = Gauge("dso_aggregated_peers", "Peers in the window's aggregate", registry=r)
+            self.leader_disagreement = Gauge(
+                "dso_leader_disagreement_payloads", "Payloads on which the bundle this validator was to follow "
+                "disagrees with its own gather and list in the last window, by kind (0 when it leads)", ["kind"],
+                registry=r)
+            self.leader_refusals = Counter("dso_leader_refusals_total", "Bundles this validator refused to follow "
+                                           "(a payload not signed by its miner, or one it rejected)", registry=r)
             self.peer = {key: Gauge(name, doc, ["uid"], registry=r) for key, name, doc in (
                 ("weights", "dso_peer_weight_ratio", "Weight of each peer (sums to 1)"),
                 ("scores", "dso_peer_score", "PeerScore = LossRating while the PoC μ passes its floor"),
@@ -139,6 +147,12 @@ class NodeMetrics:
     def _validator(self, record: dict[str, Any]) -> None:
         if isinstance(record.get("aggregated"), list):
             self.aggregated.set(len(record["aggregated"]))
+        leader = record.get("leader") if isinstance(record.get("leader"), dict) else {}
+        for kind in LEADER_KINDS:
+            count = leader.get(kind, 0)
+            self.leader_disagreement.labels(kind=kind).set(count if _number(count) and count >= 0 else 0)
+        if leader.get("refused") is True:
+            self.leader_refusals.inc()
         for key, gauge in self.peer.items():
             if isinstance(record.get(key), dict):
                 self._show(key, gauge, record[key])

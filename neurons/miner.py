@@ -49,10 +49,11 @@ from neurons.follow import Follower
 from neurons.miner_privacy import MinerPrivacy
 from neurons.lifecycle import Fatal, run_main
 from neurons.persist import load_tensors, save_tensors
+from neurons.publish import publish_payload
 from scoring.sync import sample_parameters, sync_positions
-from storage import keys
 from storage.aggregate import Bundle
 from storage.cleanup import cleanup
+from storage.look import SIGNATURE_LEAD_SECONDS, signature_lead
 from storage.client import StorageError
 from dso.payload import PayloadMeta
 from storage.wire import encode_payload
@@ -60,7 +61,9 @@ from storage.wire import encode_payload
 log = logging.getLogger("dso.miner")
 UPLOAD_MARGIN = 0.5     # an upload started later than this before the put window closes would land late
 BUNDLE_MARGIN = 3.0     # how long past the validator's gather deadline a miner waits for the window's bundle
-ENCODE_SECONDS = 1.0    # first guess of error feedback + payload + upload time, until one is measured
+# first guess of error feedback + payload + signature + upload time (the payload goes up SIGNATURE_LEAD_SECONDS
+# after its signature), until one is measured
+ENCODE_SECONDS = 1.0 + SIGNATURE_LEAD_SECONDS
 ENCODE_MARGIN = 0.5     # added to the measured time: a miner's CPU share varies from one window to the next
 
 
@@ -191,7 +194,7 @@ class Miner:
         up_started = time.time()
         uploaded = self.upload(t, own, put)
         self.timings["upload"] = round(time.time() - up_started, 3)
-        if uploaded:
+        if uploaded:  # the payload itself goes up the signature's lead later, while we train ahead (upload())
             self.keep_for_upload()
         applied = self.follow(t)
         if own is not None:
@@ -284,11 +287,17 @@ class Miner:
         a starved machine does not make a window last longer)."""
         return round(min(1.0, self.report.seconds / max(self.ctx.clock.window_seconds(), 1e-9)), 4)
 
-    def keep_for_upload(self) -> None:
+    def keep_for_upload(self, still_to_come: float = 0.0) -> None:
         """What the next training deadline leaves before the put window closes: the time from this window's
         deadline (or the end of training, if earlier) to now — an overrun of the last step, compression,
-        encoding and the upload — plus a margin for a CPU share that varies."""
-        self.encode_seconds = min(ENCODE_MARGIN + time.time() - self.margin_from, self.ctx.hp.put_window_seconds)
+        encoding, the signature's lead and the upload (``still_to_come``: the part an upload refused now would
+        still have taken) — plus a margin for a CPU share that varies; at most the put window and the lead."""
+        cap = self.ctx.hp.put_window_seconds + self.signature_lead()
+        self.encode_seconds = min(ENCODE_MARGIN + time.time() - self.margin_from + still_to_come, cap)
+
+    def signature_lead(self) -> float:
+        """How long our payload follows its signature (neurons/publish.py; under commit-reveal, none)."""
+        return 0.0 if self.ctx.hp.commit_reveal else signature_lead(self.ctx.hp.put_window_seconds)
 
     def deadline(self, t: int) -> float:
         """When inner training of window t must stop (unix time): late enough to use the window, early enough
@@ -329,9 +338,10 @@ class Miner:
         """Put window t's payload in our bucket (with commit-reveal: commit now, reveal after the put window)."""
         if own is None:
             return False
-        if time.time() >= put.close - UPLOAD_MARGIN:
+        lead = self.signature_lead()  # the payload follows its signature
+        if time.time() >= put.close - UPLOAD_MARGIN - lead:
             log.warning("window %d: training ended after the put window; not uploading", t)
-            self.keep_for_upload()  # leave more next time: the last step or the compression took longer
+            self.keep_for_upload(lead)  # leave more next time: the last step or the compression took longer
             return False
         data = self.payload(t, own)
         if data is None:
@@ -418,13 +428,8 @@ class Miner:
         return sample_parameters(dict(ctx.model.named_parameters()), positions)
 
     def put_payload(self, t: int, data: bytes) -> bool:
-        ctx = self.ctx
-        try:
-            ctx.own.client.put(ctx.own.bucket, keys.gradient(t, ctx.uid, ctx.hp.protocol_version, ctx.run), data)
-        except StorageError as e:
-            log.warning("window %d: upload failed: %s", t, e)
-            return False
-        return True
+        """Signed: the signature first, the payload a lead later from a thread (neurons/publish.py)."""
+        return publish_payload(self.ctx, t, data, wait=False)
 
     def clean_bucket(self, t: int) -> None:
         """Delete our objects older than the retention, and every object an earlier run left in the bucket."""

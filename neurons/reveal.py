@@ -1,7 +1,7 @@
 """A miner's upload under commit-reveal (``hparams.commit_reveal``; docs/extensions.md §2).
 
 Window t:  put window → upload only the commitment ``commit/{t}/{uid}``;  from the first whole second after
-the put window closed (:func:`dso.clock.reveal_time`) → upload the nonce and the payload.  Readers gather
+the put window closed (:func:`dso.clock.reveal_time`) → upload the nonce, the signature and the payload.  Readers gather
 after the reveal window (+ settle) and accept the payload only if it matches a timely commitment.
 """
 from __future__ import annotations
@@ -12,6 +12,7 @@ import time
 from dso.clock import PutWindow, reveal_time, reveal_window_after
 from dso.config import HParams
 from neurons.context import NodeContext
+from neurons.publish import sign
 from storage.client import StorageError
 from storage.reveal import Sealed, put_commit, put_reveal, seal
 
@@ -53,6 +54,10 @@ def reveal(ctx: NodeContext, sealed: Sealed, put: PutWindow) -> bool:
 
 
 def upload(ctx: NodeContext, t: int, payload: bytes, put: PutWindow) -> bool:
-    """Commit in window t's put window, reveal after it; True when the payload was revealed."""
-    sealed = seal(payload, t, ctx.uid)
+    """Commit in window t's put window, reveal after it (the nonce, our signature of the payload, the payload);
+    True when the payload was revealed."""
+    sig = sign(ctx, t, payload)
+    if sig is None:
+        return False
+    sealed = seal(payload, t, ctx.uid, signature=sig)
     return commit(ctx, sealed) and reveal(ctx, sealed, put)

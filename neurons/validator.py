@@ -23,7 +23,7 @@ import copy
 import logging
 import secrets
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from dso.chain import ChainError
@@ -43,18 +43,19 @@ from neurons.engine import (LIST_LEAD, Aggregation, WindowInputs, WindowOutcome,
                             run_window)
 from neurons.catchup import sync_to
 from neurons.follow import Follower
+from neurons.leader_check import Disagreement, choose_bundle
 from neurons.lifecycle import Fatal, run_main
 from neurons.reveal import settings_problem
 from scoring import state as scoring_state
 from scoring.evaluation import ParameterSnapshot, PeerEvaluator
 from storage import keys
-from storage.aggregate import Bundle, encode_bundle, put_bundle
+from storage.aggregate import encode_bundle, put_bundle
 from storage.checkpoint import CheckpointSaver, save_checkpoint
 from storage.cleanup import cleanup
 from storage.client import MiB, StorageError
 from storage.gather import GatherResult
 from storage.jsonobj import put_json
-from storage.look import LOOK_SECONDS, Look, Seen, look, watch
+from storage.look import LOOK_SECONDS, Look, Seen, look, speakers_first, watch, watch_interval
 from storage.peers import PeersList, put_peers
 from storage.reveal import gather_window
 from dso.payload import Payload
@@ -105,6 +106,8 @@ class Validator:
         self.checkpoints = CheckpointSaver(ctx.own.client, ctx.own.bucket, ctx.cfg.storage.checkpoint_shard_mib * MiB)
         self.bundle_published: float | None = None   # when this window's bundle went out (unix time)
         self.evaluator: PeerEvaluator | None = None   # set on a torchrun validator: its ranks share the peers
+        self.silent: set[int] = set()  # peers that gave the last watch no answer: asked last (storage/look.py)
+        self.leader_check: Disagreement | None = None  # the last window's check of the bundle we were to follow
 
     # ----------------------------------------------------------------- loop
     def leading(self, window: int | None = None) -> bool:
@@ -215,7 +218,8 @@ class Validator:
         if not ctx.clock.sleep_until(close - ctx.clock.put_window_seconds, ctx.stop) or time.time() >= close:
             return {}
         return watch(t, self.commitments_of(ctx.peers.miners()), Expect.from_hparams(ctx.hp, t, run=ctx.run), close,
-                     readers=ctx.readers, stop=ctx.stop)
+                     readers=ctx.readers, stop=ctx.stop, priority=self.scores.standing(), silent=self.silent,
+                     interval=watch_interval(ctx.hp.put_window_seconds))
 
     def look_at_close(self, t: int, close: float, first: dict[int, Seen] | None = None) -> Look | None:
         """Look at every miner's upload once the uploads of window t closed (the put window; the reveal window
@@ -227,8 +231,10 @@ class Validator:
         peers = self.commitments_of(ctx.peers.miners())
         # ends by a second past the usual gather start (a stalling server cannot delay the window more than that)
         budget = max(0.5, min(LOOK_SECONDS, close + GATHER_SETTLE_SECONDS + 1.0 - time.time()))
-        found = look(t, peers, Expect.from_hparams(ctx.hp, t, run=ctx.run), close, budget=budget, readers=ctx.readers)
+        found = look(t, peers, Expect.from_hparams(ctx.hp, t, run=ctx.run), close, budget=budget, readers=ctx.readers,
+                     priority=speakers_first(peers, self.scores.standing(), self.silent))
         found.first = dict(first or {})
+        self.silent = (self.silent | found.silent) - set(found.seen) - set(found.absent)
         log.info("window %d: looked at the uploads %.2f s after they closed: %s", t, found.started - close,
                  found.summary())
         return found
@@ -245,7 +251,8 @@ class Validator:
         expect = Expect.from_hparams(ctx.hp, t, run=ctx.run)
         found = look(t, self.commitments_of(ctx.peers.miners()), expect, put.close,
                      budget=max(0.0, commit_look_ends(put) - time.time()), readers=ctx.readers,
-                     key_for=lambda uid: keys.commit(t, uid, expect.protocol_version, expect.run))
+                     key_for=lambda uid: keys.commit(t, uid, expect.protocol_version, expect.run),
+                     priority=speakers_first(ctx.peers.miners(), self.scores.standing(), self.silent))
         log.info("window %d: looked at the commitments %.2f s after the put window closed: %s", t,
                  found.started - put.close, found.summary())
         return found
@@ -255,38 +262,43 @@ class Validator:
         commitments = self.ctx.peers.commitments()
         return {u: commitments.get(u) for u in uids}
 
-    def gather(self, t: int, peers: list[int]) -> GatherResult:
-        """Window t's payloads of ``peers``, under the run's upload rules (plain or commit-reveal)."""
+    def gather(self, t: int, peers: Mapping[int, str]) -> GatherResult:
+        """Window t's payloads of ``peers`` (uid → hotkey, whose signature each must carry), under the run's upload
+        rules (plain or commit-reveal)."""
         ctx = self.ctx
         self.gather_seconds = {}
-        return gather_window(t, self.commitments_of(peers), ctx.codec,
+        return gather_window(t, self.commitments_of(sorted(peers)), ctx.codec,
                              Expect.from_hparams(ctx.hp, t, run=ctx.run, data_hash=ctx.dataset.data_hash),
                              ctx.clock.put_window(t), ctx.cfg.storage.gather_deadline_seconds,
                              commit_reveal=ctx.hp.commit_reveal, readers=ctx.readers,
                              priority=self.scores.standing(), peer_seconds=self.gather_seconds,
                              judge=self.look.judge if self.look is not None else None,
-                             commitments_look=self.commitments_look)
+                             commitments_look=self.commitments_look, hotkeys=peers)
 
-    def leader_bundle(self, t: int) -> dict[int, Payload] | None:
-        """What a validator that does not lead aggregates: the leader's bundle (None when leading, or when
-        the leader published none in time — then our own list; docs/protocol.md).  A bundle that does not
-        start from our θ_t means we went our own way (e.g. in a window the old leader died in): we reload
-        the leader's checkpoint and bundles up to t first."""
+    def leader_bundle(self, t: int, got: GatherResult) -> dict[int, Payload] | None:
+        """What a validator that does not lead aggregates: the leader's bundle, once checked against our own gather
+        and list (neurons/leader_check.py: a bundle holding a payload its miner did not sign, or one we rejected,
+        is not followed, nor is its validator again; then the next validator's by stake).  None when leading,
+        when we are the next to follow, or when no bundle came in time: then our own list (docs/protocol.md).  A
+        bundle that does not start from our θ_t means we went our own way (e.g. in a window the old leader died
+        in): we reload the leader's checkpoint and bundles up to t first."""
+        self.leader_check = None
         if self.leading(t):
             return None
-        got = self.follower.bundle(t, time.time() + BUNDLE_WAIT_SECONDS)
-        if not isinstance(got, Bundle):
-            log.warning("window %d: no bundle from the leader (%s); aggregating our own list", t, got)
+        selection = [u for u in self.book.lists.get(t, []) if u in got.payloads]
+        bundle, self.leader_check = choose_bundle(self.ctx, self.follower, t, got.payloads, got.rejections,
+                                                  selection, time.time() + BUNDLE_WAIT_SECONDS)
+        if bundle is None:
             return None
-        if got.model_hash_before != model_hash(self.ctx.model):
-            log.warning("window %d: the leader's bundle starts from another model; re-synchronising", t)
+        if bundle.model_hash_before != model_hash(self.ctx.model):
+            log.warning("window %d: the bundle we follow starts from another model; re-synchronising", t)
             ours, our_outer = ParameterSnapshot(self.ctx.model), copy.deepcopy(self.ctx.outer)
-            if sync_to(self.ctx, -1, t) != t or model_hash(self.ctx.model) != got.model_hash_before:
+            if sync_to(self.ctx, -1, t) != t or model_hash(self.ctx.model) != bundle.model_hash_before:
                 ours.restore()
                 self.ctx.outer = our_outer
-                log.warning("window %d: could not reach the leader's model; aggregating our own list", t)
+                log.warning("window %d: could not reach that model; aggregating our own list", t)
                 return None
-        return {u: got.payloads[u] for u in got.uids}
+        return {u: bundle.payloads[u] for u in bundle.uids}
 
     def process(self, t: int) -> dict[str, Any]:
         ctx, started = self.ctx, time.time()
@@ -299,11 +311,11 @@ class Validator:
         mark, cpu = time.perf_counter(), time.process_time()
         self.bundle_published = None
         active = ctx.peers.miners()
-        got = self.gather(t, sorted(active))
+        got = self.gather(t, active)
         timings["gather"] = round(time.perf_counter() - mark, 3)
         eval_seed = ctx.clock.eval_randomness(t, ctx.hp.commit_reveal, ctx.stop)  # who is evaluated (issue 17)
         inputs = WindowInputs(t, got.payloads, got.rejections, active, self.book.lists.get(t, []),
-                              ctx.clock.window_randomness(t), eval_seed, bundle=self.leader_bundle(t),
+                              ctx.clock.window_randomness(t), eval_seed, bundle=self.leader_bundle(t, got),
                               previous_aggregate=self.previous_delta)
         outcome = run_window(self.scores, ctx.model, ctx.codec, ctx.dataset, ctx.hp, inputs, outer=ctx.outer,
                              ledger_prev_hash=self.book.ledger_hash, validator=ctx.hotkey, device=ctx.device,
@@ -330,6 +342,8 @@ class Validator:
                     bytes_down=ctx.own.client.bytes_down - received + got.bytes_down,
                     gather_seconds={str(u): round(s, 4) for u, s in self.gather_seconds.items()})
         line["look"] = looked.summary() if looked is not None else None  # how late the look ran (docs/scoring.md)
+        if self.leader_check is not None:  # the leader's bundle against our own gather and list (metrics)
+            line["leader"] = self.leader_check.to_dict()
         if ctx.hp.commit_reveal:
             line["commitments_look"] = looked_at_commitments.summary() if looked_at_commitments is not None else None
         ctx.events.emit(line)

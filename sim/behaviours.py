@@ -45,6 +45,9 @@ decoded, changed in parameter space and compressed again with the run's codec.  
 
 Every behaviour that does not train declares the sequences an honest miner would (it wants to be paid for them).
 
+A validator behaviour lives at the end (issue 37): ``lying_leader`` — when it leads, its bundle holds a forged
+payload and a payload it rejected, and leaves out the best one (sim/validator.py).
+
 The ``gamer`` needs foresight of the evaluation schedule.  In the simulator it gets the most a miner could
 know (sim/foresight.py: the validator's whole state, everything but randomness that does not exist yet at
 upload time); on the local network it guesses the old round-robin period (trains one window in
@@ -52,6 +55,7 @@ upload time); on the local network it guesses the old round-robin period (trains
 """
 from __future__ import annotations
 
+import hashlib
 import math
 import time
 from collections import deque
@@ -64,7 +68,10 @@ import safetensors.numpy
 import torch
 
 from dso.codecs import Codec, Update
+from dso.rejections import Rejection
 from storage.tensorfile import load_arrays, read_header
+from dso.payload import Payload
+from storage.wire import Expect, decode_payload, encode_payload
 
 if TYPE_CHECKING:
     from dso.data import Dataset
@@ -75,8 +82,10 @@ SCALE = 1000.0
 LATE_BY = 1.1       # `late` uploads (commits, under commit-reveal) this long after the put window closed
 # the hider, later still: past ⌊close⌋ + 1.25 s, where the validator's look at the close is certain.  An upload
 # landing before that is seen by the look and judged by its LastModified, which a forger controls: the band a
-# forged LastModified can hide in is at most 1.25 s past the close (docs/scoring.md, "Forgers on real processes")
-HIDE_BY = 1.5
+# forged LastModified can hide in is at most 1.25 s past the close (docs/scoring.md, "Forgers on real processes").
+# And before the gather at close + 1.5 s, so the upload is read (and judged late), not missed: 1.5 raced it once the
+# look had become quicker (issue 37), and the hider was `missing` in most windows
+HIDE_BY = 1.4
 DESYNC_EVERY, DESYNC_LENGTH = 8, 3   # desync skips aggregates for 3 windows out of every 8
 GAMER_PERIOD = 5     # without foresight, the gamer trains one window in 5 (30 peers, 6 evaluated per window)
 GAMER_THRESHOLD = 0.5  # with foresight, it trains when its chance of being evaluated is at least this
@@ -126,6 +135,7 @@ class Behaviour:
     name: ClassVar[str] = "honest"
     good: ClassVar[bool] = False       # does the honest work (honest, diligent)
     reads_peers: ClassVar[bool] = False
+    peers_wanted: ClassVar[int] = 1    # a peer reader waits for this many others' uploads before it builds on them
     forges: ClassVar[bool] = False     # serves its bucket through a server that forges LastModified
     needs_previous: ClassVar[bool] = False  # reads the previous window's public aggregate
 
@@ -272,14 +282,14 @@ class ScaledCopy(Copier):
 
 
 class Mixer(Copier):
-    name = "mixer"
+    name, peers_wanted = "mixer", 2
 
     def upload(self, inputs: Inputs) -> Update | None:
         return mix(inputs.codec, inputs.window, inputs.others[:2]) if len(inputs.others) >= 2 else None
 
 
 class MixAll(Copier):
-    name = "mixall"
+    name, peers_wanted = "mixall", 2
 
     def upload(self, inputs: Inputs) -> Update | None:
         return mix(inputs.codec, inputs.window, inputs.others) if len(inputs.others) >= 2 else None
@@ -302,7 +312,7 @@ class ScaledMix(MixAll):
 
 
 class Alie(Copier):
-    name = "alie"
+    name, peers_wanted = "alie", 2
 
     def upload(self, inputs: Inputs) -> Update | None:
         return alie(inputs.codec, inputs.window, inputs.others)
@@ -561,3 +571,21 @@ def sybil_exchange(group_dir: Path, uid: int, window: int, update_bytes: bytes |
             return None
         time.sleep(0.05)
     return shared.read_bytes()
+
+
+# ------------------------------------------------------------------ a lying leader (validators: sim/validator.py)
+LYING_LEADER = "lying_leader"  # when it leads: forges a payload, includes a rejected one, drops the best one
+VALIDATOR_BEHAVIOURS = (LYING_LEADER,)
+
+
+def forged_payload(codec: Codec, payload: Payload) -> Payload:
+    """``payload`` with its update negated, under the same uid and the same signature, which no longer covers
+    the bytes: what a leader that forges a miner's payload puts in its bundle."""
+    meta = payload.meta
+    data = encode_payload(codec, scaled(codec, meta.window, payload.update, -1.0), payload.sync_values, meta)
+    forged = decode_payload(data, codec, Expect(meta.window, meta.protocol_version, meta.hparams_digest,
+                                                int(payload.sync_values.numel())))
+    if isinstance(forged, Rejection):
+        raise ValueError(f"a negated payload does not decode: {forged}")
+    forged.raw, forged.sha256, forged.signature = data, hashlib.sha256(data).hexdigest(), payload.signature
+    return forged

@@ -14,7 +14,7 @@ from dso.inner import InnerLoop
 from dso.model import build_model, parameter_shapes
 from dso.outer import OuterState
 from neurons.engine import aggregate_window
-from storage.wire import Payload, PayloadMeta
+from dso.payload import Payload, PayloadMeta
 
 
 def small_hparams() -> HParams:

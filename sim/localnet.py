@@ -73,9 +73,11 @@ class NodeSpec:
     @property
     def program(self) -> list[str]:
         """Honest nodes run the production entry points (through torchrun on several ranks); other behaviours
-        the experiment's miner."""
+        the experiment's miner or validator."""
         if self.role == "miner" and self.behaviour not in ("honest", "diligent"):
             return ["-m", "sim.miner", "--behaviour", self.behaviour]
+        if self.role == "validator" and self.behaviour != "honest":
+            return ["-m", "sim.validator", "--behaviour", self.behaviour]
         entry = str(ROOT / "neurons" / f"{self.role}.py")
         if self.ranks > 1:
             return ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={self.ranks}", entry]
@@ -138,6 +140,7 @@ class LocalNet:
         wallets = self.run_dir / "wallets"
         for i, node in enumerate(self.nodes, 1):
             wallet = create_local_wallet(node.name, "default", str(wallets), overwrite=True)
+            self.chain.fund(hotkey_address(wallet), self.chain.registration_burn())  # what registering burns now
             node.uid = self.chain.register(wallet)
             if node.stake:
                 self.chain.add_stake(hotkey_address(wallet), node.stake)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import threading
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -18,6 +19,7 @@ from typing import Any
 
 import torch
 
+from dso import signatures
 from dso.clock import PutWindow, reveal_time, reveal_window_after
 from dso.codec import CompressedUpdate
 from dso.commit import new_nonce
@@ -29,10 +31,13 @@ from neurons import reveal
 from neurons.context import build_context
 from neurons.lifecycle import Fatal, run_main
 from neurons.miner import UPLOAD_MARGIN, Miner
+from neurons.publish import publish_payload, sign
 from sim import behaviours
 from sim.forging_s3 import ForgingS3, shifted_by
+from storage import keys, signature
 from storage.aggregate import Bundle
 from storage.commitment import BucketInfo
+from storage.client import StorageError
 from storage.gather import gather
 from storage.reveal import seal
 from dso.payload import Payload, PayloadMeta
@@ -40,6 +45,8 @@ from storage.wire import Expect, decode_payload, encode_payload
 
 log = logging.getLogger("dso.sim.miner")
 READ_AFTER_REVEALS = 0.5  # under commit-reveal, readers of others' updates read this long after reveals start
+READ_EVERY = 0.1          # readers of others' updates look again this often until they find enough ...
+COPY_UPLOAD_SECONDS = 0.3  # ... while this much is left before the uploads close (to build and upload theirs)
 
 
 class AdversarialMiner(Miner):
@@ -119,7 +126,7 @@ class AdversarialMiner(Miner):
             data = self.build(t, plan, own, put.open + 0.6, put.close)
             if data is None:
                 return False
-            sealed = seal(data, t, ctx.uid)
+            sealed = seal(data, t, ctx.uid, signature=sign(ctx, t, data) or "")
         if plan.late and not ctx.clock.sleep_until(put.close + plan.late_by, ctx.stop):
             return False
         if not reveal.commit(ctx, sealed):
@@ -130,7 +137,8 @@ class AdversarialMiner(Miner):
             data = self.build(t, plan, own, reveal_time(put) + READ_AFTER_REVEALS, reveal_window_after(put).close)
             if data is None:
                 return False
-            sealed = seal(data, t, ctx.uid)  # the copy with a fresh nonce: it cannot match the commitment
+            # the copy with a fresh nonce, signed with our own key: it cannot match the commitment
+            sealed = seal(data, t, ctx.uid, signature=sign(ctx, t, data) or "")
         return reveal.reveal(ctx, sealed, put)
 
     def build(self, t: int, plan: behaviours.Plan, own: CompressedUpdate | None, read_from: float,
@@ -154,16 +162,57 @@ class AdversarialMiner(Miner):
         return self.acts.wire(encode_payload(ctx.codec, update, sync, self.meta(t)), t)
 
     def read_payloads(self, t: int, start: float, until: float) -> list[Payload]:
-        """Other miners' payloads of window t as readable between ``start`` and ``until``."""
+        """Other miners' payloads of window t as readable between ``start`` and ``until``: read again every
+        READ_EVERY seconds until there are enough to build on (honest payloads follow their signatures by
+        a lead: storage.look.signature_lead), with time left to upload."""
         ctx = self.ctx
         ctx.clock.sleep_until(start, ctx.stop)
         others: dict[int, BucketInfo | str | None] = {
             u: c for u, c in ctx.peers.commitments().items() if u in ctx.peers.miners()}
-        result = gather(t, others, ctx.codec, Expect.from_hparams(ctx.hp, t, run=ctx.run), None,
-                        max(0.5, until - time.time() - 0.5), readers=ctx.readers)
-        self.follower.bytes += result.bytes_down
+        wanted = self.acts.peers_wanted
+        while True:
+            result = gather(t, others, ctx.codec, Expect.from_hparams(ctx.hp, t, run=ctx.run), None,
+                            max(0.5, until - time.time() - 0.5), readers=ctx.readers)
+            self.follower.bytes += result.bytes_down
+            if len(result.payloads) >= wanted or time.time() + READ_EVERY > until - COPY_UPLOAD_SECONDS or ctx.stop():
+                break
+            ctx.stop.sleep(READ_EVERY)
         log.info("window %d: %s read %d updates of others", t, self.behaviour, len(result.payloads))
         return [result.payloads[u] for u in sorted(result.payloads)]
+
+    def put_payload(self, t: int, data: bytes) -> bool:
+        """Signed with our own key; a copier gains nothing from waiting after its signature, so it does not; an
+        upload late anyway puts its payload and its signature at once (both land when one plain upload would:
+        what the late and hider tests were timed for)."""
+        if self.plan(t).late:
+            return self.put_late(t, data)
+        if self.behaviour in behaviours.COPIERS:
+            return publish_payload(self.ctx, t, data, lead=0.0)
+        return super().put_payload(t, data)
+
+    def put_late(self, t: int, data: bytes) -> bool:
+        ctx, v = self.ctx, self.ctx.hp.protocol_version
+        sig = sign(ctx, t, data)
+        if sig is None:
+            return False
+        failed: list[StorageError] = []
+
+        def put(write: Any) -> None:
+            try:
+                write()
+            except StorageError as e:
+                failed.append(e)
+        writers = [threading.Thread(target=put, args=(lambda: ctx.own.client.put(
+                       ctx.own.bucket, keys.gradient(t, ctx.uid, v, ctx.run), data),)),
+                   threading.Thread(target=put, args=(lambda: signature.put(
+                       ctx.own.client, ctx.own.bucket, ctx.run, t, ctx.uid, v, signatures.digest(data), sig),))]
+        for w in writers:
+            w.start()
+        for w in writers:
+            w.join()
+        if failed:
+            log.warning("window %d: upload failed: %s", t, failed[0])
+        return not failed
 
     def previous_aggregate(self, t: int) -> dict[str, torch.Tensor] | None:
         """Window t−1's aggregate Δ, recomputed from the leader's public bundle (what the replayer uploads)."""

@@ -1,10 +1,11 @@
 """The window's bundle: exactly the payloads the leading validator aggregated, in aggregation order.
 
 Object ``{run}/aggregate/{window}-v{v}.safetensors``.  Tensors: ``payload.{uid}``
-(uint8, the payload's canonical encoding, see storage/wire.py) for every
-aggregated uid.  Metadata: ``format``, ``protocol_version``, ``window``,
+(uint8, the payload's bytes exactly as its miner signed them, see storage/wire.py)
+for every aggregated uid.  Metadata: ``format``, ``protocol_version``, ``window``,
 ``hparams``, ``uids`` (comma-separated, aggregation order), ``sha256``
-(comma-separated content hashes, same order), ``model_hash_before`` and
+(comma-separated content hashes, same order), ``signatures`` (each payload's
+miner signature, same order: dso/signatures.py), ``model_hash_before`` and
 ``model_hash_after``, ``outer_digest_before`` and ``outer_digest_after`` (the outer
 optimiser's state around the step, dso/outer.py ``OuterState.digest``).  With θ_t
 and the outer state at t (a checkpoint holds both) the payloads are all a node needs
@@ -20,6 +21,9 @@ and outer-state digests are checked.
 
 Decoding is strict and never raises: size cap, header, metadata, exact tensor
 set, content hashes, and every payload through :func:`storage.wire.decode_payload`.
+A bundle is applied only when every payload in it carries its miner's valid
+signature for the window (:func:`unsigned`): a leader cannot slip in bytes no miner
+signed (docs/protocol.md, "A leader nobody has to trust").
 """
 from __future__ import annotations
 
@@ -30,6 +34,7 @@ from typing import TYPE_CHECKING, Mapping, Sequence
 import numpy as np
 import safetensors.numpy
 
+from dso import signatures
 from dso.codecs import Codec
 from dso.rejections import Reason, Rejection, unexpected
 from storage import keys
@@ -45,7 +50,7 @@ if TYPE_CHECKING:
 FORMAT = "dso-bundle"
 _HEX = set("0123456789abcdef")
 _DIGESTS = ("model_hash_before", "model_hash_after", "outer_digest_before", "outer_digest_after")
-_FIELDS = {"format", "protocol_version", "window", "hparams", "uids", "sha256", *_DIGESTS}
+_FIELDS = {"format", "protocol_version", "window", "hparams", "uids", "sha256", "signatures", *_DIGESTS}
 
 
 @dataclass
@@ -61,18 +66,38 @@ class Bundle:
 
 
 def bundle_size_cap(codec: Codec, sync_samples: int, max_peers: int) -> int:
-    return 8 + header_allowance(max_peers) + 96 * max_peers + max_peers * payload_size_cap(codec, sync_samples)
+    return 8 + header_allowance(max_peers) + 232 * max_peers + max_peers * payload_size_cap(codec, sync_samples)
+
+
+def unsigned(bundle: Bundle, hotkeys: Mapping[int, str], run: str) -> dict[int, Rejection]:
+    """uid → why its payload in the bundle does not carry its miner's signature for the window (UNSIGNED or
+    BAD_SIGNATURE against ``hotkeys``, uid → hotkey on chain); empty when every one does."""
+    out: dict[int, Rejection] = {}
+    for uid in bundle.uids:
+        payload = bundle.payloads[uid]
+        if not payload.signature:
+            out[uid] = Rejection(Reason.UNSIGNED, f"bundle payload of uid {uid} carries no signature")
+            continue
+        problem = signatures.signature_problem(hotkeys.get(uid, ""), run, bundle.window, uid, payload.sha256,
+                                               payload.signature)
+        if problem:
+            out[uid] = Rejection(Reason.BAD_SIGNATURE, f"bundle payload of uid {uid}: {problem}")
+    return out
 
 
 def encode_bundle(codec: Codec, window: int, uids: Sequence[int], payloads: Mapping[int, Payload],
                   model_hash_before: str, model_hash_after: str, protocol_version: int, hparams_digest: str,
                   outer_digest_before: str, outer_digest_after: str) -> bytes:
-    """The bundle of ``uids`` (in aggregation order), each payload re-encoded canonically."""
-    blobs = {u: encode_payload(codec, payloads[u].update, payloads[u].sync_values, payloads[u].meta) for u in uids}
+    """The bundle of ``uids`` (in aggregation order): each payload's bytes as its miner signed them, with the
+    signature (a payload that was never read from the wire, e.g. in the simulator, is encoded canonically and
+    carries none: no follower applies it)."""
+    blobs = {u: payloads[u].raw or encode_payload(codec, payloads[u].update, payloads[u].sync_values,
+                                                  payloads[u].meta) for u in uids}
     tensors = {f"payload.{u}": np.frombuffer(blobs[u], dtype=np.uint8) for u in uids}
     metadata = {"format": FORMAT, "protocol_version": str(protocol_version), "window": str(window),
                 "hparams": hparams_digest, "uids": ",".join(str(u) for u in uids),
                 "sha256": ",".join(hashlib.sha256(blobs[u]).hexdigest() for u in uids),
+                "signatures": ",".join(payloads[u].signature if payloads[u].raw else "" for u in uids),
                 "model_hash_before": model_hash_before, "model_hash_after": model_hash_after,
                 "outer_digest_before": outer_digest_before, "outer_digest_after": outer_digest_after}
     return safetensors.numpy.save(tensors, metadata=metadata)
@@ -101,6 +126,10 @@ def _decode(data: bytes, codec: Codec, expect: Expect, max_peers: int) -> Bundle
         return Rejection(Reason.METADATA_MISMATCH, f"bundle uids must be at most {max_peers} distinct integers")
     if len(hashes) != len(uids) or not all(len(h) == 64 and set(h) <= _HEX for h in hashes):
         return Rejection(Reason.METADATA_MISMATCH, "bundle sha256 must hold one hex digest per uid")
+    sigs = md["signatures"].split(",") if uids else []
+    if md["signatures"] and not uids or len(sigs) != len(uids) or \
+            not all(sig == "" or signatures.is_signature(sig) for sig in sigs):
+        return Rejection(Reason.METADATA_MISMATCH, "bundle signatures must hold one hex signature (or none) per uid")
     for name in _DIGESTS:
         if len(md[name]) != 64 or not set(md[name]) <= _HEX:
             return Rejection(Reason.METADATA_MISMATCH, f"bundle {name} is not a sha256 hex digest")
@@ -115,7 +144,7 @@ def _decode(data: bytes, codec: Codec, expect: Expect, max_peers: int) -> Bundle
     if isinstance(arrays, Rejection):
         return arrays
     payloads: dict[int, Payload] = {}
-    for uid, digest in zip(uids, hashes):
+    for uid, digest, sig in zip(uids, hashes, sigs):
         assert uid is not None
         blob = arrays[f"payload.{uid}"].tobytes()
         if hashlib.sha256(blob).hexdigest() != digest:
@@ -123,6 +152,7 @@ def _decode(data: bytes, codec: Codec, expect: Expect, max_peers: int) -> Bundle
         payload = decode_payload(blob, codec, expect.for_uid(uid))
         if isinstance(payload, Rejection):
             return Rejection(payload.reason, f"bundle payload of uid {uid}: {payload.detail}")
+        payload.raw, payload.sha256, payload.signature = blob, digest, sig
         payloads[uid] = payload
     return Bundle(expect.window, [u for u in uids if u is not None], payloads, md["model_hash_before"],
                   md["model_hash_after"], md["outer_digest_before"], md["outer_digest_after"], len(data))

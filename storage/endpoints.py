@@ -9,7 +9,9 @@ validator send signed requests to the validator's own network: cloud metadata
 * every address the host name resolves to must be global (``ipaddress``'s
   ``is_global``: not private, loopback, link-local, shared/CGNAT, documentation,
   reserved or unspecified) and not multicast; IPv6 forms that embed an IPv4
-  address (mapped, 6to4, Teredo) are judged by the embedded address;
+  address (IPv4-mapped, IPv4-compatible, IPv4-translated, NAT64's well-known
+  prefix, 6to4, Teredo) are judged by the embedded address, and NAT64's local-use
+  prefix, whose IPv4 address sits where the operator chose, is refused whole;
 * the check runs *after* DNS resolution, and the caller connects to the very
   address that was checked (no second lookup, so DNS rebinding gains nothing).
 
@@ -40,16 +42,32 @@ STRICT = EndpointPolicy()
 LOCAL = EndpointPolicy(allow_loopback=True)
 
 
-def _embedded_v4(ip: IPAddress) -> IPAddress:
-    """The IPv4 address an IPv6 address carries (mapped, 6to4, Teredo server), else ``ip`` itself."""
-    if isinstance(ip, ipaddress.IPv6Address):
-        if ip.ipv4_mapped is not None:
-            return ip.ipv4_mapped
-        if ip.sixtofour is not None:
-            return ip.sixtofour
-        if ip.teredo is not None:
-            return ip.teredo[1]  # the client address; the server address is public by definition
-    return ip
+# IPv6 prefixes whose last 32 bits are an IPv4 address a router or the host stack reaches (RFC 4291 §2.5.5,
+# RFC 2765 §2.1, RFC 6052 §2.1): judged by that address.  ``ipaddress`` knows the mapped form only.
+_LAST_32_BITS = (
+    (ipaddress.IPv6Network("::/96"), "IPv4-compatible"),                  # deprecated, still routed by some stacks
+    (ipaddress.IPv6Network("::ffff:0:0:0/96"), "IPv4-translated"),        # SIIT
+    (ipaddress.IPv6Network("64:ff9b::/96"), "NAT64 well-known prefix"),   # RFC 6052: only global IPv4 behind it
+)
+# RFC 8215: a NAT64 prefix for one operator's own network, of any length up to /96, so the embedded IPv4
+# address can sit at any of RFC 6052's offsets.  Nothing public is reached through it: refused whole.
+NAT64_LOCAL_USE = ipaddress.IPv6Network("64:ff9b:1::/48")
+
+
+def _embedded_v4(ip: IPAddress) -> tuple[IPAddress, str]:
+    """The IPv4 address an IPv6 address carries and the form that carries it, else ``(ip, "")``."""
+    if not isinstance(ip, ipaddress.IPv6Address):
+        return ip, ""
+    if ip.ipv4_mapped is not None:
+        return ip.ipv4_mapped, "IPv4-mapped"
+    if ip.sixtofour is not None:
+        return ip.sixtofour, "6to4"
+    if ip.teredo is not None:
+        return ip.teredo[1], "Teredo"  # the client address; the server address is public by definition
+    for network, form in _LAST_32_BITS:
+        if ip in network and int(ip) & 0xFFFFFFFF > 1:  # not :: and ::1, which are IPv6's own
+            return ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF), form
+    return ip, ""
 
 
 def _kind(ip: IPAddress) -> str:
@@ -66,14 +84,21 @@ def _kind(ip: IPAddress) -> str:
 def address_problem(address: str | IPAddress, scheme: str, policy: EndpointPolicy = STRICT) -> str | None:
     """Why the policy refuses to connect to ``address`` over ``scheme``, or None."""
     try:
-        ip = _embedded_v4(ipaddress.ip_address(address))
+        outer = ipaddress.ip_address(address)
     except ValueError:
         return f"{address!r} is not an IP address"
+    if outer in NAT64_LOCAL_USE:
+        return f"{outer} is in NAT64's local-use prefix {NAT64_LOCAL_USE}: it reaches IPv4 addresses of the " \
+               "operator's own network"
+    ip, form = _embedded_v4(outer)
+    named = f"{outer} ({form} form of {ip})" if form else str(ip)
     if ip.is_loopback:
         return None if policy.allow_loopback else \
-            f"{ip} is a loopback address (allowed only with storage.allow_loopback_endpoints, for local runs)"
+            f"{named} is a loopback address (allowed only with storage.allow_loopback_endpoints, for local runs)"
     if not ip.is_global or ip.is_multicast:
-        return f"{ip} is a {_kind(ip)} address"
+        return f"{named} is a {_kind(ip)} address"
+    if form == "IPv4-compatible":  # deprecated (RFC 4291 §2.5.5.1): no public endpoint is written this way
+        return f"{named}: the IPv4-compatible form is deprecated; publish the IPv4 address itself"
     if scheme != "https":
         return f"plain {scheme} to {ip}: public endpoints must use https"
     return None

@@ -25,13 +25,14 @@ import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 from urllib.parse import urlsplit
 
 from dso.clock import PutWindow
 from dso.codecs import Codec
 from dso.rejections import Reason, Rejection, unexpected
-from storage import keys
+from dso import signatures
+from storage import keys, signature
 from storage.client import StorageError
 from storage.commitment import BucketInfo, parse_commitment
 from storage.endpoints import EndpointPolicy, address_problem
@@ -138,9 +139,11 @@ def check_time(put_window: PutWindow | None, last_modified: float) -> Rejection 
 
 def fetch_payload(client: PeerClient, bucket: str, key: str, codec: Codec, expect: Expect, put_window: PutWindow | None,
                   deadline: float) -> tuple[Payload | Rejection, int]:
-    """One peer's object → (Payload or Rejection, bytes downloaded).  Never raises."""
+    """One peer's object → (Payload or Rejection, bytes downloaded).  Never raises.  With ``expect.signer`` set,
+    the peer's signature object is read after the payload and must cover it (storage/signature.py)."""
     cap = payload_size_cap(codec, expect.sync_samples)
     got = 0
+    signed: signature.Signed | None = None
     try:
         info = client.head(bucket, key, deadline=deadline)
         if info.size > cap:
@@ -155,15 +158,33 @@ def fetch_payload(client: PeerClient, bucket: str, key: str, codec: Codec, expec
         bad = check_time(put_window, info.last_modified)
         if bad:
             return bad, got
+        if expect.signer is not None:  # an honest miner's signature went up before its payload
+            read = signature.read(client, bucket, expect, deadline)
+            if isinstance(read, Rejection):
+                return read, got
+            signed = read
     except StorageError as e:
         return rejection_for(e), got
     except Exception as e:  # noqa: BLE001 — a hostile server must not crash the caller
         return unexpected(Reason.UNREACHABLE, e), got
+    return decode_signed(data, signed, codec, expect, info.last_modified), got
+
+
+def decode_signed(data: bytes, signed: signature.Signed | None, codec: Codec, expect: Expect,
+                  last_modified: float | None) -> Payload | Rejection:
+    """The signature check (when ``signed``), then the strict decode (one at a time); the Payload keeps its bytes,
+    their digest and signature.  Never raises."""
+    if signed is not None:
+        bad = signature.check(data, signed, expect)
+        if bad:
+            return bad
     with _DECODE_SLOTS:
         result = decode_payload(data, codec, expect)
     if isinstance(result, Payload):
-        result.last_modified, result.etag = info.last_modified, info.etag
-    return result, got
+        result.last_modified, result.raw, result.sha256 = last_modified, data, signatures.digest(data)
+        if signed is not None:
+            result.signature, result.evidence = signed.signature, signed.evidence
+    return result
 
 
 def host_of(info: BucketInfo) -> tuple[str, str, int | None]:
@@ -175,7 +196,7 @@ def gather(window: int, peers: dict[int, BucketInfo | str | None], codec: Codec,
            put_window: PutWindow | None, deadline_seconds: float, max_workers: int | None = None,
            readers: ReaderCache | None = None, fetch: Fetch | None = None, *, priority: Sequence[int] | None = None,
            max_per_host: int | None = None, min_peer_seconds: float = MIN_PEER_SECONDS,
-           judge: Judge | None = None) -> GatherResult:
+           judge: Judge | None = None, hotkeys: Mapping[int, str] | None = None) -> GatherResult:
     """Gather window ``window``'s payloads of ``peers`` (uid → BucketInfo, or the raw commitment string,
     or None when the peer has no commitment).  ``put_window=None`` skips the timing check.  ``fetch``
     replaces :func:`fetch_payload` per peer (same signature; commit-reveal uses storage.reveal's).
@@ -183,7 +204,8 @@ def gather(window: int, peers: dict[int, BucketInfo | str | None], codec: Codec,
     ``priority``: uids to start first, in this order (the validator passes its peers by last-window
     standing); ``max_per_host``: requests at once per endpoint host; ``min_peer_seconds``: the least
     time a started peer is given (see :func:`storage.schedule.peer_share`); ``judge(uid, outcome)``: a last say on
-    each peer's outcome (the validator's look at the close, :meth:`storage.look.Look.judge`)."""
+    each peer's outcome (the validator's look at the close, :meth:`storage.look.Look.judge`); ``hotkeys``: uid →
+    hotkey on chain, whose signature every payload must carry (None: signatures are not checked)."""
     if expect.window != window:
         raise ValueError(f"expect.window={expect.window} but gathering window {window}")
     started = time.monotonic()
@@ -215,7 +237,7 @@ def gather(window: int, peers: dict[int, BucketInfo | str | None], codec: Codec,
             try:
                 client = readers.get(job.payload)
                 key = keys.gradient(window, job.uid, expect.protocol_version, expect.run)
-                outcome = fetch(client, job.payload.bucket, key, codec, expect.for_uid(job.uid), put_window,
+                outcome = fetch(client, job.payload.bucket, key, codec, expect.for_peer(job.uid, hotkeys), put_window,
                                 peer_deadline)
                 if judge is not None:
                     outcome = (judge(job.uid, outcome[0]), outcome[1])

@@ -39,6 +39,11 @@ def gradient(window: int, uid: int, version: int, run: str = "") -> str:
                         ".safetensors")
 
 
+def signature(window: int, uid: int, version: int, run: str = "") -> str:
+    """The miner's signature of its payload of ``window`` (storage/signature.py), published before the payload."""
+    return _scoped(run, f"signature/{_nat('window', window)}/{_nat('uid', uid)}-v{_nat('version', version)}.json")
+
+
 def commit(window: int, uid: int, version: int, run: str = "") -> str:
     """Commit-reveal: the hash a miner publishes before its update becomes readable."""
     return _scoped(run, f"commit/{_nat('window', window)}/{_nat('uid', uid)}-v{_nat('version', version)}.json")
@@ -83,7 +88,8 @@ def ledger(window: int, version: int, run: str = "") -> str:
 
 @dataclass(frozen=True)
 class ParsedKey:
-    kind: str          # gradient | commit | reveal | checkpoint | checkpoint_shard | peers | aggregate | ledger
+    # gradient | signature | commit | reveal | checkpoint | checkpoint_shard | peers | aggregate | ledger
+    kind: str
     window: int
     version: int
     uid: int | None = None  # the uid of a gradient, commit or reveal; the index of a checkpoint shard
@@ -96,6 +102,7 @@ _PATTERNS = [
     (kind, re.compile(pattern))
     for kind, pattern in (
         ("gradient", rf"gradient/{_NUM}/{_NUM}-v{_NUM}\.safetensors"),
+        ("signature", rf"signature/{_NUM}/{_NUM}-v{_NUM}\.json"),
         ("commit", rf"commit/{_NUM}/{_NUM}-v{_NUM}\.json"),
         ("reveal", rf"reveal/{_NUM}/{_NUM}-v{_NUM}\.json"),
         ("checkpoint", rf"checkpoint/{_NUM}-v{_NUM}\.json"),

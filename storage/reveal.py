@@ -14,25 +14,27 @@ values; nothing here raises on what a peer uploaded.
 """
 from __future__ import annotations
 
+import hashlib
 import threading
 import time
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, cast
+from typing import Any, Mapping, cast
 
 from dso.clock import PutWindow, reveal_window_after
 from dso.codecs import Codec
 from dso.commit import NONCE_BYTES, commitment_hash, is_commitment, judge_reveal, new_nonce
+from dso import signatures
 from dso.rejections import Reason, Rejection, unexpected
-from storage import keys
+from storage import keys, signature
 from storage.client import ObjectInfo, S3Client, StorageError
 from storage.commitment import BucketInfo
-from storage.gather import GatherResult, Judge, ReaderCache, check_time, fetch_payload, gather
+from storage.gather import GatherResult, Judge, ReaderCache, check_time, decode_signed, fetch_payload, gather
 from storage.look import Look
 from storage.jsonobj import encode_json, parse_json_object, rejection_for
 from storage.peer_client import PeerClient
 from dso.payload import Payload
-from storage.wire import Expect, decode_payload, payload_size_cap
+from storage.wire import Expect, payload_size_cap
 
 COMMIT_FORMAT = "dso-commit/v1"
 REVEAL_FORMAT = "dso-reveal/v1"
@@ -49,11 +51,12 @@ class Sealed:
     payload: bytes
     nonce: bytes
     commitment: str
+    signature: str = ""  # the miner's signature of the payload (dso/signatures.py), published with the reveal
 
 
-def seal(payload: bytes, window: int, uid: int, nonce: bytes | None = None) -> Sealed:
+def seal(payload: bytes, window: int, uid: int, nonce: bytes | None = None, signature: str = "") -> Sealed:
     nonce = new_nonce() if nonce is None else nonce
-    return Sealed(window, uid, payload, nonce, commitment_hash(window, uid, payload, nonce))
+    return Sealed(window, uid, payload, nonce, commitment_hash(window, uid, payload, nonce), signature)
 
 
 # --------------------------------------------------------------- objects
@@ -103,21 +106,24 @@ def put_commit(client: S3Client, bucket: str, sealed: Sealed, version: int, run:
 
 
 def put_reveal(client: S3Client, bucket: str, sealed: Sealed, version: int, run: str = "") -> None:
-    """The nonce first, then the payload: a reader that sees the payload finds the nonce too."""
+    """The nonce and the signature first, then the payload: a reader that sees the payload finds both."""
     client.put(bucket, keys.reveal(sealed.window, sealed.uid, version, run),
                encode_json(reveal_object(sealed.window, sealed.uid, sealed.nonce)), content_type="application/json")
+    if sealed.signature:
+        signature.put(client, bucket, run, sealed.window, sealed.uid, version, signatures.digest(sealed.payload),
+                      sealed.signature)
     client.put(bucket, keys.gradient(sealed.window, sealed.uid, version, run), sealed.payload)
 
 
 # ----------------------------------------------------------------- reads
 def _small_json(client: S3Client | PeerClient, bucket: str, key: str,
-                deadline: float) -> tuple[dict[str, Any] | Rejection | None, ObjectInfo, int]:
-    """(object | None when absent | Rejection, its info (LastModified 0 when not read), bytes read)."""
+                deadline: float) -> tuple[dict[str, Any] | Rejection | None, ObjectInfo, bytes]:
+    """(object | None when absent | Rejection, its info (LastModified 0 when not read), the bytes read)."""
     try:
         data, info = client.get_with_info(bucket, key, max_bytes=SMALL_JSON_BYTES, deadline=deadline)
     except StorageError as e:
-        return (None if e.kind == "missing" else rejection_for(e)), ObjectInfo(key, 0, 0.0), 0
-    return parse_json_object(data, SMALL_JSON_BYTES), info, len(data)
+        return (None if e.kind == "missing" else rejection_for(e)), ObjectInfo(key, 0, 0.0), b""
+    return parse_json_object(data, SMALL_JSON_BYTES), info, data
 
 
 def fetch_revealed(client: S3Client | PeerClient, bucket: str, key: str, codec: Codec, expect: Expect,
@@ -145,15 +151,15 @@ def _fetch_revealed(client: S3Client | PeerClient, bucket: str, key: str, codec:
     window, uid, version = expect.window, expect.uid, expect.protocol_version
     if uid is None:  # gather passes expect.for_uid(uid); without it the keys below would name uid 'None'
         raise ValueError("commit-reveal fetch needs an Expect for one uid (Expect.for_uid)")
-    obj, commit_info, n = _small_json(client, bucket, keys.commit(window, uid, version, expect.run), deadline)
-    counted[0] += n
+    obj, commit_info, raw = _small_json(client, bucket, keys.commit(window, uid, version, expect.run), deadline)
+    counted[0] += len(raw)
     if isinstance(obj, Rejection):
         return obj if obj.reason != Reason.MALFORMED else Rejection(Reason.BAD_COMMITMENT, f"commit object: {obj}")
     commitment = None if obj is None else parse_commit(obj, window, uid)
     if isinstance(commitment, Rejection):
         return commitment
-    if commitment is not None and commitments_look is not None:  # the look overrules a forgeable LastModified
-        contradicted = commitments_look.judge_commitment(uid, commit_info.etag, commit_info.size)
+    if commitment is not None and commitments_look is not None:  # the look overrules forgeable headers
+        contradicted = commitments_look.judge_commitment(uid, hashlib.sha256(raw).hexdigest())
         if contradicted is not None:
             return contradicted
     commit_time = commit_info.last_modified
@@ -183,8 +189,8 @@ def _fetch_revealed(client: S3Client | PeerClient, bucket: str, key: str, codec:
         bad = timed("payload", head.last_modified)
         if bad:
             return bad
-    obj, reveal_info, n = _small_json(client, bucket, keys.reveal(window, uid, version, expect.run), deadline)
-    counted[0] += n
+    obj, reveal_info, raw = _small_json(client, bucket, keys.reveal(window, uid, version, expect.run), deadline)
+    counted[0] += len(raw)
     if isinstance(obj, Rejection):
         return obj
     nonce = None if obj is None else parse_reveal(obj, window, uid)
@@ -195,7 +201,13 @@ def _fetch_revealed(client: S3Client | PeerClient, bucket: str, key: str, codec:
         if bad:
             return bad
     revealed = head is not None and nonce is not None and not late
+    signed: signature.Signed | None = None
     if revealed and committed_in_time:
+        if expect.signer is not None:  # the signature goes up with the reveal, before the payload
+            read = signature.read(client, bucket, expect, deadline)
+            if isinstance(read, Rejection):
+                return read
+            signed = read
         if time.monotonic() > deadline:
             return Rejection(Reason.TIMEOUT, "deadline passed before download")
         data, info = client.get_with_info(bucket, key, max_bytes=cap, deadline=deadline)
@@ -212,24 +224,24 @@ def _fetch_revealed(client: S3Client | PeerClient, bucket: str, key: str, codec:
                            nonce if revealed else None, window, uid)
     if verdict is not None:
         return Rejection(verdict.reason, f"{verdict.detail} ({'; '.join(late)})") if late else verdict
-    payload = decode_payload(data, codec, expect)
-    if isinstance(payload, Payload):
-        payload.last_modified, payload.etag = commit_time, info.etag  # the ETag: for the look at the close
-    return payload
+    # the accepted payload's time is its commitment's: who committed first is what copy detection compares
+    return decode_signed(data, signed, codec, expect, commit_time)
 
 
 def gather_window(window: int, peers: dict[int, BucketInfo | str | None], codec: Codec, expect: Expect, put: PutWindow,
                   deadline_seconds: float, *,
                   commit_reveal: bool, readers: ReaderCache | None = None,
                   priority: list[int] | None = None, peer_seconds: dict[int, float] | None = None,
-                  judge: Judge | None = None, commitments_look: Look | None = None) -> GatherResult:
+                  judge: Judge | None = None, commitments_look: Look | None = None,
+                  hotkeys: Mapping[int, str] | None = None) -> GatherResult:
     """Gather window ``window``'s updates the way the run's settings say: plain (payload in the put window)
     or commit-reveal (commitment in the put window, payload + nonce in the reveal window that follows).
     ``priority``: uids to start first (see :func:`storage.gather.gather`).  ``peer_seconds``, when given,
     receives uid → seconds spent fetching that peer (a peer cut off by the deadline: the whole gather's
     time; a peer never fetched, e.g. without a commitment: absent).  ``judge``: the validator's look at the close of
     the uploads (storage/look.py: the put window's close, or the reveal window's under commit-reveal);
-    ``commitments_look``: under commit-reveal, its look at the commitments before the reveals."""
+    ``commitments_look``: under commit-reveal, its look at the commitments before the reveals; ``hotkeys``: uid →
+    hotkey, whose signature every payload must carry (storage/signature.py; None: not checked)."""
     fetch = partial(fetch_revealed, put=put, commitments_look=commitments_look) if commit_reveal else fetch_payload
     timed: dict[int, float] = {}
     lock = threading.Lock()
@@ -246,7 +258,7 @@ def gather_window(window: int, peers: dict[int, BucketInfo | str | None], codec:
 
     result = gather(window, peers, codec, expect, reveal_window_after(put) if commit_reveal else put,
                     deadline_seconds, readers=readers, fetch=fetch_timed if peer_seconds is not None else fetch,
-                    priority=priority, judge=judge)
+                    priority=priority, judge=judge, hotkeys=hotkeys)
     if peer_seconds is not None:
         with lock:  # workers cut off by the deadline may still finish (and write) after gather returned
             peer_seconds.update(timed)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Mapping
 
 import numpy as np
 import safetensors.numpy
@@ -50,6 +50,9 @@ class Expect:
     model_hash: str | None = None
     run: str = ""                  # the network run the payload is read under (its key prefix)
     max_trained: int | None = None  # the most sequences a payload may declare it trained on (the assignment)
+    # the hotkey whose signature the payload must carry (dso/signatures.py); None: not checked (tools, tests);
+    # "" : required, but the uid has no hotkey on chain, so nothing can pass
+    signer: str | None = None
 
     @classmethod
     def from_hparams(cls, hp: HParams, window: int, *, data_hash: str | None = None, **kw: Any) -> "Expect":
@@ -63,6 +66,10 @@ class Expect:
 
     def for_uid(self, uid: int) -> "Expect":
         return replace(self, uid=uid)
+
+    def for_peer(self, uid: int, hotkeys: Mapping[int, str] | None) -> "Expect":
+        """For one uid, signed by its hotkey in ``hotkeys`` (None: signatures not checked)."""
+        return replace(self, uid=uid, signer=None if hotkeys is None else hotkeys.get(uid, ""))
 
 
 def full_spec(codec: Codec, sync_samples: int) -> dict[str, tuple[str, tuple[int, ...]]]:

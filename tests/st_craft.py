@@ -114,3 +114,4 @@ def metadata_variants(codec, update, hp, uid: int, window: int) -> dict[str, byt
     del dropped["window"]
     out["missing window"] = build(entries, dropped)
     return out
+

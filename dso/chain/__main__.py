@@ -3,6 +3,7 @@
     python -m dso.chain status [--path FILE]          metagraph, weights, ledger
     python -m dso.chain create [--path FILE] [--block-time 1.0 --tempo 10 ...]
     python -m dso.chain stake  --hotkey SS58 --amount 100 [--path FILE]
+    python -m dso.chain fund   --hotkey SS58 --amount 5 [--path FILE]      balance that pays the registration burn
     python -m dso.chain wallet --wallet.name NAME --wallet.hotkey HOTKEY [--wallet.path DIR]
 """
 from __future__ import annotations
@@ -31,7 +32,8 @@ def render_status(chain: LocalChain, console: Console) -> None:
     block = chain.block()
     console.print(f"[bold]local chain[/bold] {chain.path}  block {block}  "
                   f"({p.block_time:g} s/block, tempo {p.tempo}, "
-                  f"next consensus at block {(block // p.tempo + 1) * p.tempo})")
+                  f"next consensus at block {(block // p.tempo + 1) * p.tempo}; "
+                  f"a registration burns {chain.registration_burn():.6g})")
     neurons = chain.metagraph()
     commitments = chain.commitments()
     table = Table(title=f"metagraph ({len(neurons)}/{p.max_uids} uids)")
@@ -63,15 +65,17 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     status = sub.add_parser("status", help="print metagraph, weights and ledger length")
     create = sub.add_parser("create", help="create a local chain file")
-    stake = sub.add_parser("stake", help="fund (or, negative, unfund) a hotkey on the local chain")
-    for p in (status, create, stake):
+    stake = sub.add_parser("stake", help="stake (or, negative, unstake) on a hotkey on the local chain")
+    fund = sub.add_parser("fund", help="give a hotkey free balance (or, negative, take it back): registering burns it")
+    for p in (status, create, stake, fund):
         p.add_argument("--path", default=default_path, help=f"chain file (default {default_path})")
     create.add_argument("--exist-ok", action="store_true", help="keep an existing chain instead of failing")
     for f in dataclasses.fields(LocalChainParams):
         if f.name != "genesis":
             create.add_argument(f"--{f.name.replace('_', '-')}", dest=f.name, type=type(f.default), default=None)
-    stake.add_argument("--hotkey", required=True, help="ss58 address")
-    stake.add_argument("--amount", required=True, type=float)
+    for p in (stake, fund):
+        p.add_argument("--hotkey", required=True, help="ss58 address")
+        p.add_argument("--amount", required=True, type=float)
     wallet = sub.add_parser("wallet", help="create an unencrypted local wallet and print its hotkey")
     defaults = WalletConfig()
     wallet.add_argument("--wallet.name", dest="name", default=defaults.name)
@@ -92,6 +96,9 @@ def main(argv: list[str] | None = None) -> int:
             chain = LocalChain.open(args.path)
             if args.command == "stake":
                 console.print(f"{args.hotkey} now holds {chain.add_stake(args.hotkey, args.amount):g}")
+            elif args.command == "fund":
+                console.print(f"{args.hotkey} now holds a balance of {chain.fund(args.hotkey, args.amount):g} "
+                              f"(a registration burns {chain.registration_burn():.6g} now)")
             else:
                 render_status(chain, console)
     except (ChainError, WalletError) as e:

@@ -28,6 +28,7 @@ from typing import Any, Callable, Iterator
 
 from dso.chain import rules
 from dso.chain.base import STATE_HISTORY_BLOCKS, Chain, ChainError, ChainUnavailable, Neuron, WeightRules
+from dso.chain.local_burn import BurnMixin
 from dso.chain.local_epochs import EpochsMixin
 from dso.chain.local_ledger import LedgerMixin
 from dso.chain.local_state import StateMixin
@@ -38,7 +39,7 @@ _DOMAIN = b"dso-localchain/v1:"  # signatures made for this chain never verify e
 _KEEP_COMMITMENTS = 4            # history kept per hotkey (only the latest valid one is read)
 
 
-class LocalChain(EpochsMixin, StateMixin, LedgerMixin, Chain):
+class LocalChain(BurnMixin, EpochsMixin, StateMixin, LedgerMixin, Chain):
     """One subnet in a SQLite file.  Create with :meth:`create`, attach with :meth:`open`."""
 
     def __init__(self, path: Path, conn: sqlite3.Connection, params: LocalChainParams, chain_id: str,
@@ -194,6 +195,9 @@ class LocalChain(EpochsMixin, StateMixin, LedgerMixin, Chain):
                            max_weight_limit=p.max_weight_limit, version_key=p.weights_version)
 
     def register(self, wallet: Any) -> int:
+        """The hotkey's uid; a new one burns the registration price from the hotkey's balance (local_burn.py).  On
+        a full subnet the newcomer replaces the lowest-incentive neuron that is past its immunity and holds no
+        validator permit; ``subnet_full`` when there is none, ``insufficient_balance`` when it cannot pay."""
         hotkey = self._hotkey(wallet)
         with self._txn(immediate=True) as conn:
             now = self.block()
@@ -204,22 +208,34 @@ class LocalChain(EpochsMixin, StateMixin, LedgerMixin, Chain):
                     return uid
             uid = next((u for u in range(self.params.max_uids) if u not in occupants), None)
             if uid is None:
-                incentive = self._incentive(conn)
-
-                def last_incentive(u: int, hk: str) -> float:
-                    held_by, value = incentive.get(u, ("", 0.0))
-                    return value if held_by == hk else 0.0
-                uid = rules.pick_eviction([(u, last_incentive(u, hk), reg) for u, (hk, reg) in occupants.items()],
-                                          now, self.params.immunity_blocks)
-                if uid is None:
-                    first = min(reg for _, reg in occupants.values()) + self.params.immunity_blocks
-                    raise ChainError(rules.SUBNET_FULL, f"all {self.params.max_uids} uids are taken and still "
-                                                        f"immune; the first becomes replaceable at block {first}")
+                uid = self._evictable(conn, occupants, now)
             _, signature = self._signed(wallet, "register", now, uid=uid)
+            self._burn_for_registration(conn, hotkey, now)
             conn.execute("INSERT INTO registrations (uid, hotkey, block, signature) VALUES (?, ?, ?, ?)",
                          (uid, hotkey, now, signature))
             conn.execute("DELETE FROM emission WHERE hotkey = ?", (hotkey,))  # a new registration starts at 0
             return uid
+
+    def _evictable(self, conn: sqlite3.Connection, occupants: dict[int, tuple[str, int]], now: int) -> int:
+        """The uid a newcomer replaces on a full subnet (rules.pick_eviction), or ChainError ``subnet_full``."""
+        incentive = self._incentive(conn)
+
+        def last_incentive(u: int, hk: str) -> float:
+            held_by, value = incentive.get(u, ("", 0.0))
+            return value if held_by == hk else 0.0
+        p = self.params
+        permits = self._permits(occupants, self._stakes(conn, now))
+        uid = rules.pick_eviction([(u, last_incentive(u, hk), reg) for u, (hk, reg) in occupants.items()],
+                                  now, p.immunity_blocks, protected=permits, min_non_immune=p.min_non_immune_uids)
+        if uid is None:
+            immune = sorted(reg + p.immunity_blocks for u, (_, reg) in occupants.items()
+                            if u not in permits and reg + p.immunity_blocks > now)
+            needed = p.min_non_immune_uids + 1 - (len(occupants) - len(permits) - len(immune))
+            when = f"; one becomes replaceable at block {immune[needed - 1]}" if 0 < needed <= len(immune) else ""
+            raise ChainError(rules.SUBNET_FULL, f"all {p.max_uids} uids are taken by validator permit holders, "
+                                                f"immune neurons and the last {p.min_non_immune_uids} past "
+                                                f"immunity{when}")
+        return uid
 
     def _require_uid(self, conn: sqlite3.Connection, hotkey: str, now: int) -> tuple[int, dict[int, tuple[str, int]]]:
         occupants = self._occupants(conn, now)

@@ -19,6 +19,7 @@ from urllib.parse import quote
 
 from dso.chain import rules
 from dso.chain.base import ChainError, ChainUnavailable
+from dso.chain.local_burn import BURN_SCHEMA
 
 SCHEMA_VERSION = 1
 
@@ -57,6 +58,8 @@ class LocalChainParams:
     # a new neuron cannot be evicted for this long: the real chain's default, and far more than a new
     # honest miner needs to earn incentive (~20 windows of 12 blocks + a tempo; docs/chain.md)
     immunity_blocks: int = 4096
+    # neurons past immunity are replaced only while more than this many are (subtensor's MinNonImmuneUids)
+    min_non_immune_uids: int = 10
     commit_max_bytes: int = rules.REAL_CHAIN_COMMIT_BYTES
     commit_interval_blocks: int = 10   # at most one (changed) commitment per hotkey per interval
     max_validators: int = 64           # permits go to the largest stakes ...
@@ -70,6 +73,13 @@ class LocalChainParams:
     max_weight_limit: float = 1.0      # largest share one uid may get; rows are clipped to it
     weights_version: int = 0           # posts with a lower version key are refused
     emission_to_stake: float = 0.0     # share of each tempo's emission staked on the earner's hotkey (subtensor: 1)
+    # --- registration burn (dso/chain/local_burn.py; subtensor's defaults: Burn 1 TAO, BurnHalfLife 360 blocks,
+    # BurnIncreaseMult 1.26, MinBurn 0.0005, MaxBurn 100)
+    burn_initial: float = 1.0          # what the first registration burns
+    burn_half_life: int = 360          # the burn halves once per this many blocks ...
+    burn_increase_mult: float = 1.26   # ... and is multiplied by this after each registration
+    burn_min: float = 0.0005
+    burn_max: float = 100.0
 
     def validate(self) -> "LocalChainParams":
         for f in dataclasses.fields(self):
@@ -83,12 +93,18 @@ class LocalChainParams:
                      "ledger_max_bytes"):
             if not getattr(self, name) > 0:
                 raise ChainError(rules.BAD_INPUT, f"{name} must be > 0, got {getattr(self, name)!r}")
-        for name in ("immunity_blocks", "commit_interval_blocks", "min_validator_stake", "emission_per_block"):
+        for name in ("immunity_blocks", "min_non_immune_uids", "commit_interval_blocks", "min_validator_stake",
+                     "emission_per_block"):
             if not getattr(self, name) >= 0:
                 raise ChainError(rules.BAD_INPUT, f"{name} must be >= 0, got {getattr(self, name)!r}")
-        for name in ("weights_rate_limit", "min_allowed_weights", "weights_version", "emission_to_stake"):
+        for name in ("weights_rate_limit", "min_allowed_weights", "weights_version", "emission_to_stake",
+                     "burn_initial", "burn_min"):
             if not getattr(self, name) >= 0:
                 raise ChainError(rules.BAD_INPUT, f"{name} must be >= 0, got {getattr(self, name)!r}")
+        if not self.burn_half_life > 0 or not self.burn_increase_mult >= 1 or not self.burn_max >= self.burn_min:
+            raise ChainError(rules.BAD_INPUT, "burn_half_life must be > 0, burn_increase_mult >= 1 and "
+                                              f"burn_max >= burn_min (got {self.burn_half_life}, "
+                                              f"{self.burn_increase_mult}, {self.burn_max} < {self.burn_min}?)")
         if not 0 < self.max_weight_limit <= 1:
             raise ChainError(rules.BAD_INPUT, f"max_weight_limit must be in (0, 1], got {self.max_weight_limit}")
         if not 0 < self.kappa < 1:
@@ -109,7 +125,7 @@ def create_file(path: Path, params: LocalChainParams) -> None:
     try:
         conn = sqlite3.connect(tmp)
         try:
-            conn.executescript(SCHEMA)
+            conn.executescript(SCHEMA + BURN_SCHEMA)
             conn.executemany("INSERT INTO params VALUES (?, ?)", [
                 ("schema_version", str(SCHEMA_VERSION)), ("chain_id", secrets.token_hex(16)),
                 ("params", json.dumps(dataclasses.asdict(params)))])
@@ -154,6 +170,7 @@ def connect(path: Path) -> tuple[sqlite3.Connection, LocalChainParams, str]:
         if int(meta["schema_version"]) != SCHEMA_VERSION:
             raise ValueError(f"schema version {meta['schema_version']}, expected {SCHEMA_VERSION}")
         params = LocalChainParams(**json.loads(meta["params"])).validate()
+        conn.executescript(BURN_SCHEMA)  # a file written before the burn existed gains its tables
         return conn, params, meta["chain_id"]
     except (sqlite3.Error, KeyError, ValueError, TypeError, ChainError) as e:
         if conn is not None:

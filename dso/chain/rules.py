@@ -32,6 +32,7 @@ BAD_RECORD = "bad_record"          # ledger record not a JSON object
 UNSUPPORTED = "unsupported"        # the backend has no such feature
 OUTDATED_VERSION = "outdated_version"  # weights posted with a version key below the subnet's
 TOO_FEW_WEIGHTS = "too_few_weights"    # fewer positive weights than min_allowed_weights
+INSUFFICIENT_BALANCE = "insufficient_balance"  # the registrant cannot pay the registration burn
 
 # Subtensor's Commitments pallet holds at most 3 ``Raw`` fields of at most 128 bytes each.
 RAW_FIELD_BYTES = 128
@@ -163,15 +164,19 @@ def validator_permits(stakes: dict[int, float], max_validators: int, min_stake: 
     return {uid for _, uid in eligible[:max_validators]}
 
 
-def pick_eviction(neurons: Iterable[tuple[int, float, int]], block: int, immunity_blocks: int) -> int | None:
-    """uid replaced when a full subnet gets a new registration, or None if all are immune.
+def pick_eviction(neurons: Iterable[tuple[int, float, int]], block: int, immunity_blocks: int,
+                  protected: Iterable[int] = (), min_non_immune: int = 0) -> int | None:
+    """uid replaced when a full subnet gets a new registration, or None when nobody may be.
 
-    ``neurons`` holds (uid, incentive at the last consensus, registration block).
-    A neuron is immune for ``immunity_blocks`` after registering; among the
-    others the lowest incentive goes, ties broken by older registration, then lower uid.
+    ``neurons`` holds (uid, incentive at the last consensus, registration block).  A neuron is immune for
+    ``immunity_blocks`` after registering, and ``protected`` uids (validator permit holders) are never
+    replaced.  The others are candidates only while more than ``min_non_immune`` of them exist (subtensor's
+    ``MinNonImmuneUids``: the last few established neurons are not picked off one by one); among them the
+    lowest incentive goes, ties broken by older registration, then lower uid.
     """
-    candidates = [(inc, reg, uid) for uid, inc, reg in neurons if reg + immunity_blocks <= block]
-    return min(candidates)[2] if candidates else None
+    keep = set(protected)
+    candidates = [(inc, reg, uid) for uid, inc, reg in neurons if reg + immunity_blocks <= block and uid not in keep]
+    return min(candidates)[2] if len(candidates) > min_non_immune else None
 
 
 # -------------------------------------------------------------- consensus

@@ -14,6 +14,13 @@ case, without it.  Reported per row: ``honest_seconds`` (when the last honest pa
 ``seconds`` (the whole call: it waits for the impostors' fair shares of the budget to run out),
 ``honest_ok`` (every honest payload gathered, byte-identical to the clean run) and the ratio of
 ``honest_seconds`` to the clean case; target ≤ 1.5 with priority.
+
+``hostile_look`` (issue 37): the validator's watch and look (storage/look.py) beside 64 endpoints that never
+answer, on lower uids than 32 honest peers whose signatures go up over 1.5 s of a 2.5 s put window: per window,
+the share of honest uploads whose first sight the watch observed (target: all of them, every window, in the
+validator's order), the share the look saw at the close, and how long after an upload its first sight came —
+with the validator's order and with none (uid order; the silent peers go last from the next round on).
+Standalone: ``python scripts/benchmarks/gather.py --look``.
 """
 from __future__ import annotations
 
@@ -22,6 +29,7 @@ import json
 import math
 import statistics
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -36,9 +44,10 @@ from benchmarks.common import proc_cpu_seconds  # noqa: E402
 from dso.codec import DeMoCodec  # noqa: E402
 from dso.config import HParams  # noqa: E402
 from dso.model import build_model, parameter_shapes, sync_sample_count  # noqa: E402
-from storage import keys  # noqa: E402
+from storage import keys, signature  # noqa: E402
 from storage.commitment import BucketInfo  # noqa: E402
 from storage.gather import ReaderCache, gather  # noqa: E402
+from storage.look import look, speakers_first, watch  # noqa: E402
 from storage.server import EmbeddedS3  # noqa: E402
 from dso.payload import PayloadMeta
 from storage.wire import Expect, decode_payload, encode_payload  # noqa: E402
@@ -175,6 +184,72 @@ def bench_hostile(repeats: int = 3, deadline_seconds: float = 8.0) -> dict:
             "worst_ratio_with_priority": worst, "all_honest_ok": all(r["honest_ok"] for r in rows)}
 
 
+LOOK_WINDOWS = 4
+LOOK_PUT_SECONDS = 2.5
+
+
+def _publish_signatures(creds: dict, hp: HParams, window: int, times: dict[int, float], done: dict[int, float]) -> None:
+    """Each honest peer puts a signature object of ``window`` at its time (what a miner publishes first)."""
+    for uid in sorted(times, key=times.__getitem__):
+        time.sleep(max(0.0, times[uid] - time.time()))
+        sig = "ab" * 64  # the look and the watch read the object, they do not verify it
+        signature.put(creds[uid].write_client(), creds[uid].bucket, "", window, uid, hp.protocol_version, "0" * 64, sig)
+        done[uid] = time.time()
+
+
+def bench_look(windows: int = LOOK_WINDOWS, tarpits: int = 64) -> dict:
+    """The validator's watch (while uploads are open) and look (at the close) beside ``tarpits`` endpoints that
+    never answer, on lower uids than the honest peers: per window, the share of honest uploads whose first sight
+    the watch observed, the share the look saw, and how long after an upload its first sight came.  Two orders:
+    the validator's (honest peers by standing first) and none at all (uid order: only the demotion of silent
+    peers helps), each over ``windows`` windows with the silent set carried from window to window."""
+    hp = HParams()
+    rows = []
+    process, ports = hostile_server.start("stall", tarpits, 0)
+    try:
+        with EmbeddedS3.start() as server:
+            creds = {uid: server.provision(f"look{uid}") for uid in HONEST_UIDS}
+            impostors = {uid: BucketInfo(f"http://127.0.0.1:{port}", "us-east-1", "dso-evil", "AKIAEVIL", "s" * 40)
+                         for uid, port in enumerate(ports)}
+            peers: dict[int, BucketInfo | str | None] = {**impostors, **{u: c.commitment() for u, c in creds.items()}}
+            readers = ReaderCache(allow_loopback=True)
+            for priority in (True, False):
+                silent: set[int] = set()
+                for w in range(windows):
+                    rows.append(_look_row(hp, creds, peers, readers, silent, 10 * (2 + int(priority)) + w,
+                                          list(HONEST_UIDS) if priority else None))
+    finally:
+        hostile_server.stop(process)
+    worst = {p: min(r["watch_observed"] for r in rows if r["priority"] == p) for p in (True, False)}
+    return {"rows": rows, "tarpits": tarpits, "honest": len(HONEST_UIDS),
+            "observed_with_priority": worst[True], "observed_without_priority": worst[False],
+            "look_seen": min(r["look_seen"] for r in rows)}
+
+
+def _look_row(hp: HParams, creds: dict, peers: dict, readers: ReaderCache, silent: set[int], window: int,
+              priority: list[int] | None) -> dict:
+    expect = Expect.from_hparams(hp, window)
+    opened = time.time() + 0.3
+    close = opened + LOOK_PUT_SECONDS
+    times = {uid: opened + 1.5 * i / len(creds) for i, uid in enumerate(sorted(creds))}  # spread over 1.5 s
+    done: dict[int, float] = {}
+    publisher = threading.Thread(target=_publish_signatures, args=(creds, hp, window, times, done))
+    publisher.start()
+    time.sleep(max(0.0, opened - time.time()))
+    first = watch(window, peers, expect, close, readers=readers, priority=priority, silent=silent)
+    publisher.join()
+    time.sleep(max(0.0, close + 0.3 - time.time()))
+    found = look(window, peers, expect, close, readers=readers, priority=speakers_first(peers, priority, silent))
+    honest = sorted(creds)
+    lag = [first[u].answered - done[u] for u in honest if u in first and u in done]
+    return {"window": window, "priority": priority is not None,
+            "watch_observed": sum(u in first for u in honest) / len(honest),
+            "look_seen": sum(u in found.seen for u in honest) / len(honest),
+            "first_sight_lag_max": round(max(lag), 3) if lag else None,
+            "first_sight_lag_median": round(statistics.median(lag), 3) if lag else None,
+            "silent_after": len(silent)}
+
+
 def summarise(points: list[dict], decode_ms: float) -> list[dict]:
     """Adds seconds per peer and the share of the gather a strict decode of every payload accounts for."""
     out = []
@@ -191,9 +266,13 @@ def run(quick: bool) -> dict:
     res = bench_gather(ks=(8, 32) if quick else (8, 32, 128), repeats=1 if quick else 5)
     points = summarise(res.pop("points"), res["decode_ms"])
     hostile = bench_hostile(repeats=1 if quick else 3)
+    looked = bench_look(windows=2 if quick else LOOK_WINDOWS)
     return {"gather": points, "scaling_exponent": scaling_exponent(points), **res, "hostile": hostile["rows"],
             "hostile_worst_ratio": hostile["worst_ratio_with_priority"],
-            "hostile_honest_ok": 1.0 if hostile["all_honest_ok"] else 0.0}
+            "hostile_honest_ok": 1.0 if hostile["all_honest_ok"] else 0.0,
+            "hostile_look": looked["rows"], "hostile_look_observed": looked["observed_with_priority"],
+            "hostile_look_observed_without_priority": looked["observed_without_priority"],
+            "hostile_look_seen": looked["look_seen"]}
 
 
 def markdown(result: dict) -> str:
@@ -211,6 +290,14 @@ def markdown(result: dict) -> str:
             lines.append(f"| {r['hostile']} | {r['kind']} | {'yes' if r['priority'] else 'no'} | "
                          f"{r['honest_seconds']:.2f} | {r['seconds']:.2f} | {'yes' if r['honest_ok'] else '**no**'} | "
                          f"{ratio} |")
+    if result.get("hostile_look"):
+        lines += ["", "| look beside 64 tarpits: window | validator's order | first sight observed (watch) | "
+                      "seen at the close | first sight after upload: median / max (s) |", "|---:|:---:|---:|---:|---:|"]
+        for r in result["hostile_look"]:
+            lag = "—" if r["first_sight_lag_max"] is None else \
+                f"{r['first_sight_lag_median']:.2f} / {r['first_sight_lag_max']:.2f}"
+            lines.append(f"| {r['window']} | {'yes' if r['priority'] else 'no'} | {r['watch_observed']:.0%} | "
+                         f"{r['look_seen']:.0%} | {lag} |")
     slope = result["scaling_exponent"]
     lines += ["", f"log-log slope of time against K: {slope:.2f} (1 = linear)" if slope is not None else "",
               f"strict decode of one payload ({result['payload_bytes']} bytes): {result['decode_ms']:.1f} ms"]
@@ -222,7 +309,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ks", type=int, nargs="+", default=[8, 32, 128])
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--hostile", action="store_true", help="only the hostile-endpoint rows (issue 18)")
+    p.add_argument("--look", action="store_true", help="only the look and watch beside 64 tarpits (issue 37)")
     a = p.parse_args(argv)
+    if a.look:
+        print(json.dumps(bench_look(), indent=2))
+        return 0
     print(json.dumps(bench_hostile(a.repeats) if a.hostile else bench_gather(tuple(a.ks), a.repeats), indent=2))
     return 0
 

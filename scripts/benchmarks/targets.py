@@ -16,6 +16,9 @@ TARGETS = [
      ("hostile_worst_ratio",), "<=", 1.5),
     ("gather.hostile: every honest peer gathered, results unchanged (1 = yes)", "gather",
      ("hostile_honest_ok",), ">=", 1.0),
+    # issue 37: a look that cannot be blinded
+    ("gather.hostile: every honest upload's first sight observed beside 64 tarpits, every window (share)",
+     "gather", ("hostile_look_observed",), ">=", 1.0),
     ("codec encode + decode share of a miner's window", "codec", ("compression_share_of_window",), "<", 0.10),
     ("convergence (a)/(c) within 5% of AdamW", "convergence", ("ratio",), "<=", 1.05),
     # ten times the corpus may not cost a miner more than a few MB of peak RSS

@@ -60,9 +60,10 @@ def test_the_forgers_servers_did_forge(finished):
 
 
 def test_the_hider_is_late_whatever_it_claims(finished):
-    """The hider uploads 1.5 s after the close (past ⌊close⌋ + 1.25 s, when the validator looks) and claims
-    1.5 s before it; the validator's own look at the close did not see it, so each upload it made is too late,
-    never accepted.  (An upload landing before the look is judged by its LastModified: docs/scoring.md.)"""
+    """The hider uploads 1.4 s after the close (past ⌊close⌋ + 1.25 s, when the validator looks; before the gather
+    at close + 1.5 s) and claims 1.4 s before it; the validator's own look at the close did not see it, so each
+    upload it made is too late, never accepted.  (An upload landing before the look is judged by its LastModified:
+    docs/scoring.md.)"""
     report, lines, _, _ = finished
     hider = next(str(p["uid"]) for p in report["peers"] if p["name"] == "hider0")
     verdicts = [line["rejections"].get(hider, "accepted") for line in lines]

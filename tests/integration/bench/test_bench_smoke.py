@@ -151,7 +151,8 @@ def _result(**over):
         "codec": {"within_bound_pct": 6.3, "model_100m": {"within_bound_pct": 5.4}, "vs_templar_2_5_bytes": 1.56,
                   "compression_share_of_window": 0.07},
         "validator": {"eval_forward_units_per_peer": 4.1},
-        "gather": {"scaling_exponent": 1.0, "hostile_worst_ratio": 1.5, "hostile_honest_ok": 1.0},
+        "gather": {"scaling_exponent": 1.0, "hostile_worst_ratio": 1.5, "hostile_honest_ok": 1.0,
+                   "hostile_look_observed": 1.0},
         "convergence": {"ratio": 1.05, "ratio_4bit_vs_fp32_values": 1.001},
         "data": {"rss_growth_mb": 32.0, "remote_vs_local": 0.95, "cache_peak_share": 1.0, "remote_rss_growth_mb": 33.0},
         "incentives": {"wrong_data_share": 0.01, "replay_share": 0.0, "mix_share": 0.02, "mixer_majority_share": 0.0,
@@ -173,9 +174,10 @@ def test_targets_verdicts_on_boundaries():
     assert met["validator cost per peer in forward units"] is False
     assert met["gather time linear or better in K (log-log slope)"] is True       # exactly 1: linear
     hostile = [name for name in met if name.startswith("gather.hostile")]
-    assert len(hostile) == 2 and all(met[name] for name in hostile)              # 1.5 exactly; all honest ok
-    worse = targets.check_targets(_result(gather={"hostile_worst_ratio": 1.51, "hostile_honest_ok": 0.0}))
-    assert [r["met"] for r in worse if r["target"].startswith("gather.hostile")] == [False, False]
+    assert len(hostile) == 3 and all(met[name] for name in hostile)              # 1.5 exactly; all honest ok
+    worse = targets.check_targets(_result(gather={"hostile_worst_ratio": 1.51, "hostile_honest_ok": 0.0,
+                                                  "hostile_look_observed": 31 / 32}))
+    assert [r["met"] for r in worse if r["target"].startswith("gather.hostile")] == [False, False, False]
     assert met["convergence (a)/(c) within 5% of AdamW"] is True                  # exactly 1.05
     assert met["4-bit values converge no worse than float32 values: (a)/(a')"] is False
     assert met["bytes per kept within 15% of the bound (~100 M shapes)"] is True

@@ -12,6 +12,7 @@ from pathlib import Path
 from chain_helpers import hk
 
 from dso.chain.local import LocalChain
+from dso.chain.local_burn import FREE_REGISTRATION
 from dso.chain.wallets import dev_wallet
 
 
@@ -47,7 +48,8 @@ def _writer(path: Path, uri: str, n: int, start_at: float, big: int = 0) -> subp
 
 def test_two_processes_writing_at_once_lose_nothing(tmp_path):
     path = tmp_path / "chain.sqlite"
-    chain = LocalChain.create(path, block_time=0.05, commit_interval_blocks=0, genesis=time.time() - 10)
+    chain = LocalChain.create(path, block_time=0.05, commit_interval_blocks=0, genesis=time.time() - 10,
+                              **FREE_REGISTRATION)
     n = 100
     start_at = time.time() + 2.5  # both interpreters are up before either writes
     procs = [_writer(path, uri, n, start_at) for uri in ("//procA", "//procB")]
@@ -69,7 +71,8 @@ def test_two_processes_writing_at_once_lose_nothing(tmp_path):
 
 def test_a_killed_writer_never_leaves_the_file_corrupt(tmp_path):
     path = tmp_path / "chain.sqlite"
-    LocalChain.create(path, block_time=0.05, commit_interval_blocks=0, genesis=time.time() - 10).close()
+    LocalChain.create(path, block_time=0.05, commit_interval_blocks=0, genesis=time.time() - 10,
+                      **FREE_REGISTRATION).close()
     for delay in (0.0, 0.15, 0.4):
         proc = _writer(path, f"//killed{delay}", -1, 0.0, big=200_000)  # endless large writes
         assert proc.stdout.readline().strip() == "ready", proc.stderr.read()

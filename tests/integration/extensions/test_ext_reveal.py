@@ -250,12 +250,16 @@ def test_gather_window_aggregation_set_is_the_same_for_every_reader(hp, codec, p
 
 
 def test_the_look_at_the_reveal_deadline_accepts_an_honest_reveal(hp, codec, peers):
-    """Regression (issue 17 re-land): under commit-reveal the look HEADs the revealed payload; the payload read
-    must carry the ETag the look compares, or every honest miner would be judged `changed`."""
+    """Regression (issue 17 re-land, issue 37): under commit-reveal the look reads the signature revealed with the
+    payload; the payload read must carry the digest of that same signature object (its evidence), or every honest
+    miner would be judged `changed`."""
+    from dso import signatures
     from storage.look import look
+    from signing import hotkeys_of, wallet_of
 
     peer, uid = peers[5], 5
-    sealed = seal(payload_bytes(codec, hp, uid), W, uid)
+    data = payload_bytes(codec, hp, uid)
+    sealed = seal(data, W, uid, signature=signatures.sign_payload(wallet_of(uid), "", W, uid, data))
     put_commit(peer.write_client(), peer.bucket, sealed, hp.protocol_version)
     put_reveal(peer.write_client(), peer.bucket, sealed, hp.protocol_version)
     put, reveal = windows_around(last_modified(peer, keys.commit(W, uid, hp.protocol_version)))
@@ -264,9 +268,11 @@ def test_the_look_at_the_reveal_deadline_accepts_an_honest_reveal(hp, codec, pee
                  **NO_HURRY)
     assert sorted(found.seen) == [uid]
     result = gather_window(W, {uid: peer.commitment()}, codec, Expect.from_hparams(hp, W), put, 30.0,
-                           commit_reveal=True, readers=readers, judge=found.judge)
+                           commit_reveal=True, readers=readers, judge=found.judge, hotkeys=hotkeys_of([uid]))
     assert sorted(result.payloads) == [uid], result.rejections
-    assert result.payloads[uid].seen == found.started and result.payloads[uid].etag == found.seen[uid].etag
+    got = result.payloads[uid]
+    assert got.seen == found.started and got.evidence == found.seen[uid].evidence
+    assert got.signature == sealed.signature and got.raw == data
 
 
 def test_the_look_at_the_commitments_overrules_a_forged_last_modified(hp, codec, peers):

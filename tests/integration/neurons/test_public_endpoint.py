@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from dso.chain.local import LocalChain
+from dso.chain.local_burn import FREE_REGISTRATION
 from dso.chain.wallets import create_local_wallet
 from dso.data import Dataset
 from neurons.context import build_context
@@ -21,7 +22,7 @@ def network(tmp_path_factory, stdlib_corpus):
     hp.data_hash = Dataset.for_run(hp, str(stdlib_corpus), cache).data_hash
     with EmbeddedS3.start() as s3:
         chain = LocalChain.create(root / "chain.sqlite", block_time=0.2, tempo=10_000, commit_interval_blocks=0,
-                                  immunity_blocks=10_000, weights_rate_limit=0)
+                                  immunity_blocks=10_000, weights_rate_limit=0, **FREE_REGISTRATION)
         wallets = str(root / "wallets")
 
         def config(name: str, **storage: object):

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from dso.chain.local import LocalChain
+from dso.chain.local_burn import FREE_REGISTRATION
 from dso.chain.wallets import create_local_wallet, hotkey_address
 from dso.data import Dataset
 from dso.model import model_hash
@@ -37,7 +38,8 @@ def network(tmp_path_factory, stdlib_corpus):
     hp.data_hash = Dataset.for_run(hp, str(stdlib_corpus), cache).data_hash
     with EmbeddedS3.start() as s3:
         chain = LocalChain.create(root / "chain.sqlite", block_time=BLOCK_TIME, tempo=10_000,
-                                  commit_interval_blocks=0, immunity_blocks=10_000, weights_rate_limit=0)
+                                  commit_interval_blocks=0, immunity_blocks=10_000, weights_rate_limit=0,
+                                  **FREE_REGISTRATION)
         wallets = str(root / "wallets")
         nodes = {}
         for name, stake in (("senior", 1000.0), ("junior", 500.0)):
@@ -109,7 +111,8 @@ def test_without_the_leaders_checkpoint_the_follower_keeps_its_run_and_model(net
 
 
 def test_a_permit_holder_without_a_commitment_is_waited_for(tmp_path):
-    chain = LocalChain.create(tmp_path / "chain.sqlite", block_time=BLOCK_TIME, commit_interval_blocks=0)
+    chain = LocalChain.create(tmp_path / "chain.sqlite", block_time=BLOCK_TIME, commit_interval_blocks=0,
+                              **FREE_REGISTRATION)
     wallets = str(tmp_path / "wallets")
     me, other = (create_local_wallet(n, "default", wallets) for n in ("me", "other"))
     for wallet, stake in ((me, 100.0), (other, 200.0)):

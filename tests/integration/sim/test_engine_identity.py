@@ -11,6 +11,7 @@ from __future__ import annotations
 import pytest
 
 from dso.chain.local import LocalChain
+from dso.chain.local_burn import FREE_REGISTRATION
 from dso.chain.wallets import create_local_wallet, hotkey_address
 from dso.data import Dataset
 from dso.model import model_hash
@@ -37,7 +38,7 @@ def validator_and_sim(tmp_path_factory, stdlib_corpus):
     sim = SimNet(hp, Dataset.for_run(hp, str(stdlib_corpus), cache), ROLES)
     with EmbeddedS3.start() as s3:
         chain = LocalChain.create(root / "chain.sqlite", block_time=1.0, tempo=10, commit_interval_blocks=0,
-                                  immunity_blocks=10_000)
+                                  immunity_blocks=10_000, **FREE_REGISTRATION)
         wallets = str(root / "wallets")
         validator_wallet = create_local_wallet("validator", "default", wallets)
         assert chain.register(validator_wallet) == 0

@@ -10,8 +10,8 @@ import torch
 
 from dso.clock import PutWindow
 from dso.rejections import Reason, Rejection
+from signing import hotkeys_of, put_signed
 from st_craft import honest
-from storage import keys
 from storage.commitment import BucketInfo
 from storage.gather import ReaderCache, gather
 from storage.look import LOOK_MARGIN_SECONDS, Look, Seen, certain_after, look
@@ -21,8 +21,8 @@ from storage.wire import Expect
 WINDOW = 6
 
 
-def _payload(nbytes: int = 10, etag: str = "e1") -> Payload:
-    return Payload(meta={}, update=None, sync_values=torch.zeros(1), nbytes=nbytes, etag=etag)  # type: ignore[arg-type]
+def _payload(evidence: str = "e1") -> Payload:
+    return Payload(meta={}, update=None, sync_values=torch.zeros(1), nbytes=10, evidence=evidence)  # type: ignore[arg-type]
 
 
 def test_certain_after_is_the_first_second_an_honest_server_stamps_late():
@@ -48,7 +48,7 @@ def test_judge_decides_seen_changed_and_certainly_absent_and_nothing_else():
                  absent={2: 1001.3, 3: 1001.0}, unanswered={4})
     ok = found.judge(1, _payload())
     assert isinstance(ok, Payload) and ok.seen == 1001.25
-    changed = found.judge(1, _payload(etag="e2"))
+    changed = found.judge(1, _payload(evidence="e2"))
     assert isinstance(changed, Rejection) and changed.reason == Reason.CHANGED
     late = found.judge(2, _payload())
     assert isinstance(late, Rejection) and late.reason == Reason.TOO_LATE and "0.90 s" in late.detail
@@ -61,14 +61,13 @@ def test_judge_decides_seen_changed_and_certainly_absent_and_nothing_else():
 
 
 def test_look_then_gather_on_a_real_server(s3, codec, make_update, hp):
-    """Seen objects count; one rewritten after the look is CHANGED; one absent at the look is TOO_LATE; a peer
+    """Signatures seen count; one re-signed after the look is CHANGED; one absent at the look is TOO_LATE; a peer
     whose server did not answer the look (a hang) is left to the LastModified rule, never made late."""
     creds = {uid: s3.provision(f"look{uid}") for uid in range(5)}
-    v = hp.protocol_version
     data = {uid: honest(codec, make_update(300 + uid), hp, uid, WINDOW) for uid in range(5)}
 
     def put(uid: int, body: bytes) -> None:
-        creds[uid].write_client().put(creds[uid].bucket, keys.gradient(WINDOW, uid, v), body)
+        put_signed(creds[uid].write_client(), creds[uid].bucket, hp, uid, WINDOW, body)
 
     for uid in (0, 1, 2, 4):
         put(uid, data[uid])
@@ -91,26 +90,26 @@ def test_look_then_gather_on_a_real_server(s3, codec, make_update, hp):
     assert took < 3.0 + 2.5   # budget + join grace: a hanging server cannot hold the validator
     assert found.summary()["seen"] == 3 and found.summary()["started_after_close"] >= 2.0
     put(3, data[3])                                           # after the look
-    put(2, honest(codec, make_update(999), hp, 2, WINDOW))   # rewritten after the look: same size, new ETag
+    put(2, honest(codec, make_update(999), hp, 2, WINDOW))   # rewritten after the look: a new signature
     result = gather(WINDOW, commitments, codec, Expect.from_hparams(hp, WINDOW), None, deadline_seconds=60,
-                    readers=readers, judge=found.judge)
+                    readers=readers, judge=found.judge, hotkeys=hotkeys_of(range(5)))
     assert sorted(result.payloads) == [0, 1, 4]
     assert {u: r.reason for u, r in result.rejections.items()} == {2: Reason.CHANGED, 3: Reason.TOO_LATE}
     assert {p.seen for p in result.payloads.values()} == {found.started}   # seen together: no order among them
 
 
 def test_watch_orders_uploads_by_first_sight_and_a_rewrite_loses_its_place(s3, codec, make_update, hp):
-    """While uploads are open the validator looks every interval at peers it has not seen: an author uploaded
-    before a copier is first seen a round earlier, whatever either server reports; an object rewritten after it
-    was first seen takes the look's time (a copier cannot hold an early place with a placeholder)."""
+    """While uploads are open the validator reads every interval the signatures of peers it has not seen: an
+    author that signed before a copier is first seen a round earlier, whatever either server reports; a signature
+    rewritten after it was first seen takes the look's time (a copier cannot hold an early place with a
+    placeholder)."""
     from storage.look import watch
 
     creds = {uid: s3.provision(f"watch{uid}") for uid in range(3)}
-    v = hp.protocol_version
     data = {uid: honest(codec, make_update(500 + uid), hp, uid, WINDOW) for uid in range(3)}
 
     def put(uid: int, body: bytes) -> None:
-        creds[uid].write_client().put(creds[uid].bucket, keys.gradient(WINDOW, uid, v), body)
+        put_signed(creds[uid].write_client(), creds[uid].bucket, hp, uid, WINDOW, body)
 
     put(0, data[0])          # the author, before the watch begins
     put(2, data[2])          # a placeholder, rewritten below
@@ -131,10 +130,11 @@ def test_watch_orders_uploads_by_first_sight_and_a_rewrite_loses_its_place(s3, c
     assert sorted(first) == [0, 1, 2] and first[0].asked < first[1].asked
     found = look(WINDOW, commitments, expect, time.time() - 2.0, budget=10.0, peer_seconds=10.0, readers=readers)
     found.first = first
-    result = gather(WINDOW, commitments, codec, expect, None, deadline_seconds=60, readers=readers, judge=found.judge)
+    result = gather(WINDOW, commitments, codec, expect, None, deadline_seconds=60, readers=readers, judge=found.judge,
+                    hotkeys=hotkeys_of(range(3)))
     assert sorted(result.payloads) == [0, 1, 2], result.rejections
     seen = {u: p.seen for u, p in result.payloads.items()}
     assert seen[0] == first[0].asked < seen[1] == first[1].asked < found.started
-    # uid 2 was first seen in the first round, but with the placeholder's ETag: its time is the look's
+    # uid 2 was first seen in the first round, but with the placeholder's signature: its time is the look's
     assert first[2].asked == first[0].asked and seen[2] == found.started
     assert found.summary()["watched"] == 3

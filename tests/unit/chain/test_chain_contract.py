@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 
 from dso.chain.base import Chain, ChainError, Neuron
+from dso.chain.local_burn import FREE_REGISTRATION
 from dso.chain.wallets import dev_wallet, hotkey_address
 
 
@@ -36,7 +37,7 @@ def _local(tmp_path) -> Backend:
     from dso.chain.local import LocalChain
 
     chain = LocalChain.create(tmp_path / "chain.sqlite", block_time=0.05, genesis=time.time() - 5,
-                              tempo=5, commit_interval_blocks=0)
+                              tempo=5, commit_interval_blocks=0, **FREE_REGISTRATION)
     wallet = dev_wallet("//contract")
     chain.register(wallet)
     chain.add_stake(hotkey_address(wallet), 10.0)

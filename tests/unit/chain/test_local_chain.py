@@ -67,7 +67,7 @@ def test_validator_permits_go_to_the_largest_stakes(make_chain):
 
 
 def test_full_subnet_replaces_the_lowest_incentive_non_immune_neuron(make_chain, clock):
-    chain = make_chain(max_uids=3, immunity_blocks=5)
+    chain = make_chain(max_uids=3, immunity_blocks=5, min_non_immune_uids=0)
     a, b, v, c = wallets("full", 4)
     for w in (a, b, v):
         chain.register(w)
@@ -77,13 +77,13 @@ def test_full_subnet_replaces_the_lowest_incentive_non_immune_neuron(make_chain,
     assert e.value.reason == "subnet_full" and "block 1005" in str(e.value)
     chain.set_weights(v, [0], [1.0])
     clock.advance_blocks(11)  # consensus at 1010: a gets everything; b and v tie at 0
-    assert chain.register(c) == 1  # b and v tie on incentive and age -> lower uid (b) goes
+    assert chain.register(c) == 1  # b has no incentive (v has none either, but holds a validator permit)
     assert [n.hotkey for n in chain.metagraph()] == [hk(a), hk(c), hk(v)]
     assert chain.metagraph()[1].emission == 0.0
 
 
 def test_weights_set_before_a_uid_changed_hands_do_not_count(make_chain, clock):
-    chain = make_chain(max_uids=3, immunity_blocks=8)
+    chain = make_chain(max_uids=3, immunity_blocks=8, min_non_immune_uids=0)
     a, b, v, c = wallets("mask", 4)
     chain.register(a)
     chain.register(b)

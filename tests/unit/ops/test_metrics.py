@@ -74,6 +74,24 @@ def test_validator_records_become_metrics():
     assert value(m, "dso_peer_weight_ratio", uid="2") == 0.5
 
 
+def test_the_leaders_disagreement_is_a_metric_and_each_refusal_counts():
+    """A validator that does not lead records how the bundle it was to follow differs from its own gather and
+    list (neurons/leader_check.py); the gauge shows the last window's counts by kind, 0 once it leads."""
+    m = NodeMetrics("validator")
+    m.observe(validator_record(5, leader={"source": 0, "refused": True, "forged": 1, "included_rejected": 2,
+                                          "differs": 0, "unverified": 1, "dropped": 1}))
+    got = {kind: value(m, "dso_leader_disagreement_payloads", kind=kind)
+           for kind in ("forged", "included_rejected", "differs", "unverified", "dropped")}
+    assert got == {"forged": 1, "included_rejected": 2, "differs": 0, "unverified": 1, "dropped": 1}
+    assert value(m, "dso_leader_refusals_total") == 1
+    m.observe(validator_record(6, leader={"source": 2, "refused": False, "dropped": 3}))
+    assert value(m, "dso_leader_disagreement_payloads", kind="dropped") == 3
+    assert value(m, "dso_leader_disagreement_payloads", kind="forged") == 0
+    m.observe(validator_record(7))  # it leads: nothing to compare
+    assert value(m, "dso_leader_disagreement_payloads", kind="dropped") == 0
+    assert value(m, "dso_leader_refusals_total") == 1
+
+
 def test_label_sets_stay_bounded():
     m = NodeMetrics("validator")
     m.observe(validator_record(1, rejections={"5": "made_up_reason", "x": "malformed", "-1": "missing",

@@ -37,6 +37,52 @@ def test_non_global_addresses_are_refused(address, words):
     assert problem is not None and words in problem, problem
 
 
+@pytest.mark.parametrize("address, form, words", [
+    # IPv4-mapped (::ffff:a.b.c.d)
+    ("::ffff:169.254.169.254", "IPv4-mapped", "link-local"), ("::ffff:127.0.0.1", "IPv4-mapped", "loopback"),
+    ("::ffff:192.168.0.1", "IPv4-mapped", "private"),
+    # IPv4-compatible (::a.b.c.d, deprecated)
+    ("::a9fe:a9fe", "IPv4-compatible", "link-local"), ("::10.0.0.1", "IPv4-compatible", "private"),
+    ("::7f00:1", "IPv4-compatible", "loopback"), ("::c0a8:101", "IPv4-compatible", "private"),
+    # IPv4-translated (::ffff:0:a.b.c.d)
+    ("::ffff:0:a9fe:a9fe", "IPv4-translated", "link-local"), ("::ffff:0:a00:1", "IPv4-translated", "private"),
+    # NAT64 well-known prefix (64:ff9b::/96)
+    ("64:ff9b::a9fe:a9fe", "NAT64 well-known prefix", "link-local"),
+    ("64:ff9b::10.1.2.3", "NAT64 well-known prefix", "private"),
+    ("64:ff9b::7f00:1", "NAT64 well-known prefix", "loopback"),
+    ("64:ff9b::ac10:1", "NAT64 well-known prefix", "private"),            # 172.16.0.1
+    # 6to4 (2002::/16: the IPv4 address in bits 16-47)
+    ("2002:a9fe:a9fe::1", "6to4", "link-local"), ("2002:c0a8:101::", "6to4", "private"),
+    ("2002:7f00:1::", "6to4", "loopback"),
+])
+def test_every_ipv6_form_of_a_private_ipv4_address_is_refused_with_its_form(address, form, words):
+    """Each IPv6 form that carries an IPv4 address is judged by that address, and the reason names the form and
+    the address (a validator would otherwise send signed requests to its own metadata service or network)."""
+    problem = address_problem(address, "https", STRICT)
+    assert problem is not None and words in problem and form in problem, problem
+
+
+@pytest.mark.parametrize("address", ["64:ff9b:1::a9fe:a9fe", "64:ff9b:1:a9:fe00:a9fe::", "64:ff9b:1:0:a:a00:100::",
+                                     "64:ff9b:1::808:808"])
+def test_nat64_local_use_prefix_is_refused_whole(address):
+    """RFC 8215's local-use prefix puts the IPv4 address where the operator chose (any RFC 6052 length): every
+    address in 64:ff9b:1::/48 is refused, whichever IPv4 address it might carry."""
+    problem = address_problem(address, "https", STRICT)
+    assert problem is not None and "local-use" in problem and "64:ff9b:1::/48" in problem, problem
+    assert address_problem(address, "http", LOCAL) is not None  # not loopback: refused in local runs too
+
+
+def test_ipv6_forms_of_a_public_ipv4_address():
+    """The NAT64 well-known prefix and 6to4 reach public IPv4 hosts and pass over https; the deprecated
+    IPv4-compatible form is refused with a reason even for a public address; :: and ::1 stay IPv6's own."""
+    assert address_problem("64:ff9b::808:808", "https", STRICT) is None
+    assert address_problem("2002:808:808::1", "https", STRICT) is None
+    assert "deprecated" in address_problem("::808:808", "https", STRICT)
+    assert "unspecified" in address_problem("::", "https", STRICT)
+    assert "loopback" in address_problem("::1", "https", STRICT)
+    assert address_problem("::ffff:0:808:808", "https", STRICT) is None   # IPv4-translated 8.8.8.8
+
+
 def test_public_https_passes_plain_http_only_to_loopback_when_allowed():
     assert address_problem("8.8.8.8", "https", STRICT) is None
     assert address_problem("2606:4700::1111", "https", STRICT) is None

@@ -342,6 +342,30 @@ def test_bundle_strictness(codec, make_update, hp):
     assert decode_bundle(forged, codec, expect, max_peers=2).reason is Reason.METADATA_MISMATCH
 
 
+def test_bundle_carries_each_payloads_signed_bytes_and_signature(codec, make_update, hp):
+    """Payloads read from the wire go into the bundle as the very bytes their miners signed, with the signature
+    (one per uid in ``signatures``, the same order); a payload never read from the wire goes in canonically
+    encoded and unsigned.  A signatures field that is not one hex signature (or none) per uid is refused."""
+    from signing import wallet_of
+
+    from dso import signatures
+    payloads = _payloads(codec, make_update, hp, 3, (1, 2))
+    blob = encode_payload(codec, payloads[1].update, payloads[1].sync_values, payloads[1].meta)
+    sig = signatures.sign_payload(wallet_of(1), "", 3, 1, blob)
+    payloads[1].raw, payloads[1].sha256, payloads[1].signature = blob, signatures.digest(blob), sig
+    data = encode_bundle(codec, 3, [1, 2], payloads, "a" * 64, "b" * 64, hp.protocol_version, hp.digest(),
+                         "c" * 64, "d" * 64)
+    bundle = decode_bundle(data, codec, Expect.from_hparams(hp, 3), max_peers=2)
+    assert not isinstance(bundle, Rejection), bundle
+    assert bundle.payloads[1].raw == blob and bundle.payloads[1].signature == sig
+    assert bundle.payloads[1].sha256 == signatures.digest(blob) and bundle.payloads[2].signature == ""
+    entries, md = split(data)
+    assert md["signatures"] == f"{sig},"
+    for bad in (f"{sig}", f"{sig},{sig},", f"{sig[:-1]}x,", "zz,"):
+        got = decode_bundle(build(entries, dict(md, signatures=bad)), codec, Expect.from_hparams(hp, 3), max_peers=2)
+        assert isinstance(got, Rejection) and got.reason is Reason.METADATA_MISMATCH, bad
+
+
 # --------------------------------------------------------------- peers list
 def test_peers_list_round_trip_and_strictness():
     pl = PeersList(window=5, version=1, uids=(4, 2, 9), extra={"validator": 0})
