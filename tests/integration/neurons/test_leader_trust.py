@@ -35,8 +35,7 @@ from storage.peers import PeersList, put_peers
 from storage.server import EmbeddedS3
 from dso.payload import PayloadMeta
 from storage.wire import Expect, encode_payload
-from tests.embedded_nodes import node_config
-from tests.sim.test_engine_identity import tiny
+from embedded_nodes import node_config, tiny_node_hparams as tiny
 
 RUN = "1ead1ead1ead1ead"
 STAKES = {"v0": 1000.0, "v1": 400.0, "v2": 200.0}
