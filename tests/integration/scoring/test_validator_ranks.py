@@ -13,7 +13,7 @@ import dataclasses
 import numpy as np
 import pytest
 import torch
-from unit.scoring.mininet import MiniNet, chain_randomness, eval_seed
+from mininet import MiniNet, chain_randomness, eval_seed
 
 from dso.data import Dataset
 from dso.train import learning_rate
