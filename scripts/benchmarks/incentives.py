@@ -280,6 +280,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--turncoat", action="store_true", help="also measure the turncoat (tiny model)")
     parser.add_argument("--reread", action="store_true", help="sum up the runs already in --trace-dir")
     parser.add_argument("--out", help="write the result as JSON")
+    parser.add_argument("--record", metavar="BENCH_JSON",
+                        help="put the result in a full benchmark's file as its incentives section and check the "
+                             "targets again (docs/bench-latest.json)")
     parser.add_argument("--trace-dir", help="write each run's per-window records there")
     args = parser.parse_args(argv)
     cfg = dict(QUICK if args.quick else FULL)
@@ -292,7 +295,19 @@ def main(argv: list[str] | None = None) -> int:
     print(markdown(result))
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    if args.record:
+        record(result, Path(args.record))
     return 0
+
+
+def record(result: dict, bench_json: Path) -> None:
+    """``result`` as the incentives section of a full benchmark's JSON, whose targets are checked again."""
+    from benchmarks.targets import check_targets
+
+    bench = json.loads(bench_json.read_text())
+    bench["incentives"] = result
+    bench["targets"] = check_targets(bench)
+    bench_json.write_text(json.dumps(bench, indent=2) + "\n")
 
 
 if __name__ == "__main__":
