@@ -186,7 +186,7 @@ class AdversarialMiner(Miner):
         what the late and hider tests were timed for)."""
         if self.plan(t).late:
             return self.put_late(t, data)
-        if self.behaviour in behaviours.COPIERS:
+        if self.acts.reads_peers:  # copiers, mixers, ALIE and IPM
             return publish_payload(self.ctx, t, data, lead=0.0)
         return super().put_payload(t, data)
 
