@@ -117,7 +117,8 @@ def test_validators_refuse_a_lying_leader_and_every_honest_node_ends_on_one_mode
     follow1 = Follower(v1)
     chosen, check = choose_bundle(v1, follow1, t, ours, rejected, listed, time.time() + 5)
     assert chosen is None and check is not None and check.refuse
-    assert check.counts() == {"forged": 1, "included_rejected": 1, "differs": 0, "unverified": 0, "dropped": 1}
+    assert check.counts() == {"forged": 1, "included_rejected": 1, "differs": 0, "unverified": 0, "dropped": 1,
+                              "unselected": 0}
     assert check.forged.keys() == {uids["m1"]} and check.included_rejected == {uids["m3"]: "too_late"}
     assert check.dropped == [uids["m0"]] and check.to_dict()["refused"] is True
     refusals = [r.getMessage() for r in caplog.records if "not following validator" in r.getMessage()]
@@ -131,6 +132,11 @@ def test_validators_refuse_a_lying_leader_and_every_honest_node_ends_on_one_mode
     # the third refuses the liar too and takes the second's bundle, checked against its own view
     chosen, check = choose_bundle(v2, Follower(v2), t, ours, rejected, listed, time.time() + 5)
     assert isinstance(chosen, Bundle) and chosen.model_hash_after == honest.hash_after and check.refuse
+    # a validator whose own scores rank m2 out of its selection counts it, and still follows the bundle
+    scored_apart = compare(chosen, v1.uid, ours, rejected, [uids["m0"], uids["m1"]], v2.peers.hotkeys(), RUN)
+    assert scored_apart.unselected == [uids["m2"]] and not scored_apart.refuse, scored_apart
+    assert scored_apart.counts() == {"forged": 0, "included_rejected": 0, "differs": 0, "unverified": 0,
+                                     "dropped": 0, "unselected": 1}
     # a miner: the leader's bundle holds a payload no miner signed; it applies the next validator's
     follow_m = Follower(miner)
     got = follow_m.bundle(t, time.time() + 5)
