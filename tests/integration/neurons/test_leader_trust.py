@@ -124,6 +124,8 @@ def test_validators_refuse_a_lying_leader_and_every_honest_node_ends_on_one_mode
     refusals = [r.getMessage() for r in caplog.records if "not following validator" in r.getMessage()]
     assert len(refusals) == 1 and f"uid {v0.uid}" in refusals[0] and "not signed by its miner" in refusals[0]
     assert v1.peers.sources() == [v1.uid, v2.uid]  # the liar is passed over from now on
+    restarted = build_context(v1.cfg, "validator", handle_signals=False)  # and after a restart
+    assert restarted.uid == v1.uid and restarted.peers.distrusted == {v0.uid}
     honest = aggregate_window(v1.model, v1.codec, v1.hp, t, ours, listed, v1.outer, v1.device)
     data = encode_bundle(v1.codec, t, honest.used, honest.payloads, honest.hash_before, honest.hash_after,
                          v1.hp.protocol_version, v1.hp.digest(), honest.outer_before, honest.outer_after)
