@@ -30,6 +30,7 @@ from dso.data import DataError, Dataset
 from dso.model import Decoder, build_model, parameter_shapes
 from dso.outer import OuterState
 from dso.rejections import Rejection
+from neurons import distrust
 from neurons.lifecycle import Fatal, StopFlag
 from neurons.manifest import manifest, manifest_problem, run_of
 from neurons.metered_chain import MeteredChain
@@ -68,7 +69,8 @@ class PeerDirectory:
         self.chain, self.readers, self.uid, self.own = chain, readers, uid, own
         self.leader_idle_blocks, self.clock = leader_idle_blocks, clock
         # validators this node refused to follow (a bundle with a payload its miner did not sign, or one holding a
-        # payload this validator rejected): skipped as sources of bundles and checkpoints until the node restarts
+        # payload this validator rejected): skipped as sources of bundles and checkpoints, across restarts too
+        # (neurons/distrust.py)
         self.distrusted: set[int] = set()
 
     def commitments(self) -> dict[int, str | None]:
@@ -286,6 +288,7 @@ def build_context(cfg: Config, role: str, handle_signals: bool = True) -> NodeCo
                       dataset=dataset, model=model, codec=make_codec(parameter_shapes(model), hp),
                       state_dir=state_dir, events=EventLog(cfg.neuron.log_json, role, uid), metrics=metrics,
                       outer=OuterState.fresh(parameter_shapes(model), hp))
+    ctx.peers.distrusted = distrust.load(state_dir, ctx.peers.hotkeys())  # refusals before a restart hold
     if metrics is not None:
         _attach_metrics(ctx, metrics)
     log.info("%s uid %d hotkey %s… bucket %s, data %s… from %s, hparams %s", role, uid, hotkey[:8], own.bucket,

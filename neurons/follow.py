@@ -20,6 +20,7 @@ import logging
 import time
 
 from dso.rejections import Reason, Rejection
+from neurons import distrust
 from neurons.catchup import apply_bundle
 from neurons.context import NodeContext
 from neurons.engine import aggregate_window
@@ -65,6 +66,7 @@ class Follower:
     def refuse(self, source: int, t: int, why: str) -> None:
         """Stop following validator ``source`` (it is skipped as a source from now on); says so in one line."""
         self.ctx.peers.distrusted.add(source)
+        distrust.save(self.ctx.state_dir, self.ctx.peers.distrusted, self.ctx.peers.hotkeys())
         self.refused[t] = why
         log.warning("window %d: not following validator uid %d: %s", t, source, why)
 

@@ -13,7 +13,9 @@ compared payload by payload (:func:`compare`):
   served two versions: counted, not held against the leader);
 * ``unverified``: a payload the validator has no verdict on (its fetch timed out or the peer was unreachable);
 * ``dropped``: a payload in the validator's own selection (its list for t, with a payload it accepted) that the
-  bundle leaves out.
+  bundle leaves out;
+* ``unselected``: a payload with the bytes the validator accepted that its own scores left out of its selection
+  (where the two validators' scores disagree: counted, not held against the leader).
 
 A bundle with a forged or an included-rejected payload is not followed: one log line says so, the validator
 stops following that leader (:attr:`PeerDirectory.distrusted`), and it takes the next validator's bundle by
@@ -50,6 +52,7 @@ class Disagreement:
     differs: list[int] = field(default_factory=list)
     unverified: list[int] = field(default_factory=list)
     dropped: list[int] = field(default_factory=list)
+    unselected: list[int] = field(default_factory=list)
 
     @property
     def refuse(self) -> bool:
@@ -74,6 +77,7 @@ def compare(bundle: Bundle, source: int, payloads: Mapping[int, Payload], reject
     ``selection`` (our list for the window ∩ our accepted payloads)."""
     out = Disagreement(bundle.window, source)
     out.forged = {uid: r.detail for uid, r in unsigned(bundle, hotkeys, run).items()}
+    selected = set(selection)
     for uid in bundle.uids:
         if uid in out.forged:
             continue
@@ -81,6 +85,8 @@ def compare(bundle: Bundle, source: int, payloads: Mapping[int, Payload], reject
         if ours is not None:
             if ours.sha256 and ours.sha256 != bundle.payloads[uid].sha256:
                 out.differs.append(uid)
+            elif uid not in selected:
+                out.unselected.append(uid)
         elif rejected is not None and rejected.reason not in UNDECIDED:
             out.included_rejected[uid] = rejected.reason.value
         else:

@@ -27,7 +27,7 @@ ROLES = ("miner", "validator")
 STEPS = ("train", "gather", "engine", "total", "cpu", "bundle_after_close", "encode", "upload", "wait", "apply",
          "checkpoint_wait")
 # how the bundle a validator was to follow disagrees with its own gather and list (neurons/leader_check.py)
-LEADER_KINDS = ("forged", "included_rejected", "differs", "unverified", "dropped")
+LEADER_KINDS = ("forged", "included_rejected", "differs", "unverified", "dropped", "unselected")
 GATHER_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0)
 _SHORT_CODE = re.compile(r"[a-z][a-z0-9_]{0,31}")
 WindowSeconds = Callable[[int], Optional[float]]

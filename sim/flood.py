@@ -5,7 +5,7 @@ fresh hotkey every block for as long as its budget pays the burn; a newcomer wit
 register every ``newcomer_every`` blocks and, once in, earns the validator's weight like the honest miner
 (the validator posts every ``post_every`` blocks).  Run on :class:`dso.chain.local.LocalChain` with its own
 clock, so the outcome is exact and the same on every machine.  ``scripts/benchmarks/flood.py`` reports it;
-``tests/chain/test_local_chain_burn.py`` checks it.
+``tests/unit/chain/test_local_chain_burn.py`` checks it.
 """
 from __future__ import annotations
 

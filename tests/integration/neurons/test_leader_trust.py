@@ -117,12 +117,15 @@ def test_validators_refuse_a_lying_leader_and_every_honest_node_ends_on_one_mode
     follow1 = Follower(v1)
     chosen, check = choose_bundle(v1, follow1, t, ours, rejected, listed, time.time() + 5)
     assert chosen is None and check is not None and check.refuse
-    assert check.counts() == {"forged": 1, "included_rejected": 1, "differs": 0, "unverified": 0, "dropped": 1}
+    assert check.counts() == {"forged": 1, "included_rejected": 1, "differs": 0, "unverified": 0, "dropped": 1,
+                              "unselected": 0}
     assert check.forged.keys() == {uids["m1"]} and check.included_rejected == {uids["m3"]: "too_late"}
     assert check.dropped == [uids["m0"]] and check.to_dict()["refused"] is True
     refusals = [r.getMessage() for r in caplog.records if "not following validator" in r.getMessage()]
     assert len(refusals) == 1 and f"uid {v0.uid}" in refusals[0] and "not signed by its miner" in refusals[0]
     assert v1.peers.sources() == [v1.uid, v2.uid]  # the liar is passed over from now on
+    restarted = build_context(v1.cfg, "validator", handle_signals=False)  # and after a restart
+    assert restarted.uid == v1.uid and restarted.peers.distrusted == {v0.uid}
     honest = aggregate_window(v1.model, v1.codec, v1.hp, t, ours, listed, v1.outer, v1.device)
     data = encode_bundle(v1.codec, t, honest.used, honest.payloads, honest.hash_before, honest.hash_after,
                          v1.hp.protocol_version, v1.hp.digest(), honest.outer_before, honest.outer_after)
@@ -131,6 +134,11 @@ def test_validators_refuse_a_lying_leader_and_every_honest_node_ends_on_one_mode
     # the third refuses the liar too and takes the second's bundle, checked against its own view
     chosen, check = choose_bundle(v2, Follower(v2), t, ours, rejected, listed, time.time() + 5)
     assert isinstance(chosen, Bundle) and chosen.model_hash_after == honest.hash_after and check.refuse
+    # a validator whose own scores rank m2 out of its selection counts it, and still follows the bundle
+    scored_apart = compare(chosen, v1.uid, ours, rejected, [uids["m0"], uids["m1"]], v2.peers.hotkeys(), RUN)
+    assert scored_apart.unselected == [uids["m2"]] and not scored_apart.refuse, scored_apart
+    assert scored_apart.counts() == {"forged": 0, "included_rejected": 0, "differs": 0, "unverified": 0,
+                                     "dropped": 0, "unselected": 1}
     # a miner: the leader's bundle holds a payload no miner signed; it applies the next validator's
     follow_m = Follower(miner)
     got = follow_m.bundle(t, time.time() + 5)

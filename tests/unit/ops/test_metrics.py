@@ -79,14 +79,15 @@ def test_the_leaders_disagreement_is_a_metric_and_each_refusal_counts():
     list (neurons/leader_check.py); the gauge shows the last window's counts by kind, 0 once it leads."""
     m = NodeMetrics("validator")
     m.observe(validator_record(5, leader={"source": 0, "refused": True, "forged": 1, "included_rejected": 2,
-                                          "differs": 0, "unverified": 1, "dropped": 1}))
+                                          "differs": 0, "unverified": 1, "dropped": 1, "unselected": 4}))
     got = {kind: value(m, "dso_leader_disagreement_payloads", kind=kind)
-           for kind in ("forged", "included_rejected", "differs", "unverified", "dropped")}
-    assert got == {"forged": 1, "included_rejected": 2, "differs": 0, "unverified": 1, "dropped": 1}
+           for kind in ("forged", "included_rejected", "differs", "unverified", "dropped", "unselected")}
+    assert got == {"forged": 1, "included_rejected": 2, "differs": 0, "unverified": 1, "dropped": 1, "unselected": 4}
     assert value(m, "dso_leader_refusals_total") == 1
     m.observe(validator_record(6, leader={"source": 2, "refused": False, "dropped": 3}))
     assert value(m, "dso_leader_disagreement_payloads", kind="dropped") == 3
     assert value(m, "dso_leader_disagreement_payloads", kind="forged") == 0
+    assert value(m, "dso_leader_disagreement_payloads", kind="unselected") == 0
     m.observe(validator_record(7))  # it leads: nothing to compare
     assert value(m, "dso_leader_disagreement_payloads", kind="dropped") == 0
     assert value(m, "dso_leader_refusals_total") == 1
