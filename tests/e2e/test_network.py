@@ -185,13 +185,14 @@ def test_nodes_serve_their_metrics(network):
     assert one(v, "dso_gather_seconds_count") >= len(miners) and 0 < one(v, "dso_utilisation_ratio") < 1
     assert one(v, "process_resident_memory_bytes") > 50e6      # torch and a model: well above 50 MB
     # the single-process honest miners: nothing refused but the windows before they joined the run (nothing
-    # uploaded yet); the 2-rank miner's uploads may be missing or late on a loaded machine (see above)
+    # uploaded yet) and the first one they recorded (its training may end past that window's put window); the
+    # 2-rank miner's uploads may be missing or late on a loaded machine (see above)
     ranked = str(ranked_miner(net).uid)
     refused = {k: n for k, n in v.items() if k[0] == "dso_rejections_total"}
     first = {str(ls[0]["uid"]): ls[0]["window"] for ls in net.miner_lines().values() if ls}  # uid → first window
     before = {u: sum(line["window"] < w for line in lines) for u, w in first.items()}  # validator windows before it
     assert all(dict(k[1])["reason"] in ("missing", "too_late") if dict(k[1])["uid"] == ranked
-               else dict(k[1])["reason"] == "missing" and n <= before.get(dict(k[1])["uid"], 0)
+               else dict(k[1])["reason"] == "missing" and n <= before.get(dict(k[1])["uid"], 0) + 1
                for k, n in refused.items()), (refused, before)
 
     assert one(m, "dso_node_info", role="miner", uid=str(single.uid), hparams=net.hp.digest()) == 1

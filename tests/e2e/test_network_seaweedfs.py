@@ -28,7 +28,8 @@ def seaweed_network(tmp_path_factory, stdlib_corpus, network_hparams, seaweedfs_
         net.start()
         # WINDOWS scored, and a posted row that weights every miner (on a cold machine the miners may join a few
         # windows late, so their first positive scores come later: wait for them, bounded)
-        ready = lambda: len(net.validator_lines()) >= WINDOWS and every_miner_weighted(net)  # noqa: E731
+        ready = lambda: (len(net.validator_lines()) >= WINDOWS and every_miner_weighted(net)  # noqa: E731
+                         and all(len(ls) >= WINDOWS - 3 for ls in net.miner_lines().values()))
         done = wait_for(lambda: ready() or bool(net.dead()), timeout=300, step=0.5)
         logs = {p.name: p.read_text()[-3000:] for p in net.logs.glob("*.log")}
         assert done and not net.dead(), f"network on SeaweedFS did not complete {WINDOWS} weighted windows: {logs}"
