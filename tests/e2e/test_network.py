@@ -197,7 +197,7 @@ def test_nodes_serve_their_metrics(network):
 
     assert one(m, "dso_node_info", role="miner", uid=str(single.uid), hparams=net.hp.digest()) == 1
     windows = one(m, "dso_windows_total")
-    assert windows >= WINDOWS - 3
+    assert WINDOWS // 2 <= windows <= len(net.miner_lines()[single.name])  # it may join late on a loaded machine
     # what it recorded, window by window: whole batches of its assignment (one or two inner steps, as time allows)
     records = net.miner_lines()[single.name][:int(windows)]
     per_batch, most = net.hp.batch_size * net.hp.model.seq_len, net.hp.assigned_sequences * net.hp.model.seq_len
