@@ -7,8 +7,9 @@ from pathlib import Path
 
 from dso.config import Config, HParams
 from dso.config import ModelConfig
-from dso.config_sources import from_dict, use_profile
+from dso.config_sources import from_dict
 from storage.server import EmbeddedS3
+from paper_training import use_paper_training
 
 
 def node_config(root: Path, s3: EmbeddedS3, name: str, wallets: str, corpus: str, cache: str, hp: HParams,
@@ -37,6 +38,5 @@ def tiny_node_hparams() -> HParams:
     hp.inner.steps_max = 2  # the assignment holds steps_max × batch_size
     # identity holds in any mode; paper mode keeps every window's list non-trivial in 6 windows (with inner steps
     # and the sgd rule an early list can hold only a freerider, and the model does not move: see the steps test)
-    use_profile(hp, "gauntlet")
-    hp.pay_rule, hp.weight_power = "work", 0.7  # the paper's training, this project's pay
+    use_paper_training(hp)
     return hp

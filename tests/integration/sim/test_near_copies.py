@@ -4,6 +4,7 @@ import pytest
 
 from dso.config_sources import use_profile
 from sim.simulator import SimNet, behaviour_shares
+from paper_training import use_paper_training
 
 ATTACKERS = ["noisycopy", "mixer", "scaledcopy", "replayer", "backdater", "hider"]
 ROLES = ["honest"] * 4 + ["diligent"] + ATTACKERS
@@ -20,8 +21,7 @@ def records(sim_dataset, tmp_path_factory, simnet_hparams):
     # sees the source a round earlier, docs/scoring.md) proof of computation kept a copy over its author in 10 of 14
     # windows and the noise-added copy earned 1.06 % of the cumulative weight (0 % final; re-land, *mix* = 0.78,
     # which now catches the mixer in 14 of 14): open (issue 17)
-    use_profile(hp, "gauntlet")
-    hp.pay_rule, hp.weight_power = "work", 0.7  # the paper's training, this project's pay
+    use_paper_training(hp)
     ds = sim_dataset(hp)
     return SimNet(hp, ds, ROLES).run(WINDOWS)
 

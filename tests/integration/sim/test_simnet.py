@@ -4,8 +4,8 @@
 to end.)"""
 import pytest
 
-from dso.config_sources import use_profile
 from sim.simulator import SimNet, behaviour_shares
+from paper_training import use_paper_training
 
 ROLES = ["honest", "honest", "honest", "diligent", "freerider", "noise", "signflip", "copier", "late",
          "malformed", "absent", "sybil", "sybil"]
@@ -17,8 +17,7 @@ def records(sim_dataset, tmp_path_factory, simnet_hparams):
     hp.learning_rate = 5e-3
     # paper mode (one gradient, signed step): the copy tie-break's figures below were set for it; the steps mode
     # (inner AdamW + sgd outer step) is checked by test_inner_steps_network_pays_only_good_peers
-    use_profile(hp, "gauntlet")
-    hp.pay_rule, hp.weight_power = "work", 0.7  # the paper's training, this project's pay
+    use_paper_training(hp)
     ds = sim_dataset(hp)
     return SimNet(hp, ds, ROLES).run(12)
 

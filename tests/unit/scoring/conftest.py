@@ -6,8 +6,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dso.config_sources import use_profile
 from dso.data import Dataset
+from paper_training import use_paper_training
 
 
 @pytest.fixture
@@ -21,8 +21,7 @@ def hp(tiny_hparams):
     hp.fast_peers = 8
     hp.topg = 3
     # the scripted miners send one gradient per window: the paper's mode, scored with the signed rule
-    use_profile(hp, "gauntlet")
-    hp.pay_rule, hp.weight_power = "work", 0.7  # the paper's training, this project's pay
+    use_paper_training(hp)
     # one gradient of four sequences leaves too faint a trace for the proof of computation to be decisive on this
     # model: these tests check the scoring's machinery, with a lenient test that still fails an update that is
     # worse than nothing on its data (its calibration is the seeded simulator's: tests/integration/sim)
