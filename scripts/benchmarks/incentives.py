@@ -170,8 +170,12 @@ def _collect(futures: list, label: str, trace_dir: str | None = None) -> list[di
     return [f.result() for f in futures]
 
 
+def is_zoo(run: dict) -> bool:
+    return bool(run["roles"] == ZOO_ROLES)
+
+
 def write_trace(run: dict, trace_dir: str) -> None:
-    name = "zoo" if run["roles"] == ZOO_ROLES else "majority"
+    name = "zoo" if is_zoo(run) else "majority"
     Path(trace_dir).mkdir(parents=True, exist_ok=True)
     (Path(trace_dir) / f"{name}-{run['seed']}.json").write_text(json.dumps(run) + "\n")
 
@@ -185,8 +189,8 @@ def summarise_runs(cfg: dict, zoo_runs: list[dict], major_runs: list[dict]) -> d
 def reread(cfg: dict, trace_dir: str) -> dict:
     """The section's figures from the runs written to ``trace_dir`` (the seeds that finished)."""
     runs = [json.loads(p.read_text()) for p in sorted(Path(trace_dir).glob("*.json"))]
-    zoo_runs = [r for r in runs if r["roles"] == ZOO_ROLES]
-    major_runs = [r for r in runs if r["roles"] != ZOO_ROLES]
+    zoo_runs = [r for r in runs if is_zoo(r)]
+    major_runs = [r for r in runs if not is_zoo(r)]
     windows = min(len(r["records"]) for r in zoo_runs)
     return summarise_runs({**cfg, "seeds": len(zoo_runs), "windows": windows,
                            "majority_seeds": len(major_runs)}, zoo_runs, major_runs)
