@@ -200,7 +200,8 @@ def measure(cfg: dict, workers: int = 2, trace_dir: str | None = None) -> dict:
     majority_roles = ["honest"] * MAJORITY["honest"] + list(MAJORITY["mixers"])
     with worker_pool(workers) as pool:
         zoo_f, major_f = [], []
-        for seed in range(1, cfg["seeds"] + 1):  # interleaved: a run cut short still holds both kinds of seed
+        first = cfg.get("first_seed", 1)
+        for seed in range(first, first + cfg["seeds"]):  # interleaved: a cut-short run holds both kinds
             zoo_f.append(pool.submit(run_network, seed, ZOO_ROLES, cfg["windows"], cfg["model"], cfg["inner_steps"]))
             major_f.append(pool.submit(run_network, seed, majority_roles, cfg["majority_windows"], cfg["model"],
                                        cfg["inner_steps"]))
@@ -279,6 +280,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="the quick mode's sizes")
     parser.add_argument("--seeds", type=int, help="seeds (default: the mode's)")
+    parser.add_argument("--first-seed", type=int, default=1,
+                        help="the first seed (to add seeds to a --trace-dir that holds the earlier ones)")
     parser.add_argument("--windows", type=int, help="zoo windows (default: the mode's)")
     parser.add_argument("--workers", type=int, default=2, help="worker processes (one torch thread each)")
     parser.add_argument("--turncoat", action="store_true", help="also measure the turncoat (tiny model)")
@@ -291,6 +294,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     cfg = dict(QUICK if args.quick else FULL)
     cfg.update({k: v for k, v in (("seeds", args.seeds), ("windows", args.windows)) if v})
+    if args.first_seed != 1:
+        cfg["first_seed"] = args.first_seed
     if args.reread and not args.trace_dir:
         parser.error("--reread needs --trace-dir")
     result = reread(cfg, args.trace_dir) if args.reread else measure(cfg, args.workers, args.trace_dir)
