@@ -1,7 +1,7 @@
 """The training corpus in an object store: ``--data.corpus s3://BUCKET/PREFIX``.
 
 :class:`S3Source` is the S3 side of :class:`dso.remote_shards.ObjectSource`: whole GETs for the manifest,
-the tokeniser and the chunk digests, ranged GETs for chunks; every failure becomes
+the tokeniser and the chunk digests, ranged GETs for chunks (:mod:`storage.ranged`); every failure becomes
 :class:`~dso.remote_shards.Unreachable` (a missing object or refused keys marked permanent, which only
 matters at start-up).  :func:`open_dataset` is what a node calls: a local corpus as before, or the
 remote one through a bounded disk cache, checked against the run's data hash.
@@ -26,6 +26,7 @@ from dso.data import Dataset, is_remote_corpus
 from dso.remote_shards import Oversized, RemoteCorpus, Sleep, Unreachable, plain_sleep
 from dso.shards import ShardSet
 from storage.client import S3Client, StorageError
+from storage.ranged import RangedGets
 
 _BUCKET = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
 DATA_KEY_ENV, DATA_SECRET_ENV = "DSO_DATA_ACCESS_KEY_ID", "DSO_DATA_SECRET_ACCESS_KEY"
@@ -62,12 +63,13 @@ class S3Source:
     def __init__(self, client: S3Client, url: CorpusURL):
         self.client, self.where = client, url
         self.url = str(url)
+        self.ranges = RangedGets(client.signed_get, client.timeout)
 
     def read(self, name: str, start: int = 0, length: int | None = None, limit: int | None = None) -> bytes:
         key = self.where.key(name)
         try:
             if length is not None:
-                return self.client.get_range(self.where.bucket, key, start, length)
+                return self.ranges.get(self.where.bucket, key, start, length)
             return self.client.get(self.where.bucket, key, max_bytes=limit)
         except StorageError as e:
             if e.kind == "too_large":
