@@ -19,15 +19,15 @@ order ("rows").  Nothing of corpus size is held in memory:
 file or a folder of text / JSON-lines files; text corpora are tokenised once into shards in the cache.
 A corpus in an object store (``s3://BUCKET/PREFIX``) is opened by ``storage.dataset`` and handed over as
 a :class:`ShardSet` (:meth:`Dataset.from_shard_set`): its arrays fetch and check chunks on demand, so
-:meth:`Dataset.rows` asks them for a batch's chunks all at once, and :meth:`Dataset.training_batch` (what a
-miner reads) starts fetching the same peer's next assignment in the background.
+:meth:`Dataset.rows` asks them for a batch's chunks all at once, and :meth:`Dataset.assignment` (what a
+miner trains on) reads each batch as training reaches it while the next ones are fetched in the background.
 """
 from __future__ import annotations
 
 import hashlib
 import logging
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 import numpy.typing as npt
@@ -219,13 +219,18 @@ class Dataset:
         return self._batch(self.assigned_rows(uid, window, n))
 
     def training_batch(self, uid: int, window: int, assigned: int, n: int) -> torch.Tensor:
-        """What a miner trains on: the first ``n`` of its ``assigned`` sequences (a baseline miner takes
-        ``batch_size``, a diligent one more).  From a remote corpus, the next window's assignment is then
-        fetched in the background while the miner trains on this one."""
-        batch = self.assigned(uid, window, assigned)[:n]
+        """The first ``n`` of a peer's ``assigned`` sequences for a window, read now (a baseline miner trains on
+        ``batch_size``, a diligent one on more)."""
+        return self._batch(self.assigned_rows(uid, window, assigned)[:n])
+
+    def assignment(self, uid: int, window: int, assigned: int, n: int, ahead: int) -> Assignment:
+        """What a miner trains on: the first ``n`` of its ``assigned`` sequences, read as training reaches them
+        (the clock may stop it long before ``n``).  From a remote corpus the first ``ahead`` sequences of the
+        same peer's next window start fetching now, and each batch read starts fetching the next ``ahead``."""
         if self.remote:
-            self.prefetch(self.assigned_rows(uid, window + 1, assigned))
-        return batch
+            self.prefetch(self.assigned_rows(uid, window + 1, assigned)[:ahead])
+        return Assignment(self._batch, self.assigned_rows(uid, window, assigned)[:n], self.seq_len + 1, ahead,
+                          self.prefetch if self.remote else None)
 
     def unassigned(self, rng: np.random.Generator, exclude: np.ndarray, n: int) -> torch.Tensor:
         """Training sequences outside ``exclude`` chosen by ``rng`` (the caller's secret randomness)."""
@@ -363,3 +368,40 @@ def resolve_tokenizer(spec: TokenizerSpec, files: list[Path], cache_root: Path) 
     except OSError:
         pass  # caching is an optimisation only
     return tok
+
+
+class Assignment:
+    """A window's sequences in training order, read when a slice of them is asked for: a miner trains on as
+    many as the clock allows, and reading all of them first (from a remote corpus) can cost the window.
+
+    ``read`` gives the tokens of row numbers; ``prefetch`` (a remote corpus) starts fetching rows in the
+    background, asked for the ``ahead`` rows after every slice read."""
+
+    def __init__(self, read: Callable[[np.ndarray], torch.Tensor], rows: np.ndarray, width: int, ahead: int = 0,
+                 prefetch: Callable[[np.ndarray], None] | None = None):
+        self.read, self.rows, self.width, self.ahead, self.prefetch = read, rows, width, ahead, prefetch
+
+    @classmethod
+    def of(cls, tokens: torch.Tensor) -> Assignment:
+        """Sequences already in memory."""
+        return cls(lambda rows: tokens[torch.from_numpy(rows)], np.arange(tokens.shape[0], dtype=np.int64),
+                   int(tokens.shape[1]))
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return int(self.rows.size), self.width
+
+    def __len__(self) -> int:
+        return int(self.rows.size)
+
+    def __getitem__(self, key: slice) -> torch.Tensor:
+        """The tokens of a slice of the sequences (read now)."""
+        start, stop, _ = key.indices(self.rows.size)
+        if self.prefetch is not None and self.ahead:
+            self.prefetch(self.rows[max(start, stop):max(start, stop) + self.ahead])
+        return self.read(self.rows[key])
+
+    def skip(self, n: int) -> Assignment:
+        """The sequences after the first ``n``."""
+        return Assignment(self.read, self.rows[n:], self.width, self.ahead, self.prefetch)
+

@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Mapping
+from typing import Callable, Iterable, Mapping, Protocol
 
 import torch
 
@@ -61,6 +61,15 @@ def make_optimizer(params: Iterable[torch.nn.Parameter], cfg: InnerConfig,
                                foreach=foreach)
     return torch.optim.AdamW(params, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps,
                              weight_decay=cfg.weight_decay, foreach=foreach)
+
+
+class Sequences(Protocol):
+    """A window's sequences in training order: a tensor, or a dso.data.Assignment read as training reaches it."""
+
+    @property
+    def shape(self) -> tuple[int, ...]: ...
+
+    def __getitem__(self, key: slice, /) -> torch.Tensor: ...
 
 
 @dataclass
@@ -167,7 +176,7 @@ class InnerLoop:
         self.reset_optimizer()
         self.step_count = 0
 
-    def train(self, window: int, assignment: torch.Tensor, *, batch_size: int | None = None,
+    def train(self, window: int, assignment: Sequences, *, batch_size: int | None = None,
               max_steps: int | None = None, deadline: float | None = None,
               clock: Callable[[], float] = time.monotonic, interrupt: Callable[[], bool] | None = None,
               step_seconds: float = 0.0) -> InnerReport:

@@ -33,7 +33,7 @@ from torch.distributed.tensor import DTensor
 from dso.config import HParams
 from dso.distributed import Ranks, all_sum, broadcast_flag, broadcast_tensor, gather_rows, release_free_memory
 from dso.fsdp import local_slices
-from dso.inner import STATE_PREFIX, InnerLoop, InnerReport, make_optimizer
+from dso.inner import STATE_PREFIX, InnerLoop, InnerReport, Sequences, make_optimizer
 from dso.model import Decoder
 from dso.sharding import slice_range
 from dso.train import mixed_precision
@@ -212,7 +212,7 @@ class ShardedInnerLoop(InnerLoop):
         for name, s in self.slices.items():
             s.copy_(self.anchor[name])
 
-    def train(self, window: int, assignment: torch.Tensor, *, batch_size: int | None = None,
+    def train(self, window: int, assignment: Sequences, *, batch_size: int | None = None,
               max_steps: int | None = None, deadline: float | None = None,
               clock: Callable[[], float] = time.monotonic, interrupt: Callable[[], bool] | None = None,
               step_seconds: float = 0.0) -> InnerReport:

@@ -37,6 +37,7 @@ from dso.clock import GATHER_SETTLE_SECONDS, PutWindow
 from dso.codec import CompressedUpdate, ErrorFeedback
 from dso.config import Config
 from dso.config_sources import parse_args
+from dso.data import Assignment
 from dso.distributed import launched_ranks
 from dso.inner import Ahead, InnerLoop, InnerReport
 from dso.model import model_hash, state_hash, sync_sample_count
@@ -64,6 +65,7 @@ BUNDLE_MARGIN = 3.0     # how long past the validator's gather deadline a miner 
 # first guess of error feedback + payload + signature + upload time (the payload goes up SIGNATURE_LEAD_SECONDS
 # after its signature), until one is measured
 ENCODE_SECONDS = 1.0 + SIGNATURE_LEAD_SECONDS
+PREFETCH_STEPS = 2      # a remote corpus: the steps' worth of sequences fetched ahead of the one training
 ENCODE_MARGIN = 0.5     # added to the measured time: a miner's CPU share varies from one window to the next
 
 
@@ -235,7 +237,7 @@ class Miner:
             self.inner.start(None)  # the model holds θ_t: the anchor the pseudo-gradient is measured from
         # else the model holds the steps taken ahead, rebased onto θ_t (the anchor): go on from there
         deadline = self.deadline(t)
-        rest = self.inner.train(t, data[ahead.sequences:], batch_size=self.sequences if gradient_mode
+        rest = self.inner.train(t, data.skip(ahead.sequences), batch_size=self.sequences if gradient_mode
                                 else self.step_batch, max_steps=hp.inner.steps_max - ahead.steps if ahead.steps
                                 else None, deadline=deadline, clock=time.time,
                                 step_seconds=self.step_seconds)
@@ -261,11 +263,12 @@ class Miner:
         self.trained = (done.shape[0] * (done.shape[1] - 1), max(1, ctx.dataset.target_bytes(done)))  # tokens, bytes
         return update, loss
 
-    def training_data(self, t: int) -> torch.Tensor:
-        """The sequences it trains on in window t, in order: the first ``self.sequences`` of its assignment (the
-        payload declares how many of them it got through)."""
+    def training_data(self, t: int) -> Assignment:
+        """The sequences it trains on in window t, in order: the first ``self.sequences`` of its assignment, read
+        as training reaches them (the payload declares how many of them it got through)."""
         ctx = self.ctx
-        return ctx.dataset.training_batch(ctx.uid, t, ctx.hp.assigned_sequences, self.sequences)
+        return ctx.dataset.assignment(ctx.uid, t, ctx.hp.assigned_sequences, self.sequences,
+                                      ahead=PREFETCH_STEPS * self.step_batch)
 
     def finishes_previous(self, t: int) -> bool:
         """Whether to work on window t-1 although window t has begun: θ_{t-1} came late (its bundle landed, or a
@@ -371,8 +374,8 @@ class Miner:
         """Train window t+1's assignment from θ_t while the leader's bundle of window t is on its way (looking
         for it between steps), then apply the bundle to θ_t — exactly as every node does — and rebase the
         steps taken onto θ_{t+1}: local ← θ_{t+1} + (local − θ_t).  Without a bundle they are dropped."""
-        ctx, hp, nxt = self.ctx, self.ctx.hp, t + 1
-        data = ctx.dataset.training_batch(ctx.uid, nxt, hp.assigned_sequences, self.sequences)
+        ctx, nxt = self.ctx, t + 1
+        data = self.training_data(nxt)
         found: list[Bundle | Rejection] = []
 
         def arrived() -> bool:

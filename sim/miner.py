@@ -26,6 +26,7 @@ from dso.commit import new_nonce
 from dso.outer import aggregate
 from dso.config import Config
 from dso.config_sources import build_parser, parse_args
+from dso.data import Assignment
 from dso.rejections import Rejection
 from neurons import reveal
 from neurons.context import build_context
@@ -63,9 +64,10 @@ class AdversarialMiner(Miner):
     def plan(self, t: int) -> behaviours.Plan:
         return self.acts.plan(t)
 
-    def training_data(self, t: int) -> torch.Tensor:
+    def training_data(self, t: int) -> Assignment:
         ctx = self.ctx
-        return self.acts.training_data(ctx.dataset, ctx.uid, t, ctx.hp.assigned_sequences)[:self.sequences]
+        return Assignment.of(self.acts.training_data(ctx.dataset, ctx.uid, t, ctx.hp.assigned_sequences)
+                             [:self.sequences])
 
     def meta(self, t: int) -> PayloadMeta:
         """The honest header, declaring what the behaviour claims it trained on."""

@@ -3,9 +3,10 @@
 A corpus of random byte-level token ids (``2 × 2^30`` bytes of tokens, 32 shards of 2^25 ids; quick: 64 MiB)
 is written as shards with chunk digests (:class:`dso.shard_writer.ShardWriter`), published to a dataset
 bucket on an S3 server on loopback (SeaweedFS when its binary is there, else moto) with the code of
-``prepare_data.py --upload``, and a fresh process does a miner's work for several windows: read its
-assignment (``training_batch``: 512 sequences of 129 ids, which also starts fetching the next window's in
-the background), then AdamW steps of 16 sequences on the default model shape (byte vocabulary) through it.
+``prepare_data.py --upload``, and a fresh process does a miner's work for several windows: AdamW steps of 16
+sequences of 129 ids on the default model shape (byte vocabulary) through its assignment, read as the miner
+reads it (``Dataset.assignment``: each batch when it is trained on, the next two batches and the first two of
+the next window fetched in the background).
 
 * ``remote_vs_local``: the miner's tokens/s reading from the bucket ÷ from the local shards (the same
   shards), windows after the first (the first fetches cold in both; ``first_window_s`` has it): the
@@ -82,6 +83,7 @@ def miner_work(corpus: str, endpoint: str, keys: tuple[str, str], cache_dir: str
     from dso.data import Dataset
     from dso.model import build_model
     from dso.shards import open_shards
+    from neurons.miner import PREFETCH_STEPS
 
     hp = HParams(tokenizer="bytes")
     hp.model.vocab_size = 256
@@ -105,15 +107,17 @@ def miner_work(corpus: str, endpoint: str, keys: tuple[str, str], cache_dir: str
     windows = []
     for window in range(cfg["windows"]):
         fetched0 = (remote.fetched_bytes, remote.fetched_chunks) if remote else (0, 0)
-        started = time.perf_counter()
-        batch = ds.training_batch(0, window, cfg["assigned"], cfg["steps"] * BATCH)
-        waited = time.perf_counter() - started
-        for part in batch.split(BATCH):
+        started, waited = time.perf_counter(), 0.0
+        data = ds.assignment(0, window, cfg["assigned"], cfg["steps"] * BATCH, ahead=PREFETCH_STEPS * BATCH)
+        for at in range(0, len(data), BATCH):
+            asked = time.perf_counter()
+            part = data[at:at + BATCH]
+            waited += time.perf_counter() - asked
             opt.zero_grad(set_to_none=True)
             model.loss(part).backward()
             opt.step()
         windows.append({"seconds": time.perf_counter() - started, "data_wait_s": waited,
-                        "tokens": int(batch.shape[0] * (batch.shape[1] - 1)),
+                        "tokens": len(data) * (data.width - 1),
                         "fetched_mb": ((remote.fetched_bytes - fetched0[0]) / 1e6) if remote else 0.0,
                         "chunks": (remote.fetched_chunks - fetched0[1]) if remote else 0})
     stop.set()

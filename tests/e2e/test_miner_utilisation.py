@@ -22,10 +22,9 @@ def lines(tmp_path_factory, stdlib_corpus, network_hparams):
     root = tmp_path_factory.mktemp("utilisation")
     hp = network_hparams()
     hp.inner.steps_max, hp.assigned_sequences = 400, 400 * hp.batch_size  # the clock, not the cap, ends training
-    # local shards: read from the dataset bucket, an assignment of 6,400 sequences took these 4-second windows
-    # whole before the first step (0 inner steps in every window on 2 loaded cores; docs/data.md)
+    # the corpus in the dataset bucket, as by default: a miner reads its 6,400 sequences as training reaches them
     net = LocalNet(root / "run", hp, plan_nodes(2, [], 1), block_time=0.5, corpus=str(stdlib_corpus),
-                   cache_dir=str(root / "cache"), metrics=False, data_bucket=False)
+                   cache_dir=str(root / "cache"), metrics=False)
     with net:
         net.prepare()
         net.start()

@@ -122,19 +122,29 @@ def test_the_cache_stays_within_its_bound(published, local, tmp_path, stop):
     assert corpus.cache.peak <= 50_000 and corpus.fetched_chunks > 12
 
 
-def test_the_next_assignment_is_fetched_in_the_background(published, local, tmp_path, stop):
-    url, creds = published
-    ds, shards = remote(url, creds, tmp_path / "cache", stop)
-    corpus = shards.arrays[0].corpus
-    batch = ds.training_batch(2, 10, 24, 8)
-    assert np.array_equal(batch.numpy(), local.training_batch(2, 10, 24, 8).numpy())
-    nxt = ds.assigned_rows(2, 11, 24)
+def settle(corpus) -> None:
+    """Wait until the background fetches asked for so far are done."""
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline and (corpus._jobs or corpus.fetched_chunks == 0):
         time.sleep(0.05)
+
+
+def test_an_assignment_is_read_as_training_reaches_it(published, local, tmp_path, stop):
+    url, creds = published
+    ds, shards = remote(url, creds, tmp_path / "cache", stop)
+    corpus = shards.arrays[0].corpus
+    rows, nxt = ds.assigned_rows(2, 10, 24), ds.assigned_rows(2, 11, 24)
+    data = ds.assignment(2, 10, 24, 24, ahead=4)
+    assert np.array_equal(data[0:4].numpy(), local.rows(rows[:4]))
+    settle(corpus)
     fetched = corpus.fetched_chunks
-    assert np.array_equal(ds.rows(nxt), local.rows(nxt))
-    assert corpus.fetched_chunks == fetched    # every chunk of window 11 was already there
+    # the next 4 sequences of this window and the first 4 of the next were fetched in the background
+    assert np.array_equal(ds.rows(rows[4:8]), local.rows(rows[4:8]))
+    assert np.array_equal(ds.rows(nxt[:4]), local.rows(nxt[:4]))
+    assert corpus.fetched_chunks == fetched
+    # the rest of the window was not: training had not reached it
+    assert np.array_equal(ds.rows(rows[8:]), local.rows(rows[8:]))
+    assert corpus.fetched_chunks > fetched
 
 
 def test_a_bpe_corpus_brings_its_tokeniser(s3, text, tmp_path):

@@ -1,8 +1,9 @@
 import numpy as np
 import pytest
+import torch
 from scipy import stats
 
-from dso.data import DataError, Dataset
+from dso.data import Assignment, DataError, Dataset
 
 
 @pytest.fixture
@@ -19,6 +20,27 @@ def test_assignment_is_deterministic_and_differs_across_uids_and_windows(dataset
     assert dataset.assigned(3, 10, 8).shape == (8, 33)
     pool = dataset.assigned(3, 10, 16)
     assert np.array_equal(dataset.training_batch(3, 10, 16, 8).numpy(), pool[:8].numpy())
+
+
+def test_a_miners_assignment_is_read_a_slice_at_a_time(dataset):
+    rows = dataset.assigned_rows(3, 10, 16)
+    got = dataset.assignment(3, 10, 16, 12, ahead=4)
+    assert got.shape == (12, 33) and len(got) == 12
+    assert np.array_equal(got[0:12].numpy(), dataset.rows(rows[:12]))
+    assert np.array_equal(got.skip(5)[0:3].numpy(), dataset.rows(rows[5:8]))
+    assert got.prefetch is None   # local shards: nothing to fetch ahead
+
+
+def test_each_slice_read_asks_for_the_rows_after_it():
+    asked, read = [], []
+    tokens = torch.arange(40).reshape(10, 4)
+    got = Assignment(lambda r: (read.append(r.tolist()), tokens[torch.from_numpy(r)])[1],
+                     np.arange(10, 20, dtype=np.int64) - 10, 4, ahead=3, prefetch=lambda r: asked.append(r.tolist()))
+    assert torch.equal(got[2:4], tokens[2:4])
+    assert read == [[2, 3]] and asked == [[4, 5, 6]]   # only the slice is read; the next `ahead` are asked for
+    rest = got.skip(8)
+    assert torch.equal(rest[0:5], tokens[8:10]) and asked[-1] == []   # nothing after the end
+    assert torch.equal(Assignment.of(tokens)[7:9], tokens[7:9])
 
 
 def test_the_prefix_a_miner_trains_on_is_a_random_sample_of_the_corpus(dataset):

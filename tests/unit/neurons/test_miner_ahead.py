@@ -16,6 +16,7 @@ import torch
 from dso.clock import PutWindow
 from dso.codecs import make_codec
 from dso.config import Config, ModelConfig
+from dso.data import Assignment
 from dso.model import build_model, parameter_shapes, state_hash
 from neurons.miner import Miner
 
@@ -58,6 +59,9 @@ class Dataset:
     def training_batch(self, uid: int, t: int, assigned: int, n: int) -> torch.Tensor:
         g = torch.Generator().manual_seed(1000 + t)
         return torch.randint(0, 256, (min(assigned, n), 17), generator=g)
+
+    def assignment(self, uid: int, t: int, assigned: int, n: int, ahead: int) -> Assignment:
+        return Assignment.of(self.training_batch(uid, t, assigned, n))
 
     def target_bytes(self, batch: torch.Tensor) -> int:
         return int(batch[:, 1:].numel())
