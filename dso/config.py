@@ -439,7 +439,7 @@ class Config:
     neuron: NeuronConfig = field(default_factory=NeuronConfig)
     hparams: HParams = field(default_factory=HParams)
 
-    def validate(self) -> "Config":
+    def validate(self) -> Config:
         if self.device not in ("cpu", "cuda") and not self.device.startswith("cuda:"):
             raise ConfigError(f"device: expected cpu, cuda or cuda:N, got {self.device!r}")
         _positive(self, "", "threads")

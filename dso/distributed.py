@@ -16,8 +16,9 @@ import ctypes.util
 import datetime
 import json
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 import torch.distributed as dist

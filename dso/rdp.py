@@ -12,7 +12,7 @@ by adding RDP per order, adaptively: a round may depend on earlier releases.  RD
 from __future__ import annotations
 
 import math
-from typing import Iterable
+from collections.abc import Iterable
 
 REPLACE_ONE = 2.0  # sensitivity in units of the clip norm C (docs/extensions.md §3)
 

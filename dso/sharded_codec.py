@@ -15,7 +15,7 @@ Only the leader ends up with the compressed update; the others return None.
 """
 from __future__ import annotations
 
-from typing import Callable, Mapping
+from collections.abc import Callable, Mapping
 
 import torch
 

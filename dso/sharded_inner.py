@@ -24,7 +24,8 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import torch
 import torch.distributed as dist

@@ -27,8 +27,8 @@ Order within a window:
 """
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Mapping, Sequence
 
 import torch
 
@@ -38,6 +38,7 @@ from dso.contribution import Contribution, round_contributions
 from dso.data import Dataset
 from dso.model import model_hash
 from dso.outer import OuterState, aggregate, apply_outer, outer_lr
+from dso.payload import Payload
 from dso.provenance import make_record
 from dso.rejections import Rejection
 from dso.robust import AggregationInfo, decoded_rows
@@ -47,7 +48,6 @@ from scoring.evaluation import ParameterSnapshot, PeerEvaluator
 from scoring.history import find_replays
 from scoring.state import ValidatorState
 from scoring.window import Scorer, WindowEvidence, WindowReport, score_window
-from dso.payload import Payload
 
 LIST_LEAD = 2  # the top-G list scored in window t governs window t + 2: a full window of slack (docs/protocol.md)
 

@@ -35,13 +35,13 @@ from dso.config import Config
 from dso.config_sources import parse_args
 from dso.distributed import launched_ranks
 from dso.model import model_hash
+from dso.payload import Payload
 from dso.provenance import record_hash
 from dso.train import bits_per_byte, evaluate
 from neurons import validator_state
-from neurons.context import NodeContext, build_context
-from neurons.engine import (LIST_LEAD, Aggregation, WindowInputs, WindowOutcome, announce_list, genesis_lists,
-                            run_window)
 from neurons.catchup import sync_to
+from neurons.context import NodeContext, build_context
+from neurons.engine import LIST_LEAD, Aggregation, WindowInputs, WindowOutcome, announce_list, genesis_lists, run_window
 from neurons.follow import Follower
 from neurons.leader_check import Disagreement, choose_bundle
 from neurons.lifecycle import Fatal, run_main
@@ -58,7 +58,6 @@ from storage.jsonobj import put_json
 from storage.look import LOOK_SECONDS, Look, Seen, look, speakers_first, watch, watch_interval
 from storage.peers import PeersList, put_peers
 from storage.reveal import gather_window
-from dso.payload import Payload
 from storage.wire import Expect
 
 log = logging.getLogger("dso.validator")

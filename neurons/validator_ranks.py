@@ -18,7 +18,8 @@ each peer's per-sequence losses or the rejection its update earned.
 from __future__ import annotations
 
 import json
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import torch

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import math
 import statistics
-from typing import Iterable, Mapping, Sequence, get_args
+from collections.abc import Iterable, Mapping, Sequence
+from typing import get_args
 
 from dso.config import HelpRule
 

@@ -15,8 +15,8 @@ meaning of a saved history.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Mapping, Sequence
 
 import torch
 
@@ -74,7 +74,7 @@ class UploadHistory:
     entries: list[Entry] = field(default_factory=list)
     _sketchers: dict[int, Sketcher] = field(default_factory=dict, repr=False, compare=False)
 
-    def __deepcopy__(self, memo: dict[int, object]) -> "UploadHistory":
+    def __deepcopy__(self, memo: dict[int, object]) -> UploadHistory:
         """A copy that shares the sketches (never changed in place) and the sketchers (fixed tables): the validator
         state is deep-copied every window for its all-or-nothing update."""
         return UploadHistory(self.windows, list(self.entries), self._sketchers)
@@ -111,7 +111,7 @@ class UploadHistory:
                 "sketches": torch.stack([e.sketch for e in self.entries])}
 
     @classmethod
-    def from_tensors(cls, tensors: Mapping[str, torch.Tensor], windows: int = HISTORY_WINDOWS) -> "UploadHistory":
+    def from_tensors(cls, tensors: Mapping[str, torch.Tensor], windows: int = HISTORY_WINDOWS) -> UploadHistory:
         """The history :meth:`to_tensors` wrote; raises ValueError for anything else."""
         if set(tensors) != {"index", "sketches"}:
             raise ValueError(f"history: expected the tensors index and sketches, got {sorted(tensors)[:4]}")

@@ -11,8 +11,8 @@ that keep σ from collapsing: the rating's horizon) are run hyper-parameters (``
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from functools import lru_cache
-from typing import Mapping
 
 from openskill.models import PlackettLuce
 

@@ -6,7 +6,8 @@ network with more than one validator shows them, and the three-validator end-to-
 from __future__ import annotations
 
 import itertools
-from typing import Any, Mapping, Sequence, TypedDict
+from collections.abc import Mapping, Sequence
+from typing import Any, TypedDict
 
 TARGET_MEAN_L1 = 0.1   # mean pairwise L1 over the last windows (the protocol's target, docs/protocol.md)
 

@@ -59,18 +59,19 @@ import hashlib
 import math
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 import safetensors.numpy
 import torch
 
 from dso.codecs import Codec, Update
+from dso.payload import Payload
 from dso.rejections import Rejection
 from storage.tensorfile import load_arrays, read_header
-from dso.payload import Payload
 from storage.wire import Expect, decode_payload, encode_payload
 
 if TYPE_CHECKING:

@@ -28,6 +28,7 @@ from urllib.parse import unquote, urlsplit
 from dso import signatures
 from dso.codecs import Codec
 from dso.commit import commitment_hash
+from dso.payload import Payload
 from storage import keys, signature
 from storage.client import ObjectInfo, StorageError
 from storage.commitment import BucketInfo
@@ -35,7 +36,6 @@ from storage.endpoints import LOCAL
 from storage.jsonobj import encode_json
 from storage.peer_client import PeerClient
 from storage.reveal import commit_object, reveal_object
-from dso.payload import Payload
 from storage.wire import Expect, decode_payload, encode_payload
 
 PINNED_ETAG = "0" * 32  # what a HEAD answers before anything exists (placeholder mode)
@@ -64,7 +64,7 @@ class CopyingS3:
         host, port = self._server.server_address[:2]
         return f"http://{host}:{port}"
 
-    def __enter__(self) -> "CopyingS3":
+    def __enter__(self) -> CopyingS3:
         self._thread.start()
         return self
 

@@ -88,7 +88,7 @@ class ForgingS3:
         host, port = self._server.server_address[:2]
         return f"http://{host}:{port}"
 
-    def start(self) -> "ForgingS3":
+    def start(self) -> ForgingS3:
         self._thread.start()
         return self
 
@@ -96,7 +96,7 @@ class ForgingS3:
         self._server.shutdown()
         self._server.server_close()
 
-    def __enter__(self) -> "ForgingS3":
+    def __enter__(self) -> ForgingS3:
         return self.start()
 
     def __exit__(self, *exc: Any) -> None:

@@ -41,17 +41,18 @@ import hashlib
 import logging
 import threading
 import time
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any
 
 from dso.clock import LOOK_MARGIN_SECONDS, certain_after
+from dso.payload import Payload
 from dso.rejections import Reason, Rejection
 from storage import keys
 from storage.client import StorageError
 from storage.commitment import BucketInfo, parse_commitment
 from storage.gather import DEFAULT_PER_HOST, DEFAULT_READERS, DEFAULT_WORKERS, JOIN_GRACE_SECONDS, ReaderCache, host_of
 from storage.schedule import FairSchedule, Job, ordered
-from dso.payload import Payload
 from storage.wire import Expect
 
 log = logging.getLogger("dso.look")

@@ -9,7 +9,7 @@ advance with wall time (``block_time`` seconds each) from ``head`` at creation.
 from __future__ import annotations
 
 import time
-from typing import Any, Optional
+from typing import Any
 
 from bittensor import ExtrinsicResult
 from bittensor.balance import Balance
@@ -81,20 +81,20 @@ class FakeSubstrate:
     async def block_number(self) -> int:
         return self.head
 
-    async def block_hash(self, block: Optional[int] = None) -> str:
+    async def block_hash(self, block: int | None = None) -> str:
         return "0x" + (self.head if block is None else block).to_bytes(32, "big")[::-1].hex()
 
     async def block_time(self) -> float:
         return self.block_time_s
 
-    async def get_block(self, block_number=None, block_hash=None) -> Optional[dict]:
+    async def get_block(self, block_number=None, block_hash=None) -> dict | None:
         number = self.head if block_number is None else block_number
         self.blocks_decoded += 1
         if number > self.head:
             return None
         return {"header": {"number": number, "hash": await self.block_hash(number)}, "extrinsics": []}
 
-    def _block_of(self, block_hash: Optional[str]) -> int:
+    def _block_of(self, block_hash: str | None) -> int:
         return self.head if block_hash is None else int.from_bytes(bytes.fromhex(block_hash[2:])[::-1], "big")
 
     async def query(self, module: str, name: str, params=None, block_hash=None) -> Any:

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from typing import TYPE_CHECKING, Any, Callable, ContextManager
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, ContextManager
 
 from dso.chain import rules
 from dso.chain.base import ChainError

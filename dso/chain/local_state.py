@@ -12,7 +12,8 @@ from __future__ import annotations
 import json
 import sqlite3
 from collections import OrderedDict
-from typing import TYPE_CHECKING, Any, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from dso.chain import rules
 from dso.chain.base import ChainError

@@ -10,7 +10,8 @@ import hashlib
 import json
 import math
 import numbers
-from typing import Any, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 import numpy as np
 

@@ -76,8 +76,8 @@ def miner_work(shards: str, cache_dir: str) -> dict:
 
     from dso.config import HParams
     from dso.data import Dataset
-    from dso.tokenizer import TokenizerSpec
     from dso.model import build_model
+    from dso.tokenizer import TokenizerSpec
     from dso.train import evaluate
 
     hp = HParams(tokenizer="bytes")  # the shards are byte-level (see the module doc)

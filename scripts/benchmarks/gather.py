@@ -40,16 +40,15 @@ import torch  # noqa: E402
 
 from benchmarks import hostile_server  # noqa: E402
 from benchmarks.common import proc_cpu_seconds  # noqa: E402
-
 from dso.codec import DeMoCodec  # noqa: E402
 from dso.config import HParams  # noqa: E402
 from dso.model import build_model, parameter_shapes, sync_sample_count  # noqa: E402
+from dso.payload import PayloadMeta
 from storage import keys, signature  # noqa: E402
 from storage.commitment import BucketInfo  # noqa: E402
 from storage.gather import ReaderCache, gather  # noqa: E402
 from storage.look import look, speakers_first, watch  # noqa: E402
 from storage.server import EmbeddedS3  # noqa: E402
-from dso.payload import PayloadMeta
 from storage.wire import Expect, decode_payload, encode_payload  # noqa: E402
 
 WINDOW = 1

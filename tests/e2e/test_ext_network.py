@@ -24,10 +24,10 @@ import pytest
 
 from dso.model import build_model, parameter_shapes
 from dso.outer import OuterState
+from neurons.manifest import run_of
 from sim.localnet import ROOT, LocalNet, NodeSpec, plan_nodes, read_jsonl, wait_for
 from storage import keys
 from storage.checkpoint import save_checkpoint
-from neurons.manifest import run_of
 from storage.jsonobj import encode_json, get_json
 
 CR_WINDOWS = 8

@@ -1,6 +1,5 @@
 """Several OS processes on one LocalChain file: no lost writes, no 'database is locked', no corruption."""
 from __future__ import annotations
-from repo import ROOT
 
 import os
 import signal
@@ -10,12 +9,10 @@ import time
 from pathlib import Path
 
 from chain_helpers import hk
-
 from dso.chain.local import LocalChain
 from dso.chain.local_burn import FREE_REGISTRATION
 from dso.chain.wallets import dev_wallet
-
-
+from repo import ROOT
 
 WRITER = r"""
 import sys, time

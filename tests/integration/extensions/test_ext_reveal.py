@@ -12,14 +12,23 @@ from dso.codec import DeMoCodec
 from dso.commit import commitment_hash
 from dso.config import HParams, ModelConfig
 from dso.model import build_model, parameter_shapes
+from dso.payload import Payload, PayloadMeta
 from dso.rejections import Reason
 from neurons.reveal import settings_problem
 from storage import keys
 from storage.gather import ReaderCache
 from storage.jsonobj import encode_json
-from storage.reveal import (commit_object, fetch_revealed, gather_window, parse_commit, parse_reveal, put_commit,
-                            put_reveal, reveal_object, seal)
-from dso.payload import Payload, PayloadMeta
+from storage.reveal import (
+    commit_object,
+    fetch_revealed,
+    gather_window,
+    parse_commit,
+    parse_reveal,
+    put_commit,
+    put_reveal,
+    reveal_object,
+    seal,
+)
 from storage.wire import Expect, encode_payload
 
 torch.set_num_threads(1)
@@ -254,8 +263,8 @@ def test_the_look_at_the_reveal_deadline_accepts_an_honest_reveal(hp, codec, pee
     payload; the payload read must carry the digest of that same signature object (its evidence), or every honest
     miner would be judged `changed`."""
     from dso import signatures
-    from storage.look import look
     from signing import hotkeys_of, wallet_of
+    from storage.look import look
 
     peer, uid = peers[5], 5
     data = payload_bytes(codec, hp, uid)

@@ -3,8 +3,8 @@ none of the new attackers is paid and honest peers keep the weight."""
 import pytest
 
 from dso.config_sources import use_profile
-from sim.simulator import SimNet, behaviour_shares
 from paper_training import use_paper_training
+from sim.simulator import SimNet, behaviour_shares
 
 ATTACKERS = ["noisycopy", "mixer", "scaledcopy", "replayer", "backdater", "hider"]
 ROLES = ["honest"] * 4 + ["diligent"] + ATTACKERS

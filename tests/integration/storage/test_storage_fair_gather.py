@@ -2,7 +2,6 @@
 thread and socket of a gather is released when it returns.  Impostors run in a child process
 (scripts/benchmarks/hostile_server.py) so the sockets counted here are the reader's own."""
 from __future__ import annotations
-from repo import ROOT
 
 import os
 import sys
@@ -11,8 +10,11 @@ import time
 
 import pytest
 
+from repo import ROOT
+
 sys.path.append(str(ROOT / "scripts" / "benchmarks"))
 import hostile_server  # noqa: E402
+
 from dso.rejections import Reason  # noqa: E402
 from st_craft import honest  # noqa: E402
 from storage import keys  # noqa: E402

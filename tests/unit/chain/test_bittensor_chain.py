@@ -3,9 +3,8 @@ from __future__ import annotations
 
 import bittensor as bt
 import pytest
-from chain_helpers import hk
-from fake_substrate import FakeSubstrate
 
+from chain_helpers import hk
 from dso.chain.base import ChainError, ChainUnavailable, WeightRules
 from dso.chain.bittensor_chain import BittensorChain
 from dso.chain.factory import open_chain
@@ -13,6 +12,7 @@ from dso.chain.local import LocalChain
 from dso.chain.roles import VALIDATOR, with_role
 from dso.chain.wallets import dev_wallet
 from dso.config import Config
+from fake_substrate import FakeSubstrate
 
 
 @pytest.fixture

@@ -7,8 +7,8 @@ moments must not change the answer: otherwise two validators both believe they l
 from __future__ import annotations
 
 import pytest
-from chain_helpers import hk, wallets
 
+from chain_helpers import hk, wallets
 from dso.chain.base import STATE_HISTORY_BLOCKS, ChainError
 from dso.chain.cached import CachedChain
 from dso.chain.roles import VALIDATOR, with_role

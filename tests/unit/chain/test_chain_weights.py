@@ -6,14 +6,14 @@ import random
 import bittensor as bt
 import pytest
 from bittensor.intents.weights import clip_to_max_weight
-from chain_helpers import hk, wallets
-from fake_substrate import FakeSubstrate
 
+from chain_helpers import hk, wallets
 from dso.chain import rules
 from dso.chain.base import WeightRules
 from dso.chain.bittensor_chain import BittensorChain
 from dso.chain.wallets import dev_wallet
 from dso.chain.weights import PAD_FRACTION, WeightPlan, WeightRefusal, WeightsRefused, next_post_block, plan_weights
+from fake_substrate import FakeSubstrate
 
 UIDS = list(range(10))
 

@@ -6,8 +6,8 @@ import sqlite3
 from fractions import Fraction
 
 import pytest
-from chain_helpers import hk, wallets
 
+from chain_helpers import hk, wallets
 from dso.chain.__main__ import main as cli_main
 from dso.chain.base import ChainError, ChainUnavailable
 from dso.chain.local import LocalChain

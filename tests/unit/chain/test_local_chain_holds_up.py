@@ -6,7 +6,6 @@ from __future__ import annotations
 import sqlite3
 
 from chain_helpers import hk, wallets
-
 from dso.chain import local_state
 from dso.chain.base import STATE_HISTORY_BLOCKS, ChainError
 from dso.chain.local import LocalChain

@@ -3,8 +3,8 @@ version key, stake from emission with top-K permits, last update, and protocol-v
 from __future__ import annotations
 
 import pytest
-from chain_helpers import hk, wallets
 
+from chain_helpers import hk, wallets
 from dso.chain.base import ChainError, WeightRules
 from dso.chain.roles import VALIDATOR, with_role
 

@@ -99,6 +99,7 @@ def test_preset_sets_the_shape_and_explicit_keys_override_it(tmp_path):
 
 def test_preset_parameter_counts_match_the_built_model():
     import torch
+
     from dso.config import ModelConfig
     from dso.model import Decoder, parameter_count
     from dso.presets import PRESETS, non_embedding_parameters, total_parameters

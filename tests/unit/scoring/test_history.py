@@ -8,13 +8,13 @@ import hashlib
 import pytest
 import torch
 
+from dso.codecs import make_codec
 from dso.config import HParams
 from dso.model import build_model, parameter_shapes
-from dso.codecs import make_codec
 from dso.outer import OuterState
 from dso.rejections import Reason
 from neurons.engine import WindowInputs, run_window
-from scoring.history import (AGGREGATE, SKETCH_DIM, Sketcher, UploadHistory, find_replays, is_empty)
+from scoring.history import AGGREGATE, SKETCH_DIM, Sketcher, UploadHistory, find_replays, is_empty
 from scoring.state import ValidatorState
 
 

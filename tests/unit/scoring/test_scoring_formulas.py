@@ -9,10 +9,33 @@ import numpy as np
 import pytest
 from scipy.stats import rankdata, ttest_ind
 
-from scoring.formulas import (MU_MAX, MU_MIN, competition_ranks, cooled_down, help_median, help_ratio,
-                              help_record_score, helped_recently, last_update_helped, loss_delta, normalise_weights,
-                              pay_score, peer_score, penalise, poc_pays, poc_statistic, poc_update, poc_verdict,
-                              quality, smooth_weights, sync_score, top_g, work_proven, POC_BOUND, bound_statistic)
+from scoring.formulas import (
+    MU_MAX,
+    MU_MIN,
+    POC_BOUND,
+    bound_statistic,
+    competition_ranks,
+    cooled_down,
+    help_median,
+    help_ratio,
+    help_record_score,
+    helped_recently,
+    last_update_helped,
+    loss_delta,
+    normalise_weights,
+    pay_score,
+    peer_score,
+    penalise,
+    poc_pays,
+    poc_statistic,
+    poc_update,
+    poc_verdict,
+    quality,
+    smooth_weights,
+    sync_score,
+    top_g,
+    work_proven,
+)
 
 
 # ------------------------------------------------------------- proof of computation

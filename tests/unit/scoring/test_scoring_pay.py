@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 
 from dso.config import HParams
-from scoring import formulas
 from dso.rejections import Reason, Rejection
+from scoring import formulas
 from scoring.pay import Evaluation, pay, record_evaluation
 from scoring.rating import rate_match
 from scoring.state import PeerState

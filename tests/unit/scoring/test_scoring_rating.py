@@ -5,8 +5,16 @@ import math
 
 import pytest
 
-from scoring.rating import (RATING_MU_BOUND, SIGMA_MAX, SIGMA_MIN, bound_rating, initial_rating, model, ordinal,
-                            rate_match)
+from scoring.rating import (
+    RATING_MU_BOUND,
+    SIGMA_MAX,
+    SIGMA_MIN,
+    bound_rating,
+    initial_rating,
+    model,
+    ordinal,
+    rate_match,
+)
 
 BETA, TAU, KAPPA = 25 / 6, 25 / 300, 1e-4
 
