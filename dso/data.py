@@ -84,7 +84,7 @@ class Dataset:
         self.tokenizer = tokenizer or Tokenizer.bytes()
         width = seq_len + 1
         counts = [a.shape[0] // width for a in arrays]
-        self._arrays = [a for a, c in zip(arrays, counts) if c]
+        self._arrays = [a for a, c in zip(arrays, counts, strict=True) if c]
         self._starts = np.concatenate([[0], np.cumsum([c for c in counts if c])]).astype(np.int64)
         self.n_sequences = int(self._starts[-1])
         if self.n_sequences < 4:
@@ -136,7 +136,7 @@ class Dataset:
         shard = np.searchsorted(self._starts, rows, side="right") - 1
         if self.remote:
             self._fetch(rows, shard, urgent=True)  # every chunk of the batch at once, not one after another
-        for i, (r, s) in enumerate(zip(rows.tolist(), shard.tolist())):
+        for i, (r, s) in enumerate(zip(rows.tolist(), shard.tolist(), strict=True)):
             off = (r - int(self._starts[s])) * width
             out[i] = self._arrays[s][off:off + width]
         return out
@@ -145,7 +145,7 @@ class Dataset:
         """Ask the arrays that fetch from far away for the token spans of ``rows`` (they return at once)."""
         width = self.seq_len + 1
         spans: dict[int, list[tuple[int, int]]] = {}
-        for r, s in zip(rows.tolist(), shard.tolist()):
+        for r, s in zip(rows.tolist(), shard.tolist(), strict=True):
             off = (r - int(self._starts[s])) * width
             spans.setdefault(s, []).append((off, off + width))
         for s, wanted in spans.items():

@@ -67,7 +67,7 @@ class ChunkPlan:
 
     @property
     def grid(self) -> tuple[int, ...]:
-        return tuple(p // e for p, e in zip(self.padded, self.edges))
+        return tuple(p // e for p, e in zip(self.padded, self.edges, strict=True))
 
     @property
     def n_chunks(self) -> int:
@@ -82,7 +82,7 @@ class ChunkPlan:
         x = x.reshape(self.view)
         if self.padded != self.view:
             pad = [0, 0] * len(self.view)
-            for axis, (p, v) in enumerate(zip(self.padded, self.view)):
+            for axis, (p, v) in enumerate(zip(self.padded, self.view, strict=True)):
                 pad[2 * (len(self.view) - 1 - axis) + 1] = p - v
             x = torch.nn.functional.pad(x, pad)
         if len(self.view) == 1:

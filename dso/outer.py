@@ -119,7 +119,7 @@ def _exact_mean(codec: Any, updates: list[Any], norms: list[dict[str, float]], n
     """scale · mean over peers of values/‖values‖ in the codec domain, float64, in the given order."""
     plan = codec.plans[name]
     acc = torch.zeros(plan.n_chunks, plan.chunk_size, dtype=torch.float64)
-    for update, norm in zip(updates, norms):
+    for update, norm in zip(updates, norms, strict=True):
         if math.isfinite(norm[name]) and norm[name] > 0:
             u = update[name]
             acc.scatter_add_(1, u.idx, codec.values(u).double() / norm[name])  # unique indices per row

@@ -111,7 +111,7 @@ class RdpAccountant:
         if rounds < 0:
             raise ValueError("rounds must be >= 0")
         per_round = gaussian_rdp(self.orders, self.noise_multiplier)
-        return [r + rounds * p for r, p in zip(self.rdp, per_round)]
+        return [r + rounds * p for r, p in zip(self.rdp, per_round, strict=True)]
 
     def step(self, rounds: int = 1) -> None:
         """Record ``rounds`` uploads made with the current noise multiplier."""

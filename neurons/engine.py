@@ -152,7 +152,9 @@ def run_window(state: ValidatorState, model: torch.nn.Module, codec: Codec, data
         rejections.update(find_copies(codec, updates, seen_times(payloads), gains, previous, t,
                                       thresholds_for(hp.inner.mode, hp.dct), device=device, rows=rows))
         aggregate_row = rows[len(uids)] if previous is not None and uids else None  # decoded only beside uploads
-        rejections.update(find_replays(state.history, t, dict(zip(uids, rows)), aggregate_row, skip=list(rejections)))
+        # rows holds the previous aggregate's row after the uploads' rows: zip stops at the uploads
+        rejections.update(find_replays(state.history, t, dict(zip(uids, rows, strict=False)), aggregate_row,
+                                       skip=list(rejections)))
         # 3. score window t at θ_t
         evidence = WindowEvidence(t, {u: p for u, p in payloads.items() if u not in rejections}, rejections,
                                   inputs.active, inputs.randomness, inputs.eval_seed,
@@ -177,7 +179,8 @@ def consensus_step(model: torch.nn.Module, theta_t: ParameterSnapshot, theta_nex
     """``scale · (θ_t − θ_{t+1})``: the window's aggregate as an evaluation step, the control the proof of computation
     compares each peer's step with (scoring/evaluation.py)."""
     names = [name for name, _ in model.named_parameters()]
-    return {name: scale * (before - after) for name, before, after in zip(names, theta_t.copies, theta_next.copies)}
+    return {name: scale * (before - after)
+            for name, before, after in zip(names, theta_t.copies, theta_next.copies, strict=True)}
 
 
 def seen_times(payloads: Mapping[int, Payload]) -> dict[int, float]:
@@ -199,4 +202,4 @@ def _contributions(codec: Codec, rows: torch.Tensor, uids: Sequence[int], delta:
     if not uids:
         return {}
     aggregate = torch.cat([delta[n].reshape(-1) for n in codec.shapes])
-    return round_contributions(dict(zip(uids, rows)), aggregate, report.mu, report.loss_scores)
+    return round_contributions(dict(zip(uids, rows, strict=True)), aggregate, report.mu, report.loss_scores)

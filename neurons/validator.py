@@ -80,7 +80,7 @@ class Validator:
         try:
             loaded = validator_state.load(ctx.state_dir, ctx.model, hp.digest(), hp.outer.rule)
         except scoring_state.StateError as e:
-            raise Fatal(f"saved state does not fit this run: {e} (move {ctx.state_dir} away to start fresh)")
+            raise Fatal(f"saved state does not fit this run: {e} (move {ctx.state_dir} away to start fresh)") from e
         self.fresh = loaded is None
         if loaded:
             self.scores, self.book = loaded

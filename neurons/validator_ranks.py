@@ -53,7 +53,7 @@ def broadcast_tensors(ranks: Ranks, tensors: Sequence[torch.Tensor]) -> None:
                 flat = flat.to(ranks.comm_device)
                 dist.broadcast(flat, 0)
                 if not ranks.leader:
-                    for q, piece in zip(group, torch.split(flat, [q.numel() for q in group])):
+                    for q, piece in zip(group, torch.split(flat, [q.numel() for q in group]), strict=True):
                         q.copy_(piece.reshape(q.shape))
             group = []
 

@@ -35,7 +35,7 @@ class ParameterSnapshot:
 
     @torch.no_grad()
     def restore(self) -> None:
-        for p, saved in zip(self.params, self.copies):
+        for p, saved in zip(self.params, self.copies, strict=True):
             p.copy_(saved)
 
 

@@ -69,7 +69,7 @@ def sync_score(validator_values: list[float], peer_values: list[float], lr: floa
     if lr <= 0:
         raise ValueError(f"learning rate must be > 0, got {lr}")
     total = 0.0
-    for mine, theirs in zip(validator_values, peer_values):
+    for mine, theirs in zip(validator_values, peer_values, strict=True):
         if not math.isfinite(theirs):
             return math.inf
         total += abs(mine - theirs)

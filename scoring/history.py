@@ -123,7 +123,7 @@ class UploadHistory:
         if not bool(torch.isfinite(sketches).all()) or (index.numel() and int(index[:, 1].min()) < AGGREGATE):
             raise ValueError("history: a sketch is not finite or a label is not a uid")
         return cls(windows, [Entry(int(w), int(label), sketch.clone())
-                             for (w, label), sketch in zip(index.tolist(), sketches)])
+                             for (w, label), sketch in zip(index.tolist(), sketches, strict=True)])
 
 
 def is_empty(row: torch.Tensor) -> bool:

@@ -525,7 +525,7 @@ def mix(codec: Codec, window: int, updates: list[Update]) -> Update:
     out = {}
     for n in codec.shapes:
         norms = [d[n].norm().clamp_min(1e-12) for d in dense]
-        out[n] = sum(d[n] / norm for d, norm in zip(dense, norms)) / len(dense) * (sum(norms) / len(norms))
+        out[n] = sum(d[n] / norm for d, norm in zip(dense, norms, strict=True)) / len(dense) * (sum(norms) / len(norms))
     return codec.compress(out, window)
 
 

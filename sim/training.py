@@ -82,7 +82,7 @@ class History:
         self.tokens.append(tokens)
 
     def rows(self) -> list[dict[str, float]]:
-        return [{"window": w, "loss": loss} for w, loss in zip(self.windows, self.val_loss)]
+        return [{"window": w, "loss": loss} for w, loss in zip(self.windows, self.val_loss, strict=True)]
 
 
 def assignment(dataset: Dataset, uid: int, window: int, hp: HParams, steps: int) -> torch.Tensor:

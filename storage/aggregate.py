@@ -145,7 +145,7 @@ def _decode(data: bytes, codec: Codec, expect: Expect, max_peers: int) -> Bundle
     if isinstance(arrays, Rejection):
         return arrays
     payloads: dict[int, Payload] = {}
-    for uid, digest, sig in zip(uids, hashes, sigs):
+    for uid, digest, sig in zip(uids, hashes, sigs, strict=True):
         assert uid is not None
         blob = arrays[f"payload.{uid}"].tobytes()
         if hashlib.sha256(blob).hexdigest() != digest:

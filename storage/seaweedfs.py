@@ -146,8 +146,9 @@ def server_command(weed: str, data_dir: str, identity_file: str, ip: str, bind: 
     (none: weed's defaults, S3 on 8333).  Run it with :data:`SERVER_ENV` in the environment."""
     if ports and len(ports) != len(PORT_FLAGS):
         raise ValueError(f"ports: {len(PORT_FLAGS)} of them ({', '.join(PORT_FLAGS)}), or none")
+    # ports: none (no port flags) or one per flag, as checked above
     return [weed, "server", f"-dir={data_dir}", f"-ip={ip}", *([f"-ip.bind={bind}"] if bind else []),
-            *SERVER_FLAGS, *(f"{flag}={port}" for flag, port in zip(PORT_FLAGS, ports)),
+            *SERVER_FLAGS, *(f"{flag}={port}" for flag, port in zip(PORT_FLAGS, ports, strict=False)),
             f"-s3.config={identity_file}"]
 
 

@@ -143,6 +143,7 @@ class FakeSubstrate:
             fields = [{k: "0x" + bytes(v).hex()} for f in call.params["info"]["fields"] for k, v in f.items()]
             self.commitment_of[hotkey] = {"block": self.head, "deposit": 0, "info": {"fields": fields}}
         elif (call.module, call.function) == ("SubtensorModule", "set_mechanism_weights"):
-            self.weight_rows[self.hotkeys.index(hotkey)] = list(zip(call.params["dests"], call.params["weights"]))
+            row = list(zip(call.params["dests"], call.params["weights"], strict=True))
+            self.weight_rows[self.hotkeys.index(hotkey)] = row
             self.last_update[hotkey] = self.head
         return ExtrinsicResult(success=True, message="included")

@@ -113,7 +113,7 @@ def test_make_run_into_a_file_then_sigterm(tmp_path, stdlib_corpus, network_hpar
         # second line (its first window may be a catch-up), so wait for both miners' (the report's utilisation
         # holds a miner once it recorded a window), boundedly
         for miner in ("miner0", "miner1"):
-            wait_until(lambda: one(scrape(ports[miner]), "dso_trained_tokens_total") > 0, 120, process, out)
+            wait_until(lambda miner=miner: one(scrape(ports[miner]), "dso_trained_tokens_total") > 0, 120, process, out)
         assert one(scrape(ports["validator0"]), "dso_validation_loss_bits_per_byte") > 0
         tree = descendants(process.pid)
         assert len(running(tree)) >= 4, tree              # S3 server, validator, two miners

@@ -366,7 +366,10 @@ def test_miner_utilisation_from_a_report(tmp_path):
     assert training.miner_utilisation(str(path)) is None
 
 
-def _run(curve, tokens=None, lr=None, nbytes=0, per_nat=1 / math.log(2)):
+BITS_PER_NAT = 1 / math.log(2)
+
+
+def _run(curve, tokens=None, lr=None, nbytes=0, per_nat=BITS_PER_NAT):
     return {"val_loss": curve, "tokens": tokens or list(range(len(curve))), "update_bytes": nbytes,
             "cpu_seconds": 1.0, "spec": {"lr": lr}, "bits_per_nat": per_nat}
 

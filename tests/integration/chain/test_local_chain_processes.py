@@ -51,7 +51,7 @@ def test_two_processes_writing_at_once_lose_nothing(tmp_path):
     start_at = time.time() + 2.5  # both interpreters are up before either writes
     procs = [_writer(path, uri, n, start_at) for uri in ("//procA", "//procB")]
     outputs = [p.communicate(timeout=120) for p in procs]
-    for p, (out, err) in zip(procs, outputs):
+    for p, (out, err) in zip(procs, outputs, strict=True):
         assert p.returncode == 0, err
         assert "done" in out and "locked" not in err
     a, b = dev_wallet("//procA"), dev_wallet("//procB")

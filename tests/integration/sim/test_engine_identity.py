@@ -57,7 +57,7 @@ def validator_and_sim(tmp_path_factory, stdlib_corpus):
         pairs = []
         for t in range(WINDOWS):
             payloads, rejections = sim.uploads(t)
-            validator.gather = lambda _t, _peers: GatherResult(dict(payloads), dict(rejections))  # type: ignore
+            validator.gather = lambda _t, _peers, p=payloads, r=rejections: GatherResult(dict(p), dict(r))  # type: ignore
             line = validator.process(t)
             record = sim.conclude(t, payloads, rejections)
             pairs.append((line, record, model_hash(sim.model)))

@@ -22,7 +22,7 @@ BLOCKS_PER_WINDOW = 10
 
 def validators(chain, prefix: str, stakes: list[float]):
     ws = wallets(prefix, len(stakes))
-    for w, stake in zip(ws, stakes):
+    for w, stake in zip(ws, stakes, strict=True):
         chain.register(w)
         chain.add_stake(hk(w), stake)
         chain.commit(w, with_role(COMMIT, VALIDATOR))

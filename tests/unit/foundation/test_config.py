@@ -103,7 +103,7 @@ def test_preset_parameter_counts_match_the_built_model():
     from dso.config import ModelConfig
     from dso.model import Decoder, parameter_count
     from dso.presets import PRESETS, non_embedding_parameters, total_parameters
-    for name, shape in PRESETS.items():
+    for shape in PRESETS.values():
         cfg = ModelConfig(**shape, vocab_size=1024)
         with torch.device("meta"):  # shapes only: the 1 B preset needs no memory here
             built = parameter_count(Decoder(cfg))

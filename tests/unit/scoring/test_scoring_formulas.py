@@ -170,7 +170,7 @@ def test_sync_score_matches_numpy():
 
 def test_sync_score_k_steps_behind_scores_k():
     theta = [0.5, -0.25, 1.0, 0.0]
-    behind = [t + 3 * 0.002 * s for t, s in zip(theta, (1, -1, 1, -1))]
+    behind = [t + 3 * 0.002 * s for t, s in zip(theta, (1, -1, 1, -1), strict=True)]
     assert sync_score(theta, behind, 0.002) == pytest.approx(3.0)
 
 

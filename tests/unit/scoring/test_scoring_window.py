@@ -58,7 +58,7 @@ def test_in_place_evaluation_matches_a_model_copy_and_restores_theta_bit_exactly
                 sequence_losses(net.model, rand, 4), sequence_losses(at(control), rand, 4),
                 sequence_losses(at(step), rand, 4)]
     for name, want in zip(("control_assigned", "stepped_assigned", "base_rand", "control_rand", "stepped_rand"),
-                          expected):
+                          expected, strict=True):
         assert getattr(got, name).tolist() == pytest.approx(want.tolist()), name
     assert got.delta_rand == pytest.approx(float(expected[2].mean() - expected[4].mean()))
     assert model_hash(net.model) == before
