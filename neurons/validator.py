@@ -312,7 +312,8 @@ class Validator:
         active = ctx.peers.miners()
         got = self.gather(t, active)
         timings["gather"] = round(time.perf_counter() - mark, 3)
-        eval_seed = ctx.clock.eval_randomness(t, ctx.hp.commit_reveal, ctx.stop)  # who is evaluated (issue 17)
+        # who is evaluated: drawn from a block made after the uploads closed, so no miner knows it in advance
+        eval_seed = ctx.clock.eval_randomness(t, ctx.hp.commit_reveal, ctx.stop)
         inputs = WindowInputs(t, got.payloads, got.rejections, active, self.book.lists.get(t, []),
                               ctx.clock.window_randomness(t), eval_seed, bundle=self.leader_bundle(t, got),
                               previous_aggregate=self.previous_delta)

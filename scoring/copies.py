@@ -1,4 +1,4 @@
-"""Copied updates: two uids uploading the same, or nearly the same, update in one window (issue 17).
+"""Copied updates: two uids uploading the same, or nearly the same, update in one window.
 
 A copier reads an honest upload during the put window and re-uploads it under
 its own uid, exactly or disguised (noise added, scaled, mixed with another

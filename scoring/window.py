@@ -135,7 +135,7 @@ def picker(state: ValidatorState, hp: HParams, window: int, eval_seed: bytes, pu
 
 def data_rng(state: ValidatorState, hp: HParams, window: int, eval_seed: bytes) -> np.random.Generator:
     """Which assigned sequences and which D_rand the evaluation uses: drawn from the public eval seed under the
-    random schedule (every validator scores on the same data, so their ratings agree — issue 16), from the
+    random schedule (every validator scores on the same data, so their ratings agree), from the
     validator's private secret under the round-robin baseline (whose schedule is predictable anyway)."""
     if hp.eval_schedule == "random":
         return selection.public_rng(window, eval_seed, b"data")

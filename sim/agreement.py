@@ -1,4 +1,4 @@
-"""How far several validators' weight rows are apart, and who led each window (issue 16).
+"""How far several validators' weight rows are apart, and who led each window.
 
 Pure functions over the validators' JSON lines (``window``, ``weights``, ``leading``): the report of a local
 network with more than one validator shows them, and the three-validator end-to-end test checks the target.

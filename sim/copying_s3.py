@@ -1,5 +1,5 @@
 """A copier's own S3 endpoint that serves an author's update as its own, on demand, with the author's headers
-(issue 37: authorship no endpoint can fake).  Experiments only: the core never imports it.
+(docs/scoring.md, "Authorship no endpoint can fake").  Experiments only: the core never imports it.
 
 The copier publishes this server's URL on chain (as ``backdater`` publishes sim/forging_s3.py's).  Whatever a
 reader asks for under the copier's uid, the server builds from the author's bucket at that moment:

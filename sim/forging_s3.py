@@ -1,5 +1,5 @@
 """A peer's own S3 server that lies about time: a reverse proxy in front of a real S3 endpoint that replaces every
-``LastModified`` it serves with a time of the forger's choosing (issue 17, "timing a peer cannot forge").
+``LastModified`` it serves with a time of the forger's choosing (docs/scoring.md, "Upload times the peer cannot forge").
 
 The ``backdater`` and ``hider`` adversaries (sim/behaviours.py) publish this proxy's URL on chain instead of
 the S3 endpoint they write to (``--storage.public_endpoint``).  Readers' requests pass through unchanged, Host

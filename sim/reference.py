@@ -1,5 +1,5 @@
 """The local run's reference curve: one centralised AdamW run of the same model on as many tokens as the
-network's honest and diligent miners trained on (issue 13).
+network's honest and diligent miners trained on.
 
 After the network has stopped, ``sim.training.run_ddp`` with one peer — plain AdamW with the inner
 optimiser's settings (lr, betas, warm-up, clipping), ``batch_size`` sequences per step, the run's θ_0

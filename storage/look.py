@@ -1,4 +1,4 @@
-"""The validator's own look at the uploads: when it first saw each, and what was there at the close (issues 17, 37).
+"""The validator's own look at the uploads: when it first saw each, and what was there at the close.
 
 A peer that serves its bucket from its own S3-compatible server can report any ``LastModified``, any ETag and any
 listing.  So the validator reads every peer's *signature object* itself (storage/signature.py: the miner's signed

@@ -101,7 +101,7 @@ def test_copier_gains_no_weight_under_commit_reveal(cr_network):
 
 
 def test_the_validator_looks_at_the_commitments_before_anyone_reveals(cr_network):
-    """Issue 17: commitments are timed by the validator's own look, taken after the put window closed and over
+    """Commitments are timed by the validator's own look, taken after the put window closed and over
     before the reveals begin (dso.clock.reveal_time), not by the LastModified a peer's server reports."""
     lines = cr_network.validator_lines()
     looks = [line["commitments_look"] for line in lines]

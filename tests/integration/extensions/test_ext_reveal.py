@@ -259,7 +259,7 @@ def test_gather_window_aggregation_set_is_the_same_for_every_reader(hp, codec, p
 
 
 def test_the_look_at_the_reveal_deadline_accepts_an_honest_reveal(hp, codec, peers):
-    """Regression (issue 17 re-land, issue 37): under commit-reveal the look reads the signature revealed with the
+    """Regression: under commit-reveal the look reads the signature revealed with the
     payload; the payload read must carry the digest of that same signature object (its evidence), or every honest
     miner would be judged `changed`."""
     from dso import signatures
@@ -285,7 +285,7 @@ def test_the_look_at_the_reveal_deadline_accepts_an_honest_reveal(hp, codec, pee
 
 
 def test_the_look_at_the_commitments_overrules_a_forged_last_modified(hp, codec, peers):
-    """Issue 17: a peer serving its own bucket can stamp a late commitment inside the put window.  The validator's
+    """A peer serving its own bucket can stamp a late commitment inside the put window.  The validator's
     look at the commitments (before anyone reveals) decides instead: absent then → no_commit whatever the stamp;
     rewritten since → changed; seen then → the LastModified rule as before."""
     from storage.look import Look, look

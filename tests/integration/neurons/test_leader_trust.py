@@ -1,4 +1,4 @@
-"""A leader nobody has to trust (issue 37), with real nodes in-process (production wiring, the embedded S3 server,
+"""A leader nobody has to trust, with real nodes in-process (production wiring, the embedded S3 server,
 a LocalChain): three validators by stake (the first one lies), four miners publishing signed payloads.
 
 The leader's bundle forges a payload (negated, under its miner's signature), includes one the others rejected,

@@ -1,4 +1,4 @@
-"""Authorship no endpoint can fake (issue 37), through the validator's real watch, look and gather on the embedded
+"""Authorship no endpoint can fake, through the validator's real watch, look and gather on the embedded
 S3 server, the real copy detection and the real scoring.
 
 Three honest miners publish signed payloads (the signature, then the payload SIGNATURE_LEAD_SECONDS later, as

@@ -1,4 +1,4 @@
-"""The chain's state as of a past block, and the leader of a window decided from it (issue 16, hand-over).
+"""The chain's state as of a past block, and the leader of a window decided from it (the leader hand-over).
 
 Who leads window t is read from the state at t's last block.  Nodes ask at different moments (a validator
 after the uploads close, a miner while it waits for the bundle), and a weight post between two of those

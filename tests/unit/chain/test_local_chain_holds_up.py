@@ -1,4 +1,4 @@
-"""Issue 18, finding 7: the local chain holds up under churn.  Each test failed before the change:
+"""The local chain holds up under churn.  Each test failed before the change:
 a sybil flood evicted a new honest miner before it could earn; deregistered rows were kept for ever;
 every read re-built and re-checked every row's signature."""
 from __future__ import annotations

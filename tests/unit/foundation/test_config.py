@@ -81,7 +81,7 @@ def test_every_leaf_has_a_flag_and_a_doc():
     assert all(a.help for a in parser._actions)
 
 
-# ------------------------------------------------------------------ model presets (issue 14)
+# ------------------------------------------------------------------ model presets
 def test_preset_sets_the_shape_and_explicit_keys_override_it(tmp_path):
     from dso.presets import PRESETS
     cfg, _ = parse_args(["--hparams.model.preset", "125m", "--hparams.model.n_layers", "6"])

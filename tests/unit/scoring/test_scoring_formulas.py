@@ -136,7 +136,7 @@ def test_penalise_is_phi_times_mu_for_non_negative_and_never_raises():
 
 
 def test_mu_is_bounded_by_construction_and_an_offline_peer_can_recover():
-    """Finding 3: a negative μ was scaled by 1.25 per penalty without bound and reached -inf after ~3,200
+    """A negative μ was scaled by 1.25 per penalty without bound and reached -inf after ~3,200
     windows (then the saved state was refused and the validator stopped).  Now it stops at MU_MIN, and
     from there ceil(ln 2 / -ln γ) = 14 proofs of computation bring it back above zero (docs/scoring.md)."""
     mu = poc_update(0.0, False, 0.95)               # -0.05

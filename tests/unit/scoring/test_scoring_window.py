@@ -290,7 +290,7 @@ def test_validators_with_different_secrets_evaluate_the_same_peers(hp, dataset):
 
 def test_validators_with_different_secrets_score_and_weight_alike_under_the_random_schedule(hp, dataset):
     """The evaluation data comes from the eval seed too, so two validators with different secrets that saw
-    the same uploads produce the same LossScores and weights (issue 16); under round-robin they do not."""
+    the same uploads produce the same LossScores and weights; under round-robin they do not."""
     hp.eval_peers, hp.fast_peers = 3, 8
     reports = {}
     for schedule in ("random", "round_robin"):

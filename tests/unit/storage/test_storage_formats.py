@@ -163,7 +163,7 @@ def _with_meta(codec, update, hp, uid: int, window: int, /, **changes) -> bytes:
 
 
 def test_data_hash_of_the_run_is_compared(codec, make_update, hp):
-    """Finding 5: docs/protocol.md says a payload with another data hash is rejected; the hash was never
+    """docs/protocol.md says a payload with another data hash is rejected; the hash was never
     compared because no caller set it.  Expect.from_hparams now takes the run's data hash (by default the
     pinned hp.data_hash)."""
     ours, theirs = "ab" * 32, "cd" * 32
