@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from dso.chain.base import Chain, ChainError
 from dso.chain.rules import FUTURE_BLOCK

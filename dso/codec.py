@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Mapping
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -112,7 +113,7 @@ class DeMoCodec:
         self.quantiser = LevelQuantiser(self.value_bits) if self.value_bits <= 8 else None
 
     @classmethod
-    def from_hparams(cls, shapes: dict[str, tuple[int, ...]], hp: HParams) -> "DeMoCodec":
+    def from_hparams(cls, shapes: dict[str, tuple[int, ...]], hp: HParams) -> DeMoCodec:
         counts = {"embed": hp.embed_topk, "attn": hp.attn_topk, "ffn": hp.ffn_topk}  # 0: that kind keeps topk
         present = {parameter_kind(n) for n in shapes}
         topk_of = {kind: k for kind, k in counts.items() if k and kind in present}

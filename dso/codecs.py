@@ -8,7 +8,8 @@ Updates are opaque to callers: only the codec that made one reads it.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Mapping, Protocol
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import torch

@@ -39,7 +39,7 @@ PayRule = Literal["work", "peerscore"]
 # ----------------------------------------------------------------- hparams
 @dataclass
 class ModelConfig:
-    # first field: a preset is applied before the shape keys, which then override it (issue 14)
+    # first field: a preset is applied before the shape keys, which then override it
     preset: str = _doc("named shape applied before the other model keys (which override it): "
                        + presets.describe() + "; empty = the keys as given", default="")
     vocab_size: int = _doc("token vocabulary: the tokeniser's size (256 for bytes; docs/data.md)", default=4096)
@@ -74,7 +74,7 @@ class DPConfig:
     delta: float = _doc("target delta of the (epsilon, delta) guarantee", default=1e-6)
     epsilon_budget: float = _doc("a miner stops uploading before spending more than this", default=10.0)
     max_order: int = _doc("Renyi orders 2..max_order are tracked", default=127)
-    # --- issue 17: noise from a target
+    # --- noise derived from a privacy target: the ε that target_rounds uploads may spend
     target_epsilon: float = _doc("if > 0: the noise multiplier is derived so that target_rounds uploads spend "
                                  "exactly this epsilon at delta, and it is the budget (noise_multiplier and "
                                  "epsilon_budget are then not used); 0 = use those two", default=8.0)
@@ -86,7 +86,7 @@ class DPConfig:
             raise ConfigError(f"{prefix}.delta: must be in (0, 1), got {self.delta}")
         if self.max_order < 2:
             raise ConfigError(f"{prefix}.max_order: must be >= 2")
-        if self.target_epsilon < 0 or self.target_rounds < 1:  # issue 17
+        if self.target_epsilon < 0 or self.target_rounds < 1:
             raise ConfigError(f"{prefix}.target_epsilon must be >= 0 and {prefix}.target_rounds >= 1")
         if self.target_epsilon > 0:  # z is derived where it is used (dso.privacy.dp_settings); solvable?
             from dso.rdp import noise_for_target
@@ -215,7 +215,7 @@ class HParams:
                              "miner sends them in the windows it does not train)", default=10)
     topg: int = _doc("G: peers aggregated per window", default=15)
     weight_power: float = _doc("c of the power normalisation of scores (1: pay follows the rating; 0.7 with the "
-                               "DCT codec, whose rating already rewards quality steeply; docs/scoring.md, issue 17)",
+                               "DCT codec, whose rating already rewards quality steeply; docs/scoring.md)",
                                default=1.0)
     pay_rule: PayRule = _doc(
         "what a paid peer's weight follows: 'work', the sequences it proved it trained times the quality of its "
@@ -233,13 +233,13 @@ class HParams:
     coherence_threshold: float = _doc("cosine to the consensus below this is dropped; -1 = off", default=-1.0)
     commit_reveal: bool = _doc("upload a hash in the put window, reveal in the next", default=False)
     dp: DPConfig = field(default_factory=DPConfig)
-    # --- tokeniser (issue 14; docs/data.md)
+    # --- tokeniser (docs/data.md)
     tokenizer: Literal["bytes", "bpe"] = _doc(
         "bytes: 256 ids, id = byte value (vocab_size must be 256); bpe: byte-level BPE with "
         "hparams.model.vocab_size ids, trained from the corpus on first use (or data.tokenizer_file); "
         "bpe with 4096 ids is the default: lowest bits per byte at equal compute (docs/data.md)",
         default="bpe")
-    # --- issue 17: evaluation nobody can predict, SyncScore on every tensor
+    # --- evaluation nobody can predict, SyncScore on every tensor
     eval_schedule: Literal["random", "round_robin"] = _doc(
         "how F_t and S_t are drawn: 'random' from the chain randomness of a block after the uploads close, weighted "
         "toward peers not checked recently; 'round_robin' is the old least-recently-evaluated order (predictable: "
@@ -249,7 +249,7 @@ class HParams:
     sync_samples_per_tensor: int = _doc("SyncScore samples per parameter tensor, so every tensor is checked each "
                                         "window at any model size; sync_samples is the floor of the total",
                                         default=1)
-    # --- issue 17: fair, stable weights (docs/scoring.md, "Fair, stable weights")
+    # --- fair, stable weights (docs/scoring.md, "Fair, stable weights")
     rating_beta: float = _doc("OpenSkill Plackett-Luce beta: the spread of one match's result around a peer's "
                               "skill (larger = each match moves the rating less)", default=25 / 6)
     rating_tau: float = _doc("OpenSkill tau: added to sigma before every match, so the rating keeps "
@@ -274,7 +274,7 @@ class HParams:
     weight_smoothing: float = _doc("posted weights = s * this window's + (1 - s) * the last posted, for peers "
                                    "still paid this window (others drop to 0 at once); 1 = no smoothing",
                                    default=0.5)
-    # --- issue 13: codec domain, inner loop, outer step (docs/codec.md, docs/training.md)
+    # --- codec domain, inner loop, outer step (docs/codec.md, docs/training.md)
     dct: bool = _doc("codec: DCT each chunk before top-k (DeMo's; configs/dct.toml sets it with the values measured "
                      "for it); false = top-k of raw parameter chunks (Templar's current codec; docs/codec.md)",
                      default=False)
@@ -319,9 +319,9 @@ class HParams:
             raise ConfigError(f"{prefix}.eval_scale: must be in (0, 1], got {self.eval_scale}")
         if self.krum_f < 0 or self.krum_m < 0 or self.warmup_windows < 0 or self.weight_decay < 0:
             raise ConfigError(f"{prefix}: krum_f, krum_m, warmup_windows, weight_decay must be >= 0")
-        if not self.eval_max_gap_factor >= 1:  # issue 17
+        if not self.eval_max_gap_factor >= 1:
             raise ConfigError(f"{prefix}.eval_max_gap_factor: must be >= 1, got {self.eval_max_gap_factor}")
-        if not (self.rating_beta > 0 and self.rating_tau >= 0 and self.rating_z >= 0):  # issue 17
+        if not (self.rating_beta > 0 and self.rating_tau >= 0 and self.rating_z >= 0):
             raise ConfigError(f"{prefix}: rating_beta must be > 0, rating_tau and rating_z >= 0")
         if not -1 < self.poc_floor <= 0 or not 0 < self.weight_smoothing <= 1 or not 0 <= self.help_share <= 1:
             raise ConfigError(f"{prefix}: poc_floor must be in (-1, 0], weight_smoothing in (0, 1], help_share in "
@@ -361,7 +361,7 @@ class SubtensorConfig:
     network: str = _doc("'localchain' (embedded SQLite), 'finney', 'test', 'local' or a ws:// URL",
                         default="localchain")
     localchain_path: str = _doc("SQLite file of the embedded chain", default="~/.dso/localnet/chain.sqlite")
-    # --- issue 16: the real chain's rules
+    # --- the real chain's rules, which LocalChain models too
     weights_version: int = _doc("version key posted with weights; the subnet refuses posts below its "
                                 "weights_version hyperparameter (docs/deployment.md)", default=WEIGHTS_VERSION)
 
@@ -383,7 +383,7 @@ class StorageConfig:
     retention_windows: int = _doc("own objects older than this are deleted", default=50)
     checkpoint_shard_mib: int = _doc("a validator's checkpoints go to S3 as shards of at most this many MiB (each "
                                      "above 64 MiB a multipart upload; docs/storage.md)", default=256)
-    # --- issue 18: which endpoints of other peers a node may send requests to (docs/storage.md)
+    # --- which endpoints of other peers a node may send requests to (docs/storage.md)
     allow_loopback_endpoints: bool = _doc(
         "accept peers' endpoints on loopback addresses, over plain http (local networks and tests only); "
         "otherwise peers must publish public https hosts", default=False)
@@ -420,7 +420,7 @@ class NeuronConfig:
         "about a third more compute, the same numbers; one process or a torchrun group; docs/scale.md)",
         default=False)
     log_json: str = _doc("append one JSON line per window to this file", default="")
-    # --- operations (issue 19): Prometheus metrics, docs/operations.md
+    # --- operations: Prometheus metrics, docs/operations.md
     metrics_port: int = _doc("serve Prometheus metrics on this TCP port (0 = off; the local network turns it on "
                              "with a free port per node)", default=0)
     metrics_host: str = _doc("address the metrics endpoint binds (0.0.0.0 lets a Prometheus on another host "
@@ -439,7 +439,7 @@ class Config:
     neuron: NeuronConfig = field(default_factory=NeuronConfig)
     hparams: HParams = field(default_factory=HParams)
 
-    def validate(self) -> "Config":
+    def validate(self) -> Config:
         if self.device not in ("cpu", "cuda") and not self.device.startswith("cuda:"):
             raise ConfigError(f"device: expected cpu, cuda or cuda:N, got {self.device!r}")
         _positive(self, "", "threads")
@@ -455,7 +455,7 @@ class Config:
             raise ConfigError(f"neuron.metrics_port: must be 0 (off) or a TCP port 1..65535, got "
                               f"{self.neuron.metrics_port}")
         self.hparams.validate("hparams")
-        if self.subtensor.weights_version < 0:  # issue 16
+        if self.subtensor.weights_version < 0:
             raise ConfigError("subtensor.weights_version: must be >= 0")
         if self.data.tokenizer_file and self.hparams.tokenizer != "bpe":
             raise ConfigError("data.tokenizer_file: only used with hparams.tokenizer=bpe")

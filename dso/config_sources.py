@@ -13,8 +13,9 @@ import json
 import re
 import sys
 import typing
+from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, Mapping
+from typing import TYPE_CHECKING, Any, Literal
 
 from dso.config import Config, ConfigError, HParams, ModelConfig
 

@@ -17,8 +17,9 @@ So a score lies in [−0.2, 1].  Every component is recorded next to the total.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
-from typing import Any, Mapping
+from typing import Any
 
 import torch
 

@@ -14,9 +14,9 @@ from __future__ import annotations
 import codecs
 import json
 import sys
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Iterator
 
 TEXT_SUFFIXES = (".txt", ".md", ".py", ".rst")
 JSONL_SUFFIXES = (".jsonl", ".ndjson")

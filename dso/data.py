@@ -26,20 +26,18 @@ from __future__ import annotations
 
 import hashlib
 import logging
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable, Sequence
 
 import numpy as np
 import numpy.typing as npt
 import torch
 
 from dso.config import HParams
-from dso.corpus import (SHAKESPEARE_HINT, DataError, corpus_files, find_shakespeare,  # noqa: F401 (re-exported)
-                        fingerprint, total_bytes)
+from dso.corpus import SHAKESPEARE_HINT, DataError, corpus_files, find_shakespeare, fingerprint, total_bytes  # noqa: F401 (re-exported)
 from dso.progress import Progress
 from dso.shard_writer import iter_all_text, prepared_shards
-from dso.shards import (CHUNK_BYTES, MANIFEST, VERSION, ShardSet, TokenArray, is_shard_corpus, open_shards,
-                        read_manifest)
+from dso.shards import CHUNK_BYTES, MANIFEST, VERSION, ShardSet, TokenArray, is_shard_corpus, open_shards, read_manifest
 from dso.tokenizer import MIN_FREQUENCY, TRAIN_CAP_BYTES, Tokenizer, TokenizerSpec, train_bpe
 
 log = logging.getLogger(__name__)
@@ -62,7 +60,7 @@ def _splitmix64(x: np.ndarray) -> np.ndarray:
 class _Rows:
     """``dataset.sequences[rows]``: token rows (int64) by row number, without materialising them all."""
 
-    def __init__(self, ds: "Dataset"):
+    def __init__(self, ds: Dataset):
         self._ds = ds
         self.shape = (ds.n_sequences, ds.seq_len + 1)
 
@@ -86,7 +84,7 @@ class Dataset:
         self.tokenizer = tokenizer or Tokenizer.bytes()
         width = seq_len + 1
         counts = [a.shape[0] // width for a in arrays]
-        self._arrays = [a for a, c in zip(arrays, counts) if c]
+        self._arrays = [a for a, c in zip(arrays, counts, strict=True) if c]
         self._starts = np.concatenate([[0], np.cumsum([c for c in counts if c])]).astype(np.int64)
         self.n_sequences = int(self._starts[-1])
         if self.n_sequences < 4:
@@ -138,7 +136,7 @@ class Dataset:
         shard = np.searchsorted(self._starts, rows, side="right") - 1
         if self.remote:
             self._fetch(rows, shard, urgent=True)  # every chunk of the batch at once, not one after another
-        for i, (r, s) in enumerate(zip(rows.tolist(), shard.tolist())):
+        for i, (r, s) in enumerate(zip(rows.tolist(), shard.tolist(), strict=True)):
             off = (r - int(self._starts[s])) * width
             out[i] = self._arrays[s][off:off + width]
         return out
@@ -147,7 +145,7 @@ class Dataset:
         """Ask the arrays that fetch from far away for the token spans of ``rows`` (they return at once)."""
         width = self.seq_len + 1
         spans: dict[int, list[tuple[int, int]]] = {}
-        for r, s in zip(rows.tolist(), shard.tolist()):
+        for r, s in zip(rows.tolist(), shard.tolist(), strict=True):
             off = (r - int(self._starts[s])) * width
             spans.setdefault(s, []).append((off, off + width))
         for s, wanted in spans.items():
@@ -251,12 +249,12 @@ class Dataset:
 
     # ------------------------------------------------------------ construction
     @classmethod
-    def from_shards(cls, shards: ShardSet, seq_len: int, seed: int, val_fraction: float) -> "Dataset":
+    def from_shards(cls, shards: ShardSet, seq_len: int, seed: int, val_fraction: float) -> Dataset:
         return cls(shards.arrays, shards.data_hash, seq_len, seed, val_fraction, shards.tokenizer)
 
     @classmethod
     def from_config(cls, corpus: str, cache_dir: str, seq_len: int, seed: int, val_fraction: float,
-                    expected_hash: str = "", tokenizer: TokenizerSpec | None = None) -> "Dataset":
+                    expected_hash: str = "", tokenizer: TokenizerSpec | None = None) -> Dataset:
         """The run's data: ``corpus`` tokenised as ``tokenizer`` asks (default: bytes), checked against
         ``expected_hash`` (the run's ``hparams.data_hash``; empty = not pinned)."""
         spec = tokenizer or TokenizerSpec()
@@ -265,7 +263,7 @@ class Dataset:
         return cls.from_shards(shards, seq_len, seed, val_fraction)
 
     @classmethod
-    def from_shard_set(cls, hp: HParams, shards: ShardSet, tokenizer_file: str = "", corpus: str = "") -> "Dataset":
+    def from_shard_set(cls, hp: HParams, shards: ShardSet, tokenizer_file: str = "", corpus: str = "") -> Dataset:
         """The data of a run from opened shards (local, or a remote corpus): its tokeniser is the run's and its
         data hash the pinned one; ``corpus`` names it in messages (default: where the shards are)."""
         spec = TokenizerSpec(hp.tokenizer, hp.model.vocab_size, tokenizer_file)
@@ -273,7 +271,7 @@ class Dataset:
         return cls.from_shards(shards, hp.model.seq_len, hp.seed, hp.val_fraction)
 
     @classmethod
-    def for_run(cls, hp: HParams, corpus: str, cache_dir: str, tokenizer_file: str = "") -> "Dataset":
+    def for_run(cls, hp: HParams, corpus: str, cache_dir: str, tokenizer_file: str = "") -> Dataset:
         """The data of a run with hyper-parameters ``hp``: its tokeniser, sequence length, seed and split,
         checked against its pinned ``hp.data_hash`` — what every node and experiment should call."""
         return cls.from_shard_set(hp, run_shards(hp, corpus, cache_dir, tokenizer_file), tokenizer_file, corpus)

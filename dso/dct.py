@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache
 
 import torch
 
 
-@lru_cache(maxsize=None)
+@cache
 def _basis_cpu(n: int) -> torch.Tensor:
     k = torch.arange(n, dtype=torch.float64)[:, None]
     i = torch.arange(n, dtype=torch.float64)[None, :]
@@ -59,7 +59,7 @@ class ChunkPlan:
     transform: bool = True   # False: chunks of raw values (no DCT)
 
     @classmethod
-    def for_shape(cls, shape: tuple[int, ...], target: int, transform: bool = True) -> "ChunkPlan":
+    def for_shape(cls, shape: tuple[int, ...], target: int, transform: bool = True) -> ChunkPlan:
         numel = math.prod(shape)
         view = (numel,) if len(shape) <= 1 else (shape[0], numel // shape[0])
         pairs = [choose_edge(d, target) for d in view]
@@ -67,7 +67,7 @@ class ChunkPlan:
 
     @property
     def grid(self) -> tuple[int, ...]:
-        return tuple(p // e for p, e in zip(self.padded, self.edges))
+        return tuple(p // e for p, e in zip(self.padded, self.edges, strict=True))
 
     @property
     def n_chunks(self) -> int:
@@ -82,7 +82,7 @@ class ChunkPlan:
         x = x.reshape(self.view)
         if self.padded != self.view:
             pad = [0, 0] * len(self.view)
-            for axis, (p, v) in enumerate(zip(self.padded, self.view)):
+            for axis, (p, v) in enumerate(zip(self.padded, self.view, strict=True)):
                 pad[2 * (len(self.view) - 1 - axis) + 1] = p - v
             x = torch.nn.functional.pad(x, pad)
         if len(self.view) == 1:

@@ -16,8 +16,9 @@ import ctypes.util
 import datetime
 import json
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -181,7 +182,7 @@ def all_gather_flat(ranks: Ranks, flat: torch.Tensor, sizes: Sequence[int]) -> l
     padded[:flat.numel()] = flat.to(ranks.comm_device)
     out = [torch.empty_like(padded) for _ in range(ranks.world)]
     dist.all_gather(out, padded)
-    return [o[:n].cpu() for o, n in zip(out, sizes)]
+    return [o[:n].cpu() for o, n in zip(out, sizes, strict=True)]
 
 
 def gather_flat(ranks: Ranks, flat: torch.Tensor, sizes: Sequence[int]) -> list[torch.Tensor] | None:

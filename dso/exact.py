@@ -17,7 +17,7 @@ an order that depends on the CPU and the library, and float rounding makes the o
 from __future__ import annotations
 
 import math
-from functools import lru_cache
+from functools import cache
 
 import numpy as np
 import torch
@@ -35,7 +35,7 @@ def exact_norm(values: torch.Tensor) -> float:
     return math.sqrt(math.fsum(squares.tolist()))
 
 
-@lru_cache(maxsize=None)
+@cache
 def fixed_basis(n: int) -> torch.Tensor:
     """Orthonormal DCT-II basis rounded to multiples of 2^-BASIS_BITS, as float64 integers.
 

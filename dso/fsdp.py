@@ -13,7 +13,7 @@ compress every rank's slice on its own (dso/sharded_codec.py).
 """
 from __future__ import annotations
 
-from typing import Mapping
+from collections.abc import Mapping
 
 import torch
 from torch.distributed.fsdp import fully_shard

@@ -24,8 +24,9 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Mapping, Protocol
+from typing import Protocol
 
 import torch
 
@@ -86,7 +87,7 @@ class InnerReport:
     def mean_loss(self) -> float:
         return sum(self.losses) / len(self.losses) if self.losses else math.nan
 
-    def then(self, later: "InnerReport") -> "InnerReport":
+    def then(self, later: InnerReport) -> InnerReport:
         """One report of this call followed by ``later`` (a window trained in two parts)."""
         return InnerReport(self.steps + later.steps, self.sequences + later.sequences, self.losses + later.losses,
                            self.seconds + later.seconds, later.stopped or self.stopped)

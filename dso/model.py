@@ -11,7 +11,8 @@ import dataclasses
 import functools
 import hashlib
 import math
-from typing import Any, Callable, Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 import torch
 import torch.nn.functional as F

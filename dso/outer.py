@@ -23,8 +23,9 @@ the network would apply it.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import torch
 
@@ -47,7 +48,7 @@ class OuterState:
     steps: int = 0
 
     @classmethod
-    def fresh(cls, shapes: Mapping[str, tuple[int, ...]], hp: HParams | str) -> "OuterState":
+    def fresh(cls, shapes: Mapping[str, tuple[int, ...]], hp: HParams | str) -> OuterState:
         if (hp if isinstance(hp, str) else hp.outer.rule) != "nesterov":
             return cls()
         return cls({n: torch.zeros(s, dtype=torch.float32) for n, s in shapes.items()})
@@ -59,7 +60,7 @@ class OuterState:
 
     @classmethod
     def from_tensors(cls, tensors: Mapping[str, torch.Tensor], shapes: Mapping[str, tuple[int, ...]],
-                     hp: HParams | str) -> "OuterState | None":
+                     hp: HParams | str) -> OuterState | None:
         """Strict inverse of :meth:`tensors` for this run's rule (``hp`` or the rule's name) and model;
         None on any mismatch."""
         rule = hp if isinstance(hp, str) else hp.outer.rule
@@ -118,7 +119,7 @@ def _exact_mean(codec: Any, updates: list[Any], norms: list[dict[str, float]], n
     """scale · mean over peers of values/‖values‖ in the codec domain, float64, in the given order."""
     plan = codec.plans[name]
     acc = torch.zeros(plan.n_chunks, plan.chunk_size, dtype=torch.float64)
-    for update, norm in zip(updates, norms):
+    for update, norm in zip(updates, norms, strict=True):
         if math.isfinite(norm[name]) and norm[name] > 0:
             u = update[name]
             acc.scatter_add_(1, u.idx, codec.values(u).double() / norm[name])  # unique indices per row

@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import torch
 
@@ -102,7 +103,7 @@ class RdpAccountant:
         self.rounds = 0
 
     @classmethod
-    def from_config(cls, dp: DPConfig) -> "RdpAccountant":
+    def from_config(cls, dp: DPConfig) -> RdpAccountant:
         """From a :class:`dso.config.DPConfig` (z from :func:`dp_settings`)."""
         return cls(dp_settings(dp)[0], dp.delta, range(2, dp.max_order + 1))
 
@@ -110,7 +111,7 @@ class RdpAccountant:
         if rounds < 0:
             raise ValueError("rounds must be >= 0")
         per_round = gaussian_rdp(self.orders, self.noise_multiplier)
-        return [r + rounds * p for r, p in zip(self.rdp, per_round)]
+        return [r + rounds * p for r, p in zip(self.rdp, per_round, strict=True)]
 
     def step(self, rounds: int = 1) -> None:
         """Record ``rounds`` uploads made with the current noise multiplier."""
@@ -148,7 +149,7 @@ class RdpAccountant:
         atomic_write(path, json.dumps(self.state(), allow_nan=False).encode())
 
     @classmethod
-    def load(cls, path: str | Path) -> "RdpAccountant":
+    def load(cls, path: str | Path) -> RdpAccountant:
         """Strict inverse of :meth:`save`; raises :class:`PrivacyStateError` on anything unexpected,
         including a damaged file (absurd nesting, numbers too large for a double): never another error."""
         try:
@@ -160,7 +161,7 @@ class RdpAccountant:
                                     f"{str(exc)[:120]}") from None
 
     @classmethod
-    def _load(cls, path: str | Path) -> "RdpAccountant":
+    def _load(cls, path: str | Path) -> RdpAccountant:
         try:
             data = json.loads(Path(path).expanduser().read_text(), parse_constant=_reject_constant)
         except (OSError, ValueError) as exc:
@@ -189,7 +190,7 @@ class RdpAccountant:
 
     @classmethod
     def load_or_create(cls, path: str | Path, noise_multiplier: float, delta: float,
-                       orders: Iterable[float]) -> "RdpAccountant":
+                       orders: Iterable[float]) -> RdpAccountant:
         """Resume the spending recorded at ``path`` (fresh only if the file does not exist).
 
         Future rounds use the given noise multiplier and δ; the saved orders must match, since

@@ -14,7 +14,8 @@ import os
 import signal
 import subprocess
 import sys
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 

@@ -17,8 +17,9 @@ class Progress:
         self._last = self.started
         self._bar = None
         if getattr(self.stream, "isatty", lambda: False)():
-            from rich.progress import BarColumn, Progress as RichProgress, TextColumn, TimeRemainingColumn
             from rich.console import Console
+            from rich.progress import BarColumn, TextColumn, TimeRemainingColumn
+            from rich.progress import Progress as RichProgress
             self._bar = RichProgress(TextColumn("{task.description}"), BarColumn(),
                                      TextColumn("{task.percentage:>3.0f}%"), TimeRemainingColumn(),
                                      console=Console(file=self.stream), transient=False)
@@ -47,7 +48,7 @@ class Progress:
         else:
             self._line(final=True)
 
-    def __enter__(self) -> "Progress":
+    def __enter__(self) -> Progress:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -17,8 +17,9 @@ import hashlib
 import json
 import math
 import sys
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 RECORD_VERSION = 1
 GENESIS = ""  # prev_record_hash of the first record

@@ -12,7 +12,7 @@ by adding RDP per order, adaptively: a round may depend on earlier releases.  RD
 from __future__ import annotations
 
 import math
-from typing import Iterable
+from collections.abc import Iterable
 
 REPLACE_ONE = 2.0  # sensitivity in units of the clip norm C (docs/extensions.md §3)
 
@@ -30,7 +30,7 @@ def rdp_to_epsilon(rdp: Iterable[float], orders: Iterable[float], delta: float) 
     if all(r == 0 for r in rdp):
         return 0.0, None
     best, best_order = math.inf, None
-    for r, a in zip(rdp, orders):
+    for r, a in zip(rdp, orders, strict=True):
         eps = r + math.log1p(-1.0 / a) - (math.log(delta) + math.log(a)) / (a - 1.0)
         if eps < best:
             best, best_order = eps, a

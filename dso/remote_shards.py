@@ -33,17 +33,28 @@ import queue
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Callable, Protocol
+from typing import Protocol
 
 import numpy as np
 import numpy.typing as npt
 
 from dso.chunk_cache import ChunkCache
 from dso.corpus import DataError
-from dso.shards import (DIGEST, MANIFEST, TOKENIZER_FILE, Manifest, ShardSet, TokenArray, chunks_name, npy_header,
-                        parse_manifest, manifest_tokenizer)
+from dso.shards import (
+    DIGEST,
+    MANIFEST,
+    TOKENIZER_FILE,
+    Manifest,
+    ShardSet,
+    TokenArray,
+    chunks_name,
+    manifest_tokenizer,
+    npy_header,
+    parse_manifest,
+)
 
 log = logging.getLogger("dso.data")
 MANIFEST_LIMIT = TOKENIZER_LIMIT = 64 << 20   # bytes a manifest or tokenizer.json may have

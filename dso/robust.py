@@ -20,8 +20,9 @@ mixing weights over that Gram matrix; sorts run block by block.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -116,9 +117,9 @@ def drop_non_finite(X: torch.Tensor, ids: Sequence[int] | None = None
     if len(ids) != X.shape[0]:
         raise ValueError(f"{len(ids)} ids for {X.shape[0]} rows")
     mask = finite_rows(X)
-    kept = [i for i, ok in zip(ids, mask.tolist()) if ok]
+    kept = [i for i, ok in zip(ids, mask.tolist(), strict=True) if ok]
     dropped = {i: Rejection(Reason.NON_FINITE, "decoded update holds NaN or ±inf")
-               for i, ok in zip(ids, mask.tolist()) if not ok}
+               for i, ok in zip(ids, mask.tolist(), strict=True) if not ok}
     return (X if not dropped else X[mask]), kept, dropped  # no copy of a model-sized matrix when all finite
 
 
@@ -205,7 +206,8 @@ def geometric_median(X: torch.Tensor, nu: float = 1e-6, rtol: float = 1e-10,
     sq = G.diagonal()
     a = torch.full((n,), 1.0 / n, dtype=torch.float64, device=X.device)
     iterations = 0
-    for iterations in range(1, max_iter + 1):
+    for _ in range(max_iter):
+        iterations += 1
         dist = (sq - 2.0 * (G @ a) + a @ G @ a).clamp_min(0.0).sqrt()
         w = 1.0 / dist.clamp_min(nu)
         new = w / w.sum()
@@ -239,9 +241,9 @@ def robust_aggregate(rule: str, X: torch.Tensor, hp: HParams, ids: Sequence[int]
         direction = coordinate_median(X) if consensus is None else consensus
         cos = cosines_to(X, direction)
         mask = coherence_filter(X, direction, threshold)
-        info.incoherent = {i: float(c) for i, c, ok in zip(kept, cos.tolist(), mask.tolist()) if not ok}
+        info.incoherent = {i: float(c) for i, c, ok in zip(kept, cos.tolist(), mask.tolist(), strict=True) if not ok}
         if not bool(mask.all()):
-            X, kept = X[mask], [i for i, ok in zip(kept, mask.tolist()) if ok]
+            X, kept = X[mask], [i for i, ok in zip(kept, mask.tolist(), strict=True) if ok]
         if not kept:
             info.notes.append("every update failed the coherence gate: aggregate is zero")
             return zeros, info

@@ -6,15 +6,28 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Callable, Iterable
 
 import numpy as np
 
 from dso.atomic import atomic_write
 from dso.corpus import DataError, iter_documents, total_bytes
-from dso.shards import (CHUNK_BYTES, MANIFEST, MAX_CHUNK_BYTES, MIN_CHUNK_BYTES, SHARD_TOKENS, TOKENIZER_FILE,
-                        Manifest, ShardInfo, ShardSet, chunks_name, dtype_for, open_shards, scan_shard)
+from dso.shards import (
+    CHUNK_BYTES,
+    MANIFEST,
+    MAX_CHUNK_BYTES,
+    MIN_CHUNK_BYTES,
+    SHARD_TOKENS,
+    TOKENIZER_FILE,
+    Manifest,
+    ShardInfo,
+    ShardSet,
+    chunks_name,
+    dtype_for,
+    open_shards,
+    scan_shard,
+)
 from dso.tokenizer import Tokenizer
 
 Progress = Callable[[int], None]

@@ -15,7 +15,7 @@ Only the leader ends up with the compressed update; the others return None.
 """
 from __future__ import annotations
 
-from typing import Callable, Mapping
+from collections.abc import Callable, Mapping
 
 import torch
 
@@ -120,7 +120,7 @@ class ShardedFeedback:
             if indices is not None:
                 rows = [indices[r][offsets[r]:offsets[r] + counts[name][r]].reshape(-1, k) for r in range(ranks.world)]
                 update[name] = TensorUpdate(assemble(plan, part.dim, rows), codes, table)
-            offsets = [o + c for o, c in zip(offsets, counts[name])]
+            offsets = [o + c for o, c in zip(offsets, counts[name], strict=True)]
         return update
 
     # ------------------------------------------------------------- state

@@ -24,7 +24,8 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -138,7 +139,7 @@ class ShardedInnerLoop(InnerLoop):
             flat = torch.empty(sum(math.prod(s) for s in shapes), dtype=torch.float32, device=ranks.comm_device)
             if flat.numel():
                 dist.recv(flat, 0)
-            for name, piece in zip(group, torch.split(flat, [math.prod(s) for s in shapes])):
+            for name, piece in zip(group, torch.split(flat, [math.prod(s) for s in shapes]), strict=True):
                 out[name] = piece.reshape(self.slice_shape(name, ranks.rank)).to(self.slices[name].device)
         return out
 

@@ -32,9 +32,10 @@ import io
 import json
 import os
 import re
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence, TypeGuard
+from typing import TypeGuard
 
 import numpy as np
 import numpy.typing as npt
@@ -299,7 +300,7 @@ class ShardFile(TokenArray):
         self.path, self.dtype, self.shape, self.offset = path, dtype, (length,), data_offset
 
     @classmethod
-    def open(cls, path: Path) -> "ShardFile":
+    def open(cls, path: Path) -> ShardFile:
         try:
             with open(path, "rb") as fh:
                 shape, fortran, dtype = npy_header(fh)

@@ -22,8 +22,9 @@ from __future__ import annotations
 import hashlib
 import math
 from collections import OrderedDict
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Mapping
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -92,7 +93,7 @@ class SketchCodec:
         self._cache: OrderedDict[tuple[str, int], Projection] = OrderedDict()
 
     @classmethod
-    def from_hparams(cls, shapes: dict[str, tuple[int, ...]], hp: HParams) -> "SketchCodec":
+    def from_hparams(cls, shapes: dict[str, tuple[int, ...]], hp: HParams) -> SketchCodec:
         return cls(shapes, dim=hp.sketch_dim, clip=hp.sketch_clip, bits=hp.value_bits, seed=hp.seed)
 
     def settings(self) -> dict[str, str]:

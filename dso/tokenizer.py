@@ -17,16 +17,18 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from dso.corpus import DataError
 
 if TYPE_CHECKING:
-    from tokenizers import Tokenizer as HFTokenizer, models, pre_tokenizers
+    from tokenizers import Tokenizer as HFTokenizer
+    from tokenizers import models, pre_tokenizers
 
     from dso.config import Config
 
@@ -56,7 +58,8 @@ def _pre_tokenizer() -> pre_tokenizers.ByteLevel:
 
 
 def _assemble(model: models.Model) -> HFTokenizer:
-    from tokenizers import Tokenizer as HFTokenizer, decoders
+    from tokenizers import Tokenizer as HFTokenizer
+    from tokenizers import decoders
     tok = HFTokenizer(model)
     tok.pre_tokenizer = _pre_tokenizer()
     tok.decoder = decoders.ByteLevel()
@@ -79,11 +82,11 @@ class Tokenizer:
 
     # -------------------------------------------------------------- build
     @classmethod
-    def bytes(cls) -> "Tokenizer":
+    def bytes(cls) -> Tokenizer:
         return cls("bytes")
 
     @classmethod
-    def from_json(cls, text: str, source: str = "tokenizer.json") -> "Tokenizer":
+    def from_json(cls, text: str, source: str = "tokenizer.json") -> Tokenizer:
         """A byte-level tokeniser from its ``tokenizers`` JSON; anything else is refused, naming ``source``."""
         from tokenizers import Tokenizer as HFTokenizer
         try:
@@ -100,7 +103,7 @@ class Tokenizer:
             raise DataError(f"{source}: {e}") from None
 
     @classmethod
-    def from_file(cls, path: str | Path) -> "Tokenizer":
+    def from_file(cls, path: str | Path) -> Tokenizer:
         path = Path(path).expanduser()
         try:
             text = path.read_text(encoding="utf-8")
@@ -242,7 +245,7 @@ class TokenizerSpec:
     file: str = ""
 
     @classmethod
-    def from_config(cls, cfg: Config) -> "TokenizerSpec":
+    def from_config(cls, cfg: Config) -> TokenizerSpec:
         return cls(cfg.hparams.tokenizer, cfg.hparams.model.vocab_size, cfg.data.tokenizer_file)
 
     def check(self, tok: Tokenizer, source: str) -> Tokenizer:

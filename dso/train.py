@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-from typing import ContextManager
 
 import torch
 
@@ -28,7 +27,7 @@ def autocast_dtype(device: torch.device, bf16_supported: bool | None = None) -> 
     return torch.bfloat16 if supported else None
 
 
-def mixed_precision(device: torch.device) -> ContextManager[object]:
+def mixed_precision(device: torch.device) -> contextlib.AbstractContextManager[object]:
     """Autocast for the forward pass of training and evaluation on ``device`` (a no-op on CPU)."""
     dtype = autocast_dtype(device)
     if dtype is None:

@@ -9,8 +9,8 @@ The file is the node's own; a damaged one is logged and read as empty, never fat
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Mapping
 
 from neurons.persist import load_json, save_json
 

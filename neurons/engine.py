@@ -27,8 +27,8 @@ Order within a window:
 """
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Mapping, Sequence
 
 import torch
 
@@ -38,6 +38,7 @@ from dso.contribution import Contribution, round_contributions
 from dso.data import Dataset
 from dso.model import model_hash
 from dso.outer import OuterState, aggregate, apply_outer, outer_lr
+from dso.payload import Payload
 from dso.provenance import make_record
 from dso.rejections import Rejection
 from dso.robust import AggregationInfo, decoded_rows
@@ -47,7 +48,6 @@ from scoring.evaluation import ParameterSnapshot, PeerEvaluator
 from scoring.history import find_replays
 from scoring.state import ValidatorState
 from scoring.window import Scorer, WindowEvidence, WindowReport, score_window
-from dso.payload import Payload
 
 LIST_LEAD = 2  # the top-G list scored in window t governs window t + 2: a full window of slack (docs/protocol.md)
 
@@ -152,7 +152,9 @@ def run_window(state: ValidatorState, model: torch.nn.Module, codec: Codec, data
         rejections.update(find_copies(codec, updates, seen_times(payloads), gains, previous, t,
                                       thresholds_for(hp.inner.mode, hp.dct), device=device, rows=rows))
         aggregate_row = rows[len(uids)] if previous is not None and uids else None  # decoded only beside uploads
-        rejections.update(find_replays(state.history, t, dict(zip(uids, rows)), aggregate_row, skip=list(rejections)))
+        # rows holds the previous aggregate's row after the uploads' rows: zip stops at the uploads
+        rejections.update(find_replays(state.history, t, dict(zip(uids, rows, strict=False)), aggregate_row,
+                                       skip=list(rejections)))
         # 3. score window t at θ_t
         evidence = WindowEvidence(t, {u: p for u, p in payloads.items() if u not in rejections}, rejections,
                                   inputs.active, inputs.randomness, inputs.eval_seed,
@@ -177,7 +179,8 @@ def consensus_step(model: torch.nn.Module, theta_t: ParameterSnapshot, theta_nex
     """``scale · (θ_t − θ_{t+1})``: the window's aggregate as an evaluation step, the control the proof of computation
     compares each peer's step with (scoring/evaluation.py)."""
     names = [name for name, _ in model.named_parameters()]
-    return {name: scale * (before - after) for name, before, after in zip(names, theta_t.copies, theta_next.copies)}
+    return {name: scale * (before - after)
+            for name, before, after in zip(names, theta_t.copies, theta_next.copies, strict=True)}
 
 
 def seen_times(payloads: Mapping[int, Payload]) -> dict[int, float]:
@@ -199,4 +202,4 @@ def _contributions(codec: Codec, rows: torch.Tensor, uids: Sequence[int], delta:
     if not uids:
         return {}
     aggregate = torch.cat([delta[n].reshape(-1) for n in codec.shapes])
-    return round_contributions(dict(zip(uids, rows)), aggregate, report.mu, report.loss_scores)
+    return round_contributions(dict(zip(uids, rows, strict=True)), aggregate, report.mu, report.loss_scores)

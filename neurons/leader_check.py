@@ -26,15 +26,16 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any
 
+from dso.payload import Payload
 from dso.rejections import Reason, Rejection
 from neurons.context import NodeContext
 from neurons.follow import POLL_SECONDS, Follower
 from neurons.metrics import LEADER_KINDS
 from storage.aggregate import Bundle, get_bundle, unsigned
-from dso.payload import Payload
 
 log = logging.getLogger("dso.validator")
 UNDECIDED = (Reason.TIMEOUT, Reason.UNREACHABLE)  # rejections that say nothing about the payload itself

@@ -13,9 +13,9 @@ import logging
 import signal
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
-from typing import Callable
 
 log = logging.getLogger("dso")
 STOP_GRACE_SECONDS = 5.0

@@ -7,7 +7,8 @@ never sees the difference.
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from dso.chain import Chain, ChainError
 from dso.chain.base import Neuron

@@ -13,7 +13,8 @@ from __future__ import annotations
 import logging
 import math
 import re
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, start_http_server
 
@@ -30,7 +31,7 @@ STEPS = ("train", "gather", "engine", "total", "cpu", "bundle_after_close", "enc
 LEADER_KINDS = ("forged", "included_rejected", "differs", "unverified", "dropped", "unselected")
 GATHER_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0)
 _SHORT_CODE = re.compile(r"[a-z][a-z0-9_]{0,31}")
-WindowSeconds = Callable[[int], Optional[float]]
+WindowSeconds = Callable[[int], float | None]
 
 
 class NodeMetrics:

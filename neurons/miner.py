@@ -41,22 +41,22 @@ from dso.data import Assignment
 from dso.distributed import launched_ranks
 from dso.inner import Ahead, InnerLoop, InnerReport
 from dso.model import model_hash, state_hash, sync_sample_count
+from dso.payload import PayloadMeta
 from dso.rejections import Rejection
 from dso.train import bits_per_byte
 from neurons import reveal
 from neurons.catchup import sync_to
 from neurons.context import NodeContext, build_context
 from neurons.follow import Follower
-from neurons.miner_privacy import MinerPrivacy
 from neurons.lifecycle import Fatal, run_main
+from neurons.miner_privacy import MinerPrivacy
 from neurons.persist import load_tensors, save_tensors
 from neurons.publish import publish_payload
 from scoring.sync import sample_parameters, sync_positions
 from storage.aggregate import Bundle
 from storage.cleanup import cleanup
-from storage.look import SIGNATURE_LEAD_SECONDS, signature_lead
 from storage.client import StorageError
-from dso.payload import PayloadMeta
+from storage.look import SIGNATURE_LEAD_SECONDS, signature_lead
 from storage.wire import encode_payload
 
 log = logging.getLogger("dso.miner")

@@ -15,7 +15,8 @@ import dataclasses
 import logging
 import os
 import signal
-from typing import Any, Callable, Mapping, Protocol
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
 
 import torch
 

@@ -35,13 +35,13 @@ from dso.config import Config
 from dso.config_sources import parse_args
 from dso.distributed import launched_ranks
 from dso.model import model_hash
+from dso.payload import Payload
 from dso.provenance import record_hash
 from dso.train import bits_per_byte, evaluate
 from neurons import validator_state
-from neurons.context import NodeContext, build_context
-from neurons.engine import (LIST_LEAD, Aggregation, WindowInputs, WindowOutcome, announce_list, genesis_lists,
-                            run_window)
 from neurons.catchup import sync_to
+from neurons.context import NodeContext, build_context
+from neurons.engine import LIST_LEAD, Aggregation, WindowInputs, WindowOutcome, announce_list, genesis_lists, run_window
 from neurons.follow import Follower
 from neurons.leader_check import Disagreement, choose_bundle
 from neurons.lifecycle import Fatal, run_main
@@ -58,7 +58,6 @@ from storage.jsonobj import put_json
 from storage.look import LOOK_SECONDS, Look, Seen, look, speakers_first, watch, watch_interval
 from storage.peers import PeersList, put_peers
 from storage.reveal import gather_window
-from dso.payload import Payload
 from storage.wire import Expect
 
 log = logging.getLogger("dso.validator")
@@ -81,7 +80,7 @@ class Validator:
         try:
             loaded = validator_state.load(ctx.state_dir, ctx.model, hp.digest(), hp.outer.rule)
         except scoring_state.StateError as e:
-            raise Fatal(f"saved state does not fit this run: {e} (move {ctx.state_dir} away to start fresh)")
+            raise Fatal(f"saved state does not fit this run: {e} (move {ctx.state_dir} away to start fresh)") from e
         self.fresh = loaded is None
         if loaded:
             self.scores, self.book = loaded
@@ -313,7 +312,8 @@ class Validator:
         active = ctx.peers.miners()
         got = self.gather(t, active)
         timings["gather"] = round(time.perf_counter() - mark, 3)
-        eval_seed = ctx.clock.eval_randomness(t, ctx.hp.commit_reveal, ctx.stop)  # who is evaluated (issue 17)
+        # who is evaluated: drawn from a block made after the uploads closed, so no miner knows it in advance
+        eval_seed = ctx.clock.eval_randomness(t, ctx.hp.commit_reveal, ctx.stop)
         inputs = WindowInputs(t, got.payloads, got.rejections, active, self.book.lists.get(t, []),
                               ctx.clock.window_randomness(t), eval_seed, bundle=self.leader_bundle(t, got),
                               previous_aggregate=self.previous_delta)

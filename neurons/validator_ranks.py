@@ -18,7 +18,8 @@ each peer's per-sequence losses or the rejection its update earned.
 from __future__ import annotations
 
 import json
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -52,7 +53,7 @@ def broadcast_tensors(ranks: Ranks, tensors: Sequence[torch.Tensor]) -> None:
                 flat = flat.to(ranks.comm_device)
                 dist.broadcast(flat, 0)
                 if not ranks.leader:
-                    for q, piece in zip(group, torch.split(flat, [q.numel() for q in group])):
+                    for q, piece in zip(group, torch.split(flat, [q.numel() for q in group]), strict=True):
                         q.copy_(piece.reshape(q.shape))
             group = []
 

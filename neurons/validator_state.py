@@ -18,9 +18,9 @@ from pathlib import Path
 
 import torch
 
+from dso.atomic import atomic_write
 from dso.model import model_hash
 from dso.outer import STATE_PREFIX, OuterState
-from dso.atomic import atomic_write
 from neurons.persist import load_json, load_tensors, save_json, save_tensors
 from scoring import state as scoring_state
 from scoring.history import UploadHistory

@@ -1,4 +1,4 @@
-"""Copied updates: two uids uploading the same, or nearly the same, update in one window (issue 17).
+"""Copied updates: two uids uploading the same, or nearly the same, update in one window.
 
 A copier reads an honest upload during the put window and re-uploads it under
 its own uid, exactly or disguised (noise added, scaled, mixed with another
@@ -43,18 +43,19 @@ from __future__ import annotations
 import itertools
 import math
 import statistics
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from dso.codecs import Codec, Update
 from dso.commit import content_digest
 from dso.model import Decoder
+from dso.outer import peer_norms, reference_norms
 from dso.rejections import Reason, Rejection
 from dso.robust import decoded_rows, gram, split_vector
 from dso.train import evaluate
-from dso.outer import peer_norms, reference_norms
 from scoring.evaluation import ParameterSnapshot, update_signs, update_step
 
 if TYPE_CHECKING:

@@ -12,8 +12,9 @@ window's ``eval_sequences`` random ones at θ'; the random ones at θ_t are meas
 """
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Protocol, Sequence
+from typing import Any, Protocol
 
 import torch
 
@@ -34,7 +35,7 @@ class ParameterSnapshot:
 
     @torch.no_grad()
     def restore(self) -> None:
-        for p, saved in zip(self.params, self.copies):
+        for p, saved in zip(self.params, self.copies, strict=True):
             p.copy_(saved)
 
 

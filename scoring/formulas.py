@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import math
 import statistics
-from typing import Iterable, Mapping, Sequence, get_args
+from collections.abc import Iterable, Mapping, Sequence
+from typing import get_args
 
 from dso.config import HelpRule
 
@@ -68,7 +69,7 @@ def sync_score(validator_values: list[float], peer_values: list[float], lr: floa
     if lr <= 0:
         raise ValueError(f"learning rate must be > 0, got {lr}")
     total = 0.0
-    for mine, theirs in zip(validator_values, peer_values):
+    for mine, theirs in zip(validator_values, peer_values, strict=True):
         if not math.isfinite(theirs):
             return math.inf
         total += abs(mine - theirs)

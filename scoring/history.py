@@ -15,8 +15,8 @@ meaning of a saved history.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Mapping, Sequence
 
 import torch
 
@@ -74,7 +74,7 @@ class UploadHistory:
     entries: list[Entry] = field(default_factory=list)
     _sketchers: dict[int, Sketcher] = field(default_factory=dict, repr=False, compare=False)
 
-    def __deepcopy__(self, memo: dict[int, object]) -> "UploadHistory":
+    def __deepcopy__(self, memo: dict[int, object]) -> UploadHistory:
         """A copy that shares the sketches (never changed in place) and the sketchers (fixed tables): the validator
         state is deep-copied every window for its all-or-nothing update."""
         return UploadHistory(self.windows, list(self.entries), self._sketchers)
@@ -111,7 +111,7 @@ class UploadHistory:
                 "sketches": torch.stack([e.sketch for e in self.entries])}
 
     @classmethod
-    def from_tensors(cls, tensors: Mapping[str, torch.Tensor], windows: int = HISTORY_WINDOWS) -> "UploadHistory":
+    def from_tensors(cls, tensors: Mapping[str, torch.Tensor], windows: int = HISTORY_WINDOWS) -> UploadHistory:
         """The history :meth:`to_tensors` wrote; raises ValueError for anything else."""
         if set(tensors) != {"index", "sketches"}:
             raise ValueError(f"history: expected the tensors index and sketches, got {sorted(tensors)[:4]}")
@@ -123,7 +123,7 @@ class UploadHistory:
         if not bool(torch.isfinite(sketches).all()) or (index.numel() and int(index[:, 1].min()) < AGGREGATE):
             raise ValueError("history: a sketch is not finite or a label is not a uid")
         return cls(windows, [Entry(int(w), int(label), sketch.clone())
-                             for (w, label), sketch in zip(index.tolist(), sketches)])
+                             for (w, label), sketch in zip(index.tolist(), sketches, strict=True)])
 
 
 def is_empty(row: torch.Tensor) -> bool:

@@ -13,8 +13,8 @@ Two numbers per peer come out of it:
 """
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Callable, Iterable, Mapping
 
 from dso.config import HParams
 from scoring import formulas

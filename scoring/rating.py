@@ -11,8 +11,8 @@ that keep σ from collapsing: the rating's horizon) are run hyper-parameters (``
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from functools import lru_cache
-from typing import Mapping
 
 from openskill.models import PlackettLuce
 
@@ -65,7 +65,7 @@ def rate_match(ratings: Mapping[int, Rating], loss_scores: Mapping[int, float], 
     teams = [[match.rating(mu=current[uid][0], sigma=current[uid][1])] for uid in uids]
     new_teams = match.rate(teams, ranks=[float(ranks[uid]) for uid in uids])
     out: dict[int, Rating] = {}
-    for uid, team in zip(uids, new_teams):
+    for uid, team in zip(uids, new_teams, strict=True):
         mu, sigma = float(team[0].mu), float(team[0].sigma)
         # A library result that is not finite would poison every later match: keep the old rating.
         out[uid] = bound_rating((mu, sigma) if math.isfinite(mu) and math.isfinite(sigma) and sigma > 0

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from typing import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 import numpy as np
 

@@ -98,7 +98,7 @@ class ValidatorState:
     history: UploadHistory = field(default_factory=UploadHistory, repr=False, compare=False)
 
     @classmethod
-    def new(cls, run_digest: str = "", secret: str | None = None) -> "ValidatorState":
+    def new(cls, run_digest: str = "", secret: str | None = None) -> ValidatorState:
         return cls(secret=secret or secrets.token_hex(16), run_digest=run_digest)
 
     def peer(self, uid: int) -> PeerState:

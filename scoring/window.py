@@ -31,23 +31,23 @@ from __future__ import annotations
 
 import copy
 import math
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any, Iterable, Mapping
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
+from dso.codecs import Codec
 from dso.commit import BAN_AFTER, commit_penalty, is_invalid_update
 from dso.config import HParams
-from dso.codecs import Codec
 from dso.model import Decoder, parameter_shapes, sync_sample_count
-from dso.rejections import Reason, Rejection
+from dso.outer import peer_norms, reference_norms
 from dso.payload import Payload
+from dso.rejections import Reason, Rejection
 from dso.train import learning_rate
 from scoring import formulas, selection
-from dso.outer import peer_norms, reference_norms
-from scoring.evaluation import (ParameterSnapshot, PeerEvaluator, PeerLosses, SharedInputs, evaluate_peers,
-                                random_losses)
+from scoring.evaluation import ParameterSnapshot, PeerEvaluator, PeerLosses, SharedInputs, evaluate_peers, random_losses
 from scoring.pay import Evaluation, pay, record_evaluation
 from scoring.rating import rate_match
 from scoring.state import PeerState, ValidatorState
@@ -135,7 +135,7 @@ def picker(state: ValidatorState, hp: HParams, window: int, eval_seed: bytes, pu
 
 def data_rng(state: ValidatorState, hp: HParams, window: int, eval_seed: bytes) -> np.random.Generator:
     """Which assigned sequences and which D_rand the evaluation uses: drawn from the public eval seed under the
-    random schedule (every validator scores on the same data, so their ratings agree — issue 16), from the
+    random schedule (every validator scores on the same data, so their ratings agree), from the
     validator's private secret under the round-robin baseline (whose schedule is predictable anyway)."""
     if hp.eval_schedule == "random":
         return selection.public_rng(window, eval_seed, b"data")

@@ -1,4 +1,4 @@
-"""How far several validators' weight rows are apart, and who led each window (issue 16).
+"""How far several validators' weight rows are apart, and who led each window.
 
 Pure functions over the validators' JSON lines (``window``, ``weights``, ``leading``): the report of a local
 network with more than one validator shows them, and the three-validator end-to-end test checks the target.
@@ -6,7 +6,8 @@ network with more than one validator shows them, and the three-validator end-to-
 from __future__ import annotations
 
 import itertools
-from typing import Any, Mapping, Sequence, TypedDict
+from collections.abc import Mapping, Sequence
+from typing import Any, TypedDict
 
 TARGET_MEAN_L1 = 0.1   # mean pairwise L1 over the last windows (the protocol's target, docs/protocol.md)
 

@@ -45,8 +45,8 @@ decoded, changed in parameter space and compressed again with the run's codec.  
 
 Every behaviour that does not train declares the sequences an honest miner would (it wants to be paid for them).
 
-A validator behaviour lives at the end (issue 37): ``lying_leader`` — when it leads, its bundle holds a forged
-payload and a payload it rejected, and leaves out the best one (sim/validator.py).
+A validator behaviour lives at the end, against the leader nobody has to trust: ``lying_leader`` — when it leads,
+its bundle holds a forged payload and a payload it rejected, and leaves out the best one (sim/validator.py).
 
 The ``gamer`` needs foresight of the evaluation schedule.  In the simulator it gets the most a miner could
 know (sim/foresight.py: the validator's whole state, everything but randomness that does not exist yet at
@@ -59,18 +59,19 @@ import hashlib
 import math
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 import safetensors.numpy
 import torch
 
 from dso.codecs import Codec, Update
+from dso.payload import Payload
 from dso.rejections import Rejection
 from storage.tensorfile import load_arrays, read_header
-from dso.payload import Payload
 from storage.wire import Expect, decode_payload, encode_payload
 
 if TYPE_CHECKING:
@@ -84,7 +85,7 @@ LATE_BY = 1.1       # `late` uploads (commits, under commit-reveal) this long af
 # landing before that is seen by the look and judged by its LastModified, which a forger controls: the band a
 # forged LastModified can hide in is at most 1.25 s past the close (docs/scoring.md, "Forgers on real processes").
 # And before the gather at close + 1.5 s, so the upload is read (and judged late), not missed: 1.5 raced it once the
-# look had become quicker (issue 37), and the hider was `missing` in most windows
+# look had become quicker (it watches for signature objects), and the hider was `missing` in most windows
 HIDE_BY = 1.4
 DESYNC_EVERY, DESYNC_LENGTH = 8, 3   # desync skips aggregates for 3 windows out of every 8
 GAMER_PERIOD = 5     # without foresight, the gamer trains one window in 5 (30 peers, 6 evaluated per window)
@@ -524,7 +525,7 @@ def mix(codec: Codec, window: int, updates: list[Update]) -> Update:
     out = {}
     for n in codec.shapes:
         norms = [d[n].norm().clamp_min(1e-12) for d in dense]
-        out[n] = sum(d[n] / norm for d, norm in zip(dense, norms)) / len(dense) * (sum(norms) / len(norms))
+        out[n] = sum(d[n] / norm for d, norm in zip(dense, norms, strict=True)) / len(dense) * (sum(norms) / len(norms))
     return codec.compress(out, window)
 
 

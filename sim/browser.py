@@ -198,7 +198,7 @@ class Chromium:
         self._log.close()
         shutil.rmtree(self.profile, ignore_errors=True)
 
-    def __enter__(self) -> "Chromium":
+    def __enter__(self) -> Chromium:
         return self
 
     def __exit__(self, *exc: Any) -> None:

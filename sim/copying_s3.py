@@ -1,5 +1,5 @@
 """A copier's own S3 endpoint that serves an author's update as its own, on demand, with the author's headers
-(issue 37: authorship no endpoint can fake).  Experiments only: the core never imports it.
+(docs/scoring.md, "Authorship no endpoint can fake").  Experiments only: the core never imports it.
 
 The copier publishes this server's URL on chain (as ``backdater`` publishes sim/forging_s3.py's).  Whatever a
 reader asks for under the copier's uid, the server builds from the author's bucket at that moment:
@@ -28,6 +28,7 @@ from urllib.parse import unquote, urlsplit
 from dso import signatures
 from dso.codecs import Codec
 from dso.commit import commitment_hash
+from dso.payload import Payload
 from storage import keys, signature
 from storage.client import ObjectInfo, StorageError
 from storage.commitment import BucketInfo
@@ -35,7 +36,6 @@ from storage.endpoints import LOCAL
 from storage.jsonobj import encode_json
 from storage.peer_client import PeerClient
 from storage.reveal import commit_object, reveal_object
-from dso.payload import Payload
 from storage.wire import Expect, decode_payload, encode_payload
 
 PINNED_ETAG = "0" * 32  # what a HEAD answers before anything exists (placeholder mode)
@@ -64,7 +64,7 @@ class CopyingS3:
         host, port = self._server.server_address[:2]
         return f"http://{host}:{port}"
 
-    def __enter__(self) -> "CopyingS3":
+    def __enter__(self) -> CopyingS3:
         self._thread.start()
         return self
 

@@ -12,7 +12,7 @@ randomness that does not exist yet when it must upload.
 from __future__ import annotations
 
 import hashlib
-from typing import Iterable
+from collections.abc import Iterable
 
 from dso.config import HParams
 from scoring import selection

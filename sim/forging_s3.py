@@ -1,5 +1,5 @@
 """A peer's own S3 server that lies about time: a reverse proxy in front of a real S3 endpoint that replaces every
-``LastModified`` it serves with a time of the forger's choosing (issue 17, "timing a peer cannot forge").
+``LastModified`` it serves with a time of the forger's choosing (docs/scoring.md, "Upload times the peer cannot forge").
 
 The ``backdater`` and ``hider`` adversaries (sim/behaviours.py) publish this proxy's URL on chain instead of
 the S3 endpoint they write to (``--storage.public_endpoint``).  Readers' requests pass through unchanged, Host
@@ -88,7 +88,7 @@ class ForgingS3:
         host, port = self._server.server_address[:2]
         return f"http://{host}:{port}"
 
-    def start(self) -> "ForgingS3":
+    def start(self) -> ForgingS3:
         self._thread.start()
         return self
 
@@ -96,7 +96,7 @@ class ForgingS3:
         self._server.shutdown()
         self._server.server_close()
 
-    def __enter__(self) -> "ForgingS3":
+    def __enter__(self) -> ForgingS3:
         return self.start()
 
     def __exit__(self, *exc: Any) -> None:

@@ -13,8 +13,8 @@ from dso.config import HParams, ModelConfig
 from dso.inner import InnerLoop
 from dso.model import build_model, parameter_shapes
 from dso.outer import OuterState
-from neurons.engine import aggregate_window
 from dso.payload import Payload, PayloadMeta
+from neurons.engine import aggregate_window
 
 
 def small_hparams() -> HParams:

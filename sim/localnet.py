@@ -25,9 +25,9 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable
 
 from dso.chain.local import LocalChain
 from dso.chain.wallets import create_local_wallet, hotkey_address
@@ -254,7 +254,7 @@ class LocalNet:
             self.s3.stop()
             self.s3 = None
 
-    def __enter__(self) -> "LocalNet":
+    def __enter__(self) -> LocalNet:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -23,10 +23,11 @@ from dso import signatures
 from dso.clock import PutWindow, reveal_time, reveal_window_after
 from dso.codec import CompressedUpdate
 from dso.commit import new_nonce
-from dso.outer import aggregate
 from dso.config import Config
 from dso.config_sources import build_parser, parse_args
 from dso.data import Assignment
+from dso.outer import aggregate
+from dso.payload import Payload, PayloadMeta
 from dso.rejections import Rejection
 from neurons import reveal
 from neurons.context import build_context
@@ -37,11 +38,10 @@ from sim import behaviours
 from sim.forging_s3 import ForgingS3, shifted_by
 from storage import keys, signature
 from storage.aggregate import Bundle
-from storage.commitment import BucketInfo
 from storage.client import StorageError
+from storage.commitment import BucketInfo
 from storage.gather import gather
 from storage.reveal import seal
-from dso.payload import Payload, PayloadMeta
 from storage.wire import Expect, decode_payload, encode_payload
 
 log = logging.getLogger("dso.sim.miner")

@@ -8,7 +8,8 @@ log.  On a terminal the same set-up steps show under a spinner, then the live ta
 from __future__ import annotations
 
 import time
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from rich.console import Console
 from rich.live import Live

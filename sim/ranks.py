@@ -16,7 +16,8 @@ import os
 import queue
 import socket
 import traceback
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 
 def free_port() -> int:
@@ -61,7 +62,8 @@ def run_ranks(fn: Callable[..., Any], world: int, *args: Any, timeout: float = 6
             try:
                 rank, ok, value = results.get(timeout=timeout)
             except queue.Empty:
-                raise TimeoutError(f"ranks {sorted(set(range(world)) - set(got))} did not finish in {timeout:.0f} s")
+                raise TimeoutError(
+                    f"ranks {sorted(set(range(world)) - set(got))} did not finish in {timeout:.0f} s") from None
             if not ok:
                 raise RuntimeError(f"rank {rank} failed:\n{value}")
             got[rank] = value

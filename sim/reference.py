@@ -1,5 +1,5 @@
 """The local run's reference curve: one centralised AdamW run of the same model on as many tokens as the
-network's honest and diligent miners trained on (issue 13).
+network's honest and diligent miners trained on.
 
 After the network has stopped, ``sim.training.run_ddp`` with one peer — plain AdamW with the inner
 optimiser's settings (lr, betas, warm-up, clipping), ``batch_size`` sequences per step, the run's θ_0
@@ -23,9 +23,10 @@ import math
 import os
 import sys
 import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 

@@ -8,7 +8,7 @@ the last weight vector the leading validator posted on chain, normalised to sum
 ``rejections`` counts reasons.  ``summary`` adds the shares the acceptance
 criteria speak about.  An optional ``samples`` list ([{window, prompt, text}])
 holds text sampled from the model; report.html shows it (sim/report_html.py).
-Training figures (issue 13): ``final_val_bits_per_byte``, ``unigram_bits_per_byte`` (the corpus's
+Training figures: ``final_val_bits_per_byte``, ``unigram_bits_per_byte`` (the corpus's
 token-unigram entropy per byte: what a model that knows only token frequencies scores; a line on the
 validation-loss plot), ``tokens`` (training tokens the miners processed, from their JSON lines) and
 ``miner_utilisation`` (uid → mean inner-training seconds ÷ window seconds of each honest or diligent
@@ -27,8 +27,9 @@ import argparse
 import json
 import math
 from collections import Counter
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import numpy.typing as npt

@@ -5,7 +5,8 @@ A report read back from disk (``python -m sim.report``) is whatever the file hol
 """
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence, TypedDict
+from collections.abc import Mapping, Sequence
+from typing import Any, TypedDict
 
 from sim.agreement import Agreement
 

@@ -9,8 +9,9 @@ ignored), or a folder: a validator state folder (its ``current`` pointer) or any
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Sequence, TypedDict
+from typing import TYPE_CHECKING, TypedDict
 
 import safetensors.torch
 import torch

@@ -12,7 +12,8 @@ from __future__ import annotations
 import copy
 import math
 import time
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 import torch
@@ -20,8 +21,8 @@ import torch
 from dso.codec import ErrorFeedback, TensorUpdate
 from dso.codecs import make_codec
 from dso.config import HParams
-from dso.inner import InnerLoop
 from dso.fsdp import shapes_of
+from dso.inner import InnerLoop
 from dso.model import build_model, parameter_shapes, tensor_count
 
 

@@ -1,4 +1,4 @@
-"""How similar honest updates are to each other, and copies to their sources (issue 17, docs/scoring.md).
+"""How similar honest updates are to each other, and copies to their sources (docs/scoring.md).
 
 Runs a :class:`~sim.simulator.SimNet` and, in every window, measures on what the validator receives the
 three statistics the near-copy test (scoring/copies.py) thresholds: the cosine of two peers' normalised rows,

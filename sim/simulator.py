@@ -19,8 +19,9 @@ from __future__ import annotations
 import copy
 import hashlib
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -31,6 +32,7 @@ from dso.data import Dataset
 from dso.inner import InnerLoop
 from dso.model import build_model, parameter_shapes, sync_sample_count
 from dso.outer import OuterState, apply_outer
+from dso.payload import Payload, PayloadMeta
 from dso.privacy import RdpAccountant, clip_and_noise, dp_settings
 from dso.rejections import Reason, Rejection
 from dso.train import evaluate
@@ -39,7 +41,6 @@ from scoring.state import ValidatorState
 from scoring.sync import sample_parameters, sync_positions
 from sim import behaviours
 from sim.foresight import evaluation_chance
-from dso.payload import Payload, PayloadMeta
 
 MALFORMED = (Reason.MALFORMED, Reason.WRONG_COUNT, Reason.NON_FINITE, Reason.BAD_SHAPE)
 

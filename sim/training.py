@@ -17,8 +17,8 @@ from __future__ import annotations
 import copy
 import dataclasses
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import torch
 
@@ -82,7 +82,7 @@ class History:
         self.tokens.append(tokens)
 
     def rows(self) -> list[dict[str, float]]:
-        return [{"window": w, "loss": loss} for w, loss in zip(self.windows, self.val_loss)]
+        return [{"window": w, "loss": loss} for w, loss in zip(self.windows, self.val_loss, strict=True)]
 
 
 def assignment(dataset: Dataset, uid: int, window: int, hp: HParams, steps: int) -> torch.Tensor:

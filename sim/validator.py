@@ -23,6 +23,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from dso.config_sources import build_parser, parse_args
+from dso.payload import Payload
 from dso.rejections import Reason
 from neurons.context import NodeContext, build_context
 from neurons.lifecycle import Fatal, run_main
@@ -31,7 +32,6 @@ from sim import behaviours
 from storage import keys
 from storage.commitment import BucketInfo, parse_commitment
 from storage.gather import GatherResult, fetch_payload
-from dso.payload import Payload
 from storage.wire import Expect
 
 log = logging.getLogger("dso.sim.validator")

@@ -28,20 +28,21 @@ signed (docs/protocol.md, "A leader nobody has to trust").
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Mapping, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 import safetensors.numpy
 
 from dso import signatures
 from dso.codecs import Codec
+from dso.payload import Payload
 from dso.rejections import Reason, Rejection, unexpected
 from storage import keys
 from storage.client import S3Client, StorageError
 from storage.jsonobj import rejection_for
 from storage.tensorfile import check_spec, header_allowance, load_arrays, parse_uint, read_capped
-from dso.payload import Payload
 from storage.wire import Expect, decode_payload, encode_payload, payload_size_cap
 
 if TYPE_CHECKING:
@@ -144,7 +145,7 @@ def _decode(data: bytes, codec: Codec, expect: Expect, max_peers: int) -> Bundle
     if isinstance(arrays, Rejection):
         return arrays
     payloads: dict[int, Payload] = {}
-    for uid, digest, sig in zip(uids, hashes, sigs):
+    for uid, digest, sig in zip(uids, hashes, sigs, strict=True):
         assert uid is not None
         blob = arrays[f"payload.{uid}"].tobytes()
         if hashlib.sha256(blob).hexdigest() != digest:

@@ -23,9 +23,10 @@ import logging
 import tempfile
 import threading
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterable
+from typing import TYPE_CHECKING
 
 import numpy as np
 import safetensors.numpy
@@ -37,8 +38,16 @@ from dso.outer import OuterState
 from dso.rejections import Reason, Rejection, unexpected
 from storage import keys
 from storage.checkpoint_file import checkpoint_size_cap
-from storage.checkpoint_manifest import (MANIFEST_MAX_BYTES, Manifest, Piece, Shard, encode_manifest,
-                                         expected_tensors, parse_manifest, plan_shards)
+from storage.checkpoint_manifest import (
+    MANIFEST_MAX_BYTES,
+    Manifest,
+    Piece,
+    Shard,
+    encode_manifest,
+    expected_tensors,
+    parse_manifest,
+    plan_shards,
+)
 from storage.client import MiB, S3Client, StorageError
 from storage.jsonobj import get_json, put_json, rejection_for
 from storage.tensorfile import check_spec, load_arrays, read_capped

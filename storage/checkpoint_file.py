@@ -15,8 +15,8 @@ hash — a single flipped byte is a Rejection, never a silently wrong model.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Iterable
 
 import numpy as np
 import safetensors.numpy

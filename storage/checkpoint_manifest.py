@@ -11,8 +11,9 @@ tile every expected tensor exactly, in order — whatever shard sizes the writer
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from dso.outer import OuterState
 from dso.rejections import Reason, Rejection

@@ -25,7 +25,7 @@ from botocore.auth import S3SigV4Auth
 from botocore.awsrequest import AWSRequest
 from botocore.config import Config as BotoConfig
 from botocore.credentials import Credentials
-from botocore.exceptions import (BotoCoreError, ClientError, ConnectTimeoutError, ReadTimeoutError)
+from botocore.exceptions import BotoCoreError, ClientError, ConnectTimeoutError, ReadTimeoutError
 
 if TYPE_CHECKING:
     from dso.config import StorageConfig
@@ -138,7 +138,7 @@ class S3Client:
         self.bytes_down = 0
 
     @classmethod
-    def from_config(cls, storage_cfg: StorageConfig, read_only: bool = False) -> "S3Client":
+    def from_config(cls, storage_cfg: StorageConfig, read_only: bool = False) -> S3Client:
         """Build from a :class:`dso.config.StorageConfig` (write keys, or the published read keys)."""
         key = storage_cfg.read_access_key_id if read_only else storage_cfg.access_key_id
         secret = storage_cfg.read_secret_access_key if read_only else storage_cfg.secret_access_key

@@ -73,7 +73,7 @@ class AdminCredentials:
     secret_access_key: str
 
     @classmethod
-    def load(cls, path: str | Path) -> "AdminCredentials":
+    def load(cls, path: str | Path) -> AdminCredentials:
         return cls(**_load_fields(cls, path))
 
     def save(self, path: str | Path) -> None:
@@ -98,7 +98,7 @@ class PeerCredentials:
     read_secret: str
 
     @classmethod
-    def load(cls, path: str | Path) -> "PeerCredentials":
+    def load(cls, path: str | Path) -> PeerCredentials:
         """From the JSON ``provision`` prints (extra keys such as ``commitment`` are ignored)."""
         return cls(**_load_fields(cls, path))
 

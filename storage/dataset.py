@@ -39,7 +39,7 @@ class CorpusURL:
     prefix: str   # "" or a key prefix without leading or trailing "/"
 
     @classmethod
-    def parse(cls, text: str) -> "CorpusURL":
+    def parse(cls, text: str) -> CorpusURL:
         if not text.startswith("s3://"):
             raise ValueError(f"{text!r}: expected s3://BUCKET/PREFIX")
         bucket, _, prefix = text[len("s3://"):].partition("/")

@@ -12,9 +12,9 @@ prints, or any JSON with ``access_key_id``/``secret_access_key``), else ``AWS_AC
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from dso.corpus import DataError
 from dso.shards import MANIFEST, TOKENIZER_FILE, chunks_name, open_shards, verify_shard

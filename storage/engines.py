@@ -53,7 +53,7 @@ class Engine(ABC):
     def stop(self) -> None:
         """Stop the server (if we started it) and delete its data."""
 
-    def __enter__(self) -> "Engine":
+    def __enter__(self) -> Engine:
         return self
 
     def __exit__(self, *exc: Any) -> None:

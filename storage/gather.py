@@ -24,14 +24,16 @@ import logging
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
+from dso import signatures
 from dso.clock import PutWindow
 from dso.codecs import Codec
+from dso.payload import Payload
 from dso.rejections import Reason, Rejection, unexpected
-from dso import signatures
 from storage import keys, signature
 from storage.client import StorageError
 from storage.commitment import BucketInfo, parse_commitment
@@ -39,7 +41,6 @@ from storage.endpoints import EndpointPolicy, address_problem
 from storage.jsonobj import rejection_for
 from storage.peer_client import PeerClient
 from storage.schedule import FairSchedule, Job, ordered
-from dso.payload import Payload
 from storage.wire import Expect, decode_payload, payload_size_cap
 
 if TYPE_CHECKING:
@@ -71,7 +72,7 @@ class ReaderCache:
         self._lock = threading.Lock()
 
     @classmethod
-    def from_config(cls, storage_cfg: StorageConfig) -> "ReaderCache":
+    def from_config(cls, storage_cfg: StorageConfig) -> ReaderCache:
         """The node's reader cache as :class:`dso.config.StorageConfig` says."""
         return cls(timeout=storage_cfg.timeout_seconds, allow_loopback=storage_cfg.allow_loopback_endpoints)
 

@@ -1,4 +1,4 @@
-"""The validator's own look at the uploads: when it first saw each, and what was there at the close (issues 17, 37).
+"""The validator's own look at the uploads: when it first saw each, and what was there at the close.
 
 A peer that serves its bucket from its own S3-compatible server can report any ``LastModified``, any ETag and any
 listing.  So the validator reads every peer's *signature object* itself (storage/signature.py: the miner's signed
@@ -41,17 +41,18 @@ import hashlib
 import logging
 import threading
 import time
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any
 
 from dso.clock import LOOK_MARGIN_SECONDS, certain_after
+from dso.payload import Payload
 from dso.rejections import Reason, Rejection
 from storage import keys
 from storage.client import StorageError
 from storage.commitment import BucketInfo, parse_commitment
 from storage.gather import DEFAULT_PER_HOST, DEFAULT_READERS, DEFAULT_WORKERS, JOIN_GRACE_SECONDS, ReaderCache, host_of
 from storage.schedule import FairSchedule, Job, ordered
-from dso.payload import Payload
 from storage.wire import Expect
 
 log = logging.getLogger("dso.look")

@@ -27,8 +27,9 @@ import ssl
 import threading
 import time
 import xml.etree.ElementTree as ET
+from collections.abc import Sequence
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, Sequence, cast
+from typing import TYPE_CHECKING, Any, cast
 from urllib.parse import quote, urlencode, urlsplit
 
 from botocore.auth import S3SigV4Auth
@@ -192,7 +193,7 @@ class PeerClient:
             return resp.status, resp.msg, body
         except StorageError:
             raise
-        except (TimeoutError, socket.timeout) as e:
+        except TimeoutError as e:
             raise StorageError("timeout", f"{what}: {e or 'timed out'}",
                                retryable=time.monotonic() < limit) from None
         except ssl.SSLCertVerificationError as e:

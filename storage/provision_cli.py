@@ -14,13 +14,12 @@ import argparse
 import json
 import secrets
 import sys
+from collections.abc import Callable
 from dataclasses import asdict
-from typing import Callable
 
 from botocore.exceptions import BotoCoreError, ClientError
 
 from dso.rejections import Rejection
-
 from storage.client import StorageError
 from storage.commitment import endpoint_problem, parse_commitment
 from storage.credentials import AdminCredentials, PeerCredentials, provision_peer

@@ -17,23 +17,24 @@ from __future__ import annotations
 import hashlib
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, Mapping, cast
+from typing import Any, cast
 
+from dso import signatures
 from dso.clock import PutWindow, reveal_window_after
 from dso.codecs import Codec
 from dso.commit import NONCE_BYTES, commitment_hash, is_commitment, judge_reveal, new_nonce
-from dso import signatures
+from dso.payload import Payload
 from dso.rejections import Reason, Rejection, unexpected
 from storage import keys, signature
 from storage.client import ObjectInfo, S3Client, StorageError
 from storage.commitment import BucketInfo
 from storage.gather import GatherResult, Judge, ReaderCache, check_time, decode_signed, fetch_payload, gather
-from storage.look import Look
 from storage.jsonobj import encode_json, parse_json_object, rejection_for
+from storage.look import Look
 from storage.peer_client import PeerClient
-from dso.payload import Payload
 from storage.wire import Expect, payload_size_cap
 
 COMMIT_FORMAT = "dso-commit/v1"

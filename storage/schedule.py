@@ -11,8 +11,9 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter
+from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Generic, Hashable, Iterable, Sequence, TypeVar
+from typing import Generic, TypeVar
 
 T = TypeVar("T")  # what a job carries (gather: the peer's BucketInfo)
 

@@ -47,8 +47,15 @@ from pathlib import Path
 from typing import Any
 
 from storage.client import S3Client, StorageError
-from storage.credentials import (ADMIN_USER, BUCKET_PREFIX, REGION, AdminCredentials, PeerCredentials,
-                                 _write_private, check_peer_name)
+from storage.credentials import (
+    ADMIN_USER,
+    BUCKET_PREFIX,
+    REGION,
+    AdminCredentials,
+    PeerCredentials,
+    _write_private,
+    check_peer_name,
+)
 from storage.engines import Engine
 
 ADMIN_ACTIONS = ["Admin", "Read", "Write", "List", "Tagging"]
@@ -139,8 +146,9 @@ def server_command(weed: str, data_dir: str, identity_file: str, ip: str, bind: 
     (none: weed's defaults, S3 on 8333).  Run it with :data:`SERVER_ENV` in the environment."""
     if ports and len(ports) != len(PORT_FLAGS):
         raise ValueError(f"ports: {len(PORT_FLAGS)} of them ({', '.join(PORT_FLAGS)}), or none")
+    # ports: none (no port flags) or one per flag, as checked above
     return [weed, "server", f"-dir={data_dir}", f"-ip={ip}", *([f"-ip.bind={bind}"] if bind else []),
-            *SERVER_FLAGS, *(f"{flag}={port}" for flag, port in zip(PORT_FLAGS, ports)),
+            *SERVER_FLAGS, *(f"{flag}={port}" for flag, port in zip(PORT_FLAGS, ports, strict=False)),
             f"-s3.config={identity_file}"]
 
 
@@ -185,7 +193,7 @@ class SeaweedS3(Engine):
         return self.admin.region
 
     @classmethod
-    def start(cls, timeout: float = 60.0, verbose: bool = False, attempts: int = 3) -> "SeaweedS3":
+    def start(cls, timeout: float = 60.0, verbose: bool = False, attempts: int = 3) -> SeaweedS3:
         """Start on free ports; a lost race for a port is retried with new ones."""
         weed = find_weed()
         if weed is None:
@@ -199,7 +207,7 @@ class SeaweedS3(Engine):
         raise AssertionError("unreachable")
 
     @classmethod
-    def _start_once(cls, weed: str, timeout: float, verbose: bool) -> "SeaweedS3":
+    def _start_once(cls, weed: str, timeout: float, verbose: bool) -> SeaweedS3:
         data_dir = tempfile.mkdtemp(prefix="dso-seaweedfs-")
         identities = IdentityFile(Path(data_dir) / "s3.json")
         admin_keys = new_key_pair()

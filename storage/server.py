@@ -31,14 +31,22 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Any
 
 from dso import processes
 from dso.processes import spawn
 from storage.client import S3Client, StorageError
-from storage.credentials import (ADMIN_USER, BUCKET_PREFIX, REGION, AdminCredentials,  # noqa: F401 (re-exported)
-                                 PeerCredentials, iam_client, provision_peer)
+from storage.credentials import (  # noqa: F401 (re-exported)
+    ADMIN_USER,
+    BUCKET_PREFIX,
+    REGION,
+    AdminCredentials,
+    PeerCredentials,
+    iam_client,
+    provision_peer,
+)
 from storage.engines import Engine
 
 if TYPE_CHECKING:
@@ -70,7 +78,7 @@ class EmbeddedS3(Engine):
 
     @classmethod
     def start(cls, port: int = 0, host: str = "127.0.0.1", timeout: float = 60.0,
-              verbose: bool = False) -> "EmbeddedS3":
+              verbose: bool = False) -> EmbeddedS3:
         """Start a server process (port 0 = any free port) and wait until auth is on."""
         state_dir = tempfile.mkdtemp(prefix="dso-s3-")
         admin_file = Path(state_dir) / "admin.json"
@@ -94,7 +102,7 @@ class EmbeddedS3(Engine):
         return cls(AdminCredentials.load(admin_file), process, state_dir)
 
     @classmethod
-    def attach(cls, admin_file: str | Path = DEFAULT_ADMIN_FILE) -> "EmbeddedS3":
+    def attach(cls, admin_file: str | Path = DEFAULT_ADMIN_FILE) -> EmbeddedS3:
         """Use a server someone else started (e.g. ``python -m storage.server``)."""
         return cls(AdminCredentials.load(admin_file))
 

@@ -15,8 +15,9 @@ count per chunk, encoding, finiteness) → sync values.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import safetensors.numpy
@@ -24,10 +25,10 @@ import torch
 
 from dso.codecs import Codec, Update
 from dso.model import sync_sample_count
-from dso.payload import Payload, PayloadMeta
 from dso.packing import PackingError
+from dso.payload import Payload, PayloadMeta
 from dso.rejections import Reason, Rejection, unexpected
-from storage.tensorfile import header_allowance, parse_uint, read_header, check_spec, load_arrays
+from storage.tensorfile import check_spec, header_allowance, load_arrays, parse_uint, read_header
 
 if TYPE_CHECKING:
     from dso.config import HParams
@@ -55,7 +56,7 @@ class Expect:
     signer: str | None = None
 
     @classmethod
-    def from_hparams(cls, hp: HParams, window: int, *, data_hash: str | None = None, **kw: Any) -> "Expect":
+    def from_hparams(cls, hp: HParams, window: int, *, data_hash: str | None = None, **kw: Any) -> Expect:
         """What the run's settings require of window ``window``'s payloads.  ``data_hash``: the run's data
         hash (the node's ``Dataset.data_hash``); by default ``hp.data_hash`` when the run pins one, so a
         payload trained on other data is a ``METADATA_MISMATCH`` (docs/protocol.md)."""
@@ -64,10 +65,10 @@ class Expect:
         return cls(window=window, protocol_version=hp.protocol_version, hparams_digest=hp.digest(),
                    sync_samples=sync_sample_count(hp), data_hash=data_hash, max_trained=hp.assigned_sequences, **kw)
 
-    def for_uid(self, uid: int) -> "Expect":
+    def for_uid(self, uid: int) -> Expect:
         return replace(self, uid=uid)
 
-    def for_peer(self, uid: int, hotkeys: Mapping[int, str] | None) -> "Expect":
+    def for_peer(self, uid: int, hotkeys: Mapping[int, str] | None) -> Expect:
         """For one uid, signed by its hotkey in ``hotkeys`` (None: signatures not checked)."""
         return replace(self, uid=uid, signer=None if hotkeys is None else hotkeys.get(uid, ""))
 

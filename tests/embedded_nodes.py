@@ -5,11 +5,10 @@ from __future__ import annotations
 from dataclasses import asdict
 from pathlib import Path
 
-from dso.config import Config, HParams
-from dso.config import ModelConfig
+from dso.config import Config, HParams, ModelConfig
 from dso.config_sources import from_dict
-from storage.server import EmbeddedS3
 from paper_training import use_paper_training
+from storage.server import EmbeddedS3
 
 
 def node_config(root: Path, s3: EmbeddedS3, name: str, wallets: str, corpus: str, cache: str, hp: HParams,

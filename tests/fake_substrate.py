@@ -9,7 +9,7 @@ advance with wall time (``block_time`` seconds each) from ``head`` at creation.
 from __future__ import annotations
 
 import time
-from typing import Any, Optional
+from typing import Any
 
 from bittensor import ExtrinsicResult
 from bittensor.balance import Balance
@@ -81,20 +81,20 @@ class FakeSubstrate:
     async def block_number(self) -> int:
         return self.head
 
-    async def block_hash(self, block: Optional[int] = None) -> str:
+    async def block_hash(self, block: int | None = None) -> str:
         return "0x" + (self.head if block is None else block).to_bytes(32, "big")[::-1].hex()
 
     async def block_time(self) -> float:
         return self.block_time_s
 
-    async def get_block(self, block_number=None, block_hash=None) -> Optional[dict]:
+    async def get_block(self, block_number=None, block_hash=None) -> dict | None:
         number = self.head if block_number is None else block_number
         self.blocks_decoded += 1
         if number > self.head:
             return None
         return {"header": {"number": number, "hash": await self.block_hash(number)}, "extrinsics": []}
 
-    def _block_of(self, block_hash: Optional[str]) -> int:
+    def _block_of(self, block_hash: str | None) -> int:
         return self.head if block_hash is None else int.from_bytes(bytes.fromhex(block_hash[2:])[::-1], "big")
 
     async def query(self, module: str, name: str, params=None, block_hash=None) -> Any:
@@ -143,6 +143,7 @@ class FakeSubstrate:
             fields = [{k: "0x" + bytes(v).hex()} for f in call.params["info"]["fields"] for k, v in f.items()]
             self.commitment_of[hotkey] = {"block": self.head, "deposit": 0, "info": {"fields": fields}}
         elif (call.module, call.function) == ("SubtensorModule", "set_mechanism_weights"):
-            self.weight_rows[self.hotkeys.index(hotkey)] = list(zip(call.params["dests"], call.params["weights"]))
+            row = list(zip(call.params["dests"], call.params["weights"], strict=True))
+            self.weight_rows[self.hotkeys.index(hotkey)] = row
             self.last_update[hotkey] = self.head
         return ExtrinsicResult(success=True, message="included")

@@ -1,4 +1,4 @@
-"""Signed uploads for tests: deterministic miner wallets and what an honest miner publishes (issue 37)."""
+"""Signed uploads for tests: deterministic miner wallets and what an honest miner publishes."""
 from __future__ import annotations
 
 from dso import signatures

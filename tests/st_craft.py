@@ -6,7 +6,6 @@ import json
 import torch
 
 from dso.payload import PayloadMeta
-
 from storage.wire import encode_payload
 
 

@@ -165,7 +165,7 @@ class Chain(ABC):
         self.set_weights(wallet, plan.uids, plan.weights, plan.version_key)
         return plan
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 — an optional hook, not abstract: the default has nothing to release
         """Release connections; the default has none."""
 
     # ------------------------------------------ provenance ledger (optional)

@@ -31,8 +31,9 @@ The provenance ledger is local-only (ChainError 'unsupported').
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any
 
 import bittensor as bt
 

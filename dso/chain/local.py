@@ -22,9 +22,10 @@ import secrets
 import sqlite3
 import threading
 import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 from dso.chain import rules
 from dso.chain.base import STATE_HISTORY_BLOCKS, Chain, ChainError, ChainUnavailable, Neuron, WeightRules
@@ -52,7 +53,7 @@ class LocalChain(BurnMixin, EpochsMixin, StateMixin, LedgerMixin, Chain):
     # ------------------------------------------------------------ lifecycle
     @classmethod
     def create(cls, path: str | Path, *, exist_ok: bool = False, clock: Callable[[], float] = time.time,
-               **settings: Any) -> "LocalChain":
+               **settings: Any) -> LocalChain:
         """Create a chain file with the given :class:`LocalChainParams` fields (genesis defaults to now).
 
         The file appears atomically, fully initialised.  If it exists: open it
@@ -70,7 +71,7 @@ class LocalChain(BurnMixin, EpochsMixin, StateMixin, LedgerMixin, Chain):
         return cls.open(path, clock=clock)
 
     @classmethod
-    def open(cls, path: str | Path, *, clock: Callable[[], float] = time.time) -> "LocalChain":
+    def open(cls, path: str | Path, *, clock: Callable[[], float] = time.time) -> LocalChain:
         """Attach to an existing chain file; ChainUnavailable (saying how to start one) if absent."""
         path = Path(path).expanduser()
         conn, params, chain_id = connect(path)

@@ -13,7 +13,8 @@ from __future__ import annotations
 import math
 import sqlite3
 import threading
-from typing import TYPE_CHECKING, Any, ContextManager
+from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING, Any
 
 from dso.chain import rules
 from dso.chain.base import ChainError
@@ -57,7 +58,7 @@ class BurnMixin:
         _conn: sqlite3.Connection
 
         def block(self) -> int: ...
-        def _txn(self, immediate: bool) -> ContextManager[sqlite3.Connection]: ...
+        def _txn(self, immediate: bool) -> AbstractContextManager[sqlite3.Connection]: ...
 
     @staticmethod
     def _balance(conn: sqlite3.Connection, account: str) -> float:

@@ -12,8 +12,9 @@ from __future__ import annotations
 import json
 import sqlite3
 import threading
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ContextManager
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -41,7 +42,7 @@ class EpochsMixin:
         _conn: sqlite3.Connection
 
         def block(self) -> int: ...
-        def _txn(self, immediate: bool) -> ContextManager[sqlite3.Connection]: ...
+        def _txn(self, immediate: bool) -> AbstractContextManager[sqlite3.Connection]: ...
         def _occupants(self, conn: sqlite3.Connection, upto: int) -> dict[int, tuple[str, int]]: ...
         def _stakes(self, conn: sqlite3.Connection, upto: int,
                     accrued: dict[str, float] | None = None) -> dict[str, float]: ...

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from typing import TYPE_CHECKING, Any, Callable, ContextManager
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING, Any
 
 from dso.chain import rules
 from dso.chain.base import ChainError
@@ -27,7 +29,7 @@ class LedgerMixin:
         params: LocalChainParams
 
         def _hotkey(self, wallet: Any) -> str: ...
-        def _txn(self, immediate: bool) -> ContextManager[sqlite3.Connection]: ...
+        def _txn(self, immediate: bool) -> AbstractContextManager[sqlite3.Connection]: ...
         def block(self) -> int: ...
         def _require_uid(self, conn: sqlite3.Connection, hotkey: str,
                          now: int) -> tuple[int, dict[int, tuple[str, int]]]: ...

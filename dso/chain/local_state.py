@@ -9,10 +9,12 @@ new key and is checked afresh.
 """
 from __future__ import annotations
 
+import functools
 import json
 import sqlite3
 from collections import OrderedDict
-from typing import TYPE_CHECKING, Any, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from dso.chain import rules
 from dso.chain.base import ChainError
@@ -114,9 +116,9 @@ class StateMixin:
         rows = conn.execute("SELECT block, data, signature FROM commitments WHERE hotkey = ? AND block <= ? "
                             "ORDER BY block DESC, id DESC", (hotkey, upto))
         for block, data, signature in rows:
+            message = functools.partial(self._message, "commit", hotkey, block, data=data)
             if isinstance(data, str) and self._row_valid(("commit", hotkey, block, data, signature), hotkey,
-                                                         signature,
-                                                         lambda: self._message("commit", hotkey, block, data=data)):
+                                                         signature, message):
                 return block, data
         return None
 

@@ -81,7 +81,7 @@ class LocalChainParams:
     burn_min: float = 0.0005
     burn_max: float = 100.0
 
-    def validate(self) -> "LocalChainParams":
+    def validate(self) -> LocalChainParams:
         for f in dataclasses.fields(self):
             value, wanted = getattr(self, f.name), type(f.default)
             if not (rules.is_int(value) if wanted is int else rules.is_real(value)) or \

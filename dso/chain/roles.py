@@ -10,7 +10,8 @@ chosen among those that carry the tag (:func:`pick_leader`).
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Iterable
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from dso.chain.base import Neuron

@@ -10,7 +10,8 @@ import hashlib
 import json
 import math
 import numbers
-from typing import Any, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -95,7 +96,7 @@ def normalise_weights(uids: Any, weights: Any, *, n_uids: int | None = None) -> 
     if not uids:
         raise ChainError(BAD_WEIGHTS, "no weights given")
     seen: set[int] = set()
-    for uid, w in zip(uids, weights):
+    for uid, w in zip(uids, weights, strict=True):
         if not is_int(uid):
             raise ChainError(BAD_WEIGHTS, f"uid {uid!r} is not an integer")
         if uid < 0 or (n_uids is not None and uid >= n_uids):
@@ -114,7 +115,7 @@ def normalise_weights(uids: Any, weights: Any, *, n_uids: int | None = None) -> 
         raise ChainError(BAD_WEIGHTS, "all weights are zero")
     scaled = [float(w) / top for w in weights]  # scale by the max first: the sum cannot overflow
     total = math.fsum(scaled)
-    return {int(u): w / total for u, w in zip(uids, scaled)}
+    return {int(u): w / total for u, w in zip(uids, scaled, strict=True)}
 
 
 def clip_max_weight(weights: dict[int, float], limit: float) -> dict[int, float]:
@@ -187,7 +188,7 @@ def stake_weighted_median(values: Sequence[float], stakes: Sequence[float], kapp
     if total <= 0:
         return 0.0
     support = 0.0
-    for v, s in sorted(zip(values, stakes), key=lambda t: -t[0]):
+    for v, s in sorted(zip(values, stakes, strict=True), key=lambda t: -t[0]):
         support += s
         if support - kappa * total > 1e-12 * total:
             return float(v)

@@ -1,8 +1,21 @@
 """Benchmark sections: name → module with ``run(quick) -> dict`` (and optionally ``markdown(result)``)."""
 from __future__ import annotations
 
-from benchmarks import (codec, convergence, data, device, gather, incentives, privacy, robust, scale, sketch,
-                        targets, training, validator)
+from benchmarks import (
+    codec,
+    convergence,
+    data,
+    device,
+    gather,
+    incentives,
+    privacy,
+    robust,
+    scale,
+    sketch,
+    targets,
+    training,
+    validator,
+)
 
 MODULES = {
     "codec": codec,

@@ -76,8 +76,8 @@ def miner_work(shards: str, cache_dir: str) -> dict:
 
     from dso.config import HParams
     from dso.data import Dataset
-    from dso.tokenizer import TokenizerSpec
     from dso.model import build_model
+    from dso.tokenizer import TokenizerSpec
     from dso.train import evaluate
 
     hp = HParams(tokenizer="bytes")  # the shards are byte-level (see the module doc)
@@ -133,7 +133,7 @@ def run(quick: bool) -> dict:
 
 def markdown(result: dict) -> str:
     lines = ["| corpus MB | miner peak RSS MB | prepare_data peak RSS MB | shards |", "|---:|---:|---:|---:|"]
-    for row, prep in zip(result["miner_peak_rss_mb"], result["prepare"]):
+    for row, prep in zip(result["miner_peak_rss_mb"], result["prepare"], strict=True):
         lines.append(f"| {row['corpus_mb']} | {row['rss_mb']} | {prep['prepare_peak_rss_mb']} | {prep['shards']} |")
     lines.append(f"\nminer peak RSS growth from the smallest to the largest corpus: {result['rss_growth_mb']} MB")
     if "remote" in result:

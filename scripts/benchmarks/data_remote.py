@@ -177,7 +177,8 @@ def summarise(runs: dict[str, list[dict]], small_run: dict, cfg: dict, engine: s
               written_s: float, uploaded_s: float) -> dict:
     local = statistics.mean(r["tokens_per_s"] for r in runs["local"])
     remote = statistics.mean(r["tokens_per_s"] for r in runs["remote"])
-    pairs = [after["tokens_per_s"] / before["tokens_per_s"] for before, after in zip(runs["local"], runs["remote"])]
+    pairs = [after["tokens_per_s"] / before["tokens_per_s"]
+             for before, after in zip(runs["local"], runs["remote"], strict=True)]
     remote_windows = [w for r in runs["remote"] for w in r["windows"][1:]]
     large_rss = max(r["rss_mb"] for r in runs["remote"])
     return {

@@ -7,7 +7,7 @@ caches, i.e. what a validator pays every window.  Also reported: the strict deco
 alone (times K, the share of the gather spent decoding) and the log-log slope of time against K
 (1 = linear).  Standalone: ``python scripts/benchmarks/gather.py [--ks 8 32 128] [--repeats 3]``.
 
-``hostile`` (issue 18): 32 honest peers gathered with 0, 16 and 64 hostile endpoints beside them —
+``hostile``: 32 honest peers gathered with 0, 16 and 64 hostile endpoints beside them —
 ``stalled`` (accept TCP, never answer) or ``drip`` (one byte every 0.5 s) — placed *before* the honest
 uids, with the validator's priority order (honest peers by last-window standing) and, for the worst
 case, without it.  Reported per row: ``honest_seconds`` (when the last honest payload was in hand),
@@ -15,7 +15,7 @@ case, without it.  Reported per row: ``honest_seconds`` (when the last honest pa
 ``honest_ok`` (every honest payload gathered, byte-identical to the clean run) and the ratio of
 ``honest_seconds`` to the clean case; target ≤ 1.5 with priority.
 
-``hostile_look`` (issue 37): the validator's watch and look (storage/look.py) beside 64 endpoints that never
+``hostile_look``: the validator's watch and look (storage/look.py) beside 64 endpoints that never
 answer, on lower uids than 32 honest peers whose signatures go up over 1.5 s of a 2.5 s put window: per window,
 the share of honest uploads whose first sight the watch observed (target: all of them, every window, in the
 validator's order), the share the look saw at the close, and how long after an upload its first sight came —
@@ -40,16 +40,15 @@ import torch  # noqa: E402
 
 from benchmarks import hostile_server  # noqa: E402
 from benchmarks.common import proc_cpu_seconds  # noqa: E402
-
 from dso.codec import DeMoCodec  # noqa: E402
 from dso.config import HParams  # noqa: E402
 from dso.model import build_model, parameter_shapes, sync_sample_count  # noqa: E402
+from dso.payload import PayloadMeta
 from storage import keys, signature  # noqa: E402
 from storage.commitment import BucketInfo  # noqa: E402
 from storage.gather import ReaderCache, gather  # noqa: E402
 from storage.look import look, speakers_first, watch  # noqa: E402
 from storage.server import EmbeddedS3  # noqa: E402
-from dso.payload import PayloadMeta
 from storage.wire import Expect, decode_payload, encode_payload  # noqa: E402
 
 WINDOW = 1
@@ -308,8 +307,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--ks", type=int, nargs="+", default=[8, 32, 128])
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--hostile", action="store_true", help="only the hostile-endpoint rows (issue 18)")
-    p.add_argument("--look", action="store_true", help="only the look and watch beside 64 tarpits (issue 37)")
+    p.add_argument("--hostile", action="store_true", help="only the hostile-endpoint rows")
+    p.add_argument("--look", action="store_true", help="only the look and watch beside 64 tarpits")
     a = p.parse_args(argv)
     if a.look:
         print(json.dumps(bench_look(), indent=2))

@@ -16,7 +16,7 @@ TARGETS = [
      ("hostile_worst_ratio",), "<=", 1.5),
     ("gather.hostile: every honest peer gathered, results unchanged (1 = yes)", "gather",
      ("hostile_honest_ok",), ">=", 1.0),
-    # issue 37: a look that cannot be blinded
+    # a look that cannot be blinded
     ("gather.hostile: every honest upload's first sight observed beside 64 tarpits, every window (share)",
      "gather", ("hostile_look_observed",), ">=", 1.0),
     ("codec encode + decode share of a miner's window", "codec", ("compression_share_of_window",), "<", 0.10),
@@ -57,7 +57,7 @@ TARGETS = [
      ">=", 1000.0),
     ("training: miner utilisation in the local network (least-utilised miner)", "training", ("miner_utilisation",),
      ">=", 0.85),
-    # issue 34: one miner on several ranks (FSDP2)
+    # one miner on several ranks (FSDP2)
     ("scale: 2-rank pseudo-gradient, relative L2 to one process", "scale", ("fsdp_rel_err",), "<=", 1e-5),
     ("scale: 2-rank compressed update, kept indices in common with one process", "scale",
      ("fsdp_index_agreement",), ">=", 0.999),

@@ -314,7 +314,7 @@ def plot(runs: dict[str, dict], path: Path,
     for name, r in runs.items():
         if name.startswith("localnet"):
             continue
-        xs = [t / 1e6 for t, y in zip(r["tokens"], r["val_loss"]) if y is not None]
+        xs = [t / 1e6 for t, y in zip(r["tokens"], r["val_loss"], strict=True) if y is not None]
         ys = [y * r["bits_per_nat"] for y in r["val_loss"] if y is not None]
         ax.plot(xs, ys, label=name.replace("_", " "), linewidth=1.4 if not name.startswith("ddp") else 1.0)
     save_plot(fig, ax, path, "training tokens (millions)", "validation loss (bits per byte)", title)

@@ -154,13 +154,14 @@ def measure_miner_footprint() -> dict:
     """Runs in its own process: one window of miner work (gradient, error feedback, wire payload)."""
     from benchmarks.common import default_dataset, setup_worker
     setup_worker()
+    import torch
+
     from dso.codec import DeMoCodec, ErrorFeedback
     from dso.config import HParams
     from dso.model import build_model, parameter_shapes, sync_sample_count
-    from dso.train import compute_gradients
     from dso.payload import PayloadMeta
+    from dso.train import compute_gradients
     from storage.wire import encode_payload
-    import torch
 
     hp = HParams()
     model = build_model(hp.model, hp.seed)

@@ -4,8 +4,9 @@ honest miners keep up (with 4 s windows they skipped every other window) and cop
 the zoo test (test_adversaries.py) runs the conftest's 4-second windows instead."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from sim import report as run_report
 from sim.localnet import LocalNet, plan_nodes, wait_for

@@ -24,10 +24,10 @@ import pytest
 
 from dso.model import build_model, parameter_shapes
 from dso.outer import OuterState
+from neurons.manifest import run_of
 from sim.localnet import ROOT, LocalNet, NodeSpec, plan_nodes, read_jsonl, wait_for
 from storage import keys
 from storage.checkpoint import save_checkpoint
-from neurons.manifest import run_of
 from storage.jsonobj import encode_json, get_json
 
 CR_WINDOWS = 8
@@ -101,7 +101,7 @@ def test_copier_gains_no_weight_under_commit_reveal(cr_network):
 
 
 def test_the_validator_looks_at_the_commitments_before_anyone_reveals(cr_network):
-    """Issue 17: commitments are timed by the validator's own look, taken after the put window closed and over
+    """Commitments are timed by the validator's own look, taken after the put window closed and over
     before the reveals begin (dso.clock.reveal_time), not by the LastModified a peer's server reports."""
     lines = cr_network.validator_lines()
     looks = [line["commitments_look"] for line in lines]

@@ -1,4 +1,4 @@
-"""The timing and schedule adversaries of issue 17 as real processes on a short local network (embedded S3,
+"""The timing and schedule adversaries as real processes on a short local network (embedded S3,
 LocalChain): a backdater and a hider that each publish their own S3 server, which claims each upload was
 made up to 3 s earlier, at the earliest at the put window's open (sim/forging_s3.py), and a gamer that
 trains one window in five and uploads zeros in the others.  Each gets ≤ 1 % of the weight the validator

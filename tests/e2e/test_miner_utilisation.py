@@ -1,4 +1,4 @@
-"""End to end: honest miners train for their whole window (issue 13).
+"""End to end: honest miners train for their whole window.
 
 Two honest miners and a validator (the real processes, embedded S3, LocalChain) with a protocol maximum
 of inner steps no miner reaches in a window, so only the clock stops training.  Each miner trains window

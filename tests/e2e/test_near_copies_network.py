@@ -1,4 +1,4 @@
-"""The near-copy adversaries of issue 17 as real processes on a short local network (embedded S3, LocalChain):
+"""The near-copy adversaries as real processes on a short local network (embedded S3, LocalChain):
 a noise-added copy, a ×0.9 copy, a mix of two peers and a replay of the previous aggregate each get ≤ 1 % of
 the weight the validator posts, and the honest miners keep ≥ 95 % of it."""
 from __future__ import annotations

@@ -157,7 +157,7 @@ def test_restarted_validator_gives_the_uninterrupted_weights(network):
 
 
 def test_nodes_serve_their_metrics(network):
-    """While the network runs, the validator's and a miner's endpoints answer with the metrics of issue 19,
+    """While the network runs, the validator's and a miner's endpoints answer with their Prometheus metrics,
     parsed by prometheus_client's parser, with values that agree with the nodes' own records."""
     net, _ = network
     validator = next(n for n in net.nodes if n.role == "validator")

@@ -1,4 +1,4 @@
-"""The local network as an operator runs it (issue 19): `make run > out.txt` — output that is not a
+"""The local network as an operator runs it: `make run > out.txt` — output that is not a
 terminal — leaves one readable line per window; every node's metrics endpoint answers while it runs;
 SIGTERM stops the whole network within seconds, every node saving its state, and leaves no process
 behind; SIGKILL of the local network's own process leaves no orphan either (parent-death signal)."""
@@ -113,7 +113,7 @@ def test_make_run_into_a_file_then_sigterm(tmp_path, stdlib_corpus, network_hpar
         # second line (its first window may be a catch-up), so wait for both miners' (the report's utilisation
         # holds a miner once it recorded a window), boundedly
         for miner in ("miner0", "miner1"):
-            wait_until(lambda: one(scrape(ports[miner]), "dso_trained_tokens_total") > 0, 120, process, out)
+            wait_until(lambda miner=miner: one(scrape(ports[miner]), "dso_trained_tokens_total") > 0, 120, process, out)
         assert one(scrape(ports["validator0"]), "dso_validation_loss_bits_per_byte") > 0
         tree = descendants(process.pid)
         assert len(running(tree)) >= 4, tree              # S3 server, validator, two miners
@@ -147,7 +147,7 @@ def test_make_run_into_a_file_then_sigterm(tmp_path, stdlib_corpus, network_hpar
     state = tmp_path / "report" / "run" / "state"
     assert (state / "validator0-default" / "validator" / "current").exists()
     assert (state / "miner0-default" / "miner" / "error_feedback.safetensors").exists()
-    # issue 13: the report's training figures, and text from the validator's final model
+    # the report's training figures, and text from the validator's final model
     report = json.loads((tmp_path / "report" / "report.json").read_text())
     assert 0 < report["unigram_bits_per_byte"] < 8 and report["final_val_bits_per_byte"] > 0
     assert report["tokens"] > 0 and len(report["miner_utilisation"]) == 2      # the two honest miners

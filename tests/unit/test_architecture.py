@@ -4,12 +4,13 @@ The one-way rule: experiments (``sim``) may import the core; the core (dso, stor
 imports them.  Inside the core, each package may import only the packages below it.
 """
 from __future__ import annotations
-from repo import ROOT
 
 import ast
 from pathlib import Path
 
 import pytest
+
+from repo import ROOT
 
 PROJECT = {"dso", "storage", "scoring", "neurons", "sim"}
 ALLOWED = {

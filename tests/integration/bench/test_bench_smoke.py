@@ -3,7 +3,6 @@
 No timing assertions: only the arithmetic the benchmark applies to its measurements.
 """
 from __future__ import annotations
-from repo import ROOT
 
 import json
 import math
@@ -14,13 +13,27 @@ import pytest
 import torch
 from scipy.special import gammaln
 
+from repo import ROOT
+
 torch.set_num_threads(1)
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from benchmarks import MODULES, SECTIONS, generic_markdown, markdown  # noqa: E402
+from benchmarks import (  # noqa: E402  # noqa: E402
+    MODULES,
+    SECTIONS,
+    convergence,
+    energy,
+    extra_compute,
+    gather,
+    generic_markdown,
+    incentives,
+    markdown,
+    privacy,
+    targets,
+    training,
+    validator,  # noqa: E402
+)
 from benchmarks import codec as codec_section  # noqa: E402
-from benchmarks import convergence, energy, extra_compute, gather, incentives, privacy, targets, training  # noqa: E402
-from benchmarks import validator  # noqa: E402
 from benchmarks.common import finite_or_none, proc_peak_rss_mb  # noqa: E402
 from dso.codec import DeMoCodec  # noqa: E402
 
@@ -241,7 +254,6 @@ def test_remote_data_figures_by_hand(tmp_path):
     """The bucket-against-local figures from the runs' numbers, and the generated random corpus is a valid
     shard folder (opening it checks every hash and chunk digest)."""
     from benchmarks import data_remote
-
     from dso.shards import open_shards
     data_remote.write_random_shards(tmp_path / "c", 2, 5000)
     shards = open_shards(tmp_path / "c")
@@ -354,7 +366,10 @@ def test_miner_utilisation_from_a_report(tmp_path):
     assert training.miner_utilisation(str(path)) is None
 
 
-def _run(curve, tokens=None, lr=None, nbytes=0, per_nat=1 / math.log(2)):
+BITS_PER_NAT = 1 / math.log(2)
+
+
+def _run(curve, tokens=None, lr=None, nbytes=0, per_nat=BITS_PER_NAT):
     return {"val_loss": curve, "tokens": tokens or list(range(len(curve))), "update_bytes": nbytes,
             "cpu_seconds": 1.0, "spec": {"lr": lr}, "bits_per_nat": per_nat}
 

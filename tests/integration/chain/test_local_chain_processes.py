@@ -1,6 +1,5 @@
 """Several OS processes on one LocalChain file: no lost writes, no 'database is locked', no corruption."""
 from __future__ import annotations
-from repo import ROOT
 
 import os
 import signal
@@ -10,12 +9,10 @@ import time
 from pathlib import Path
 
 from chain_helpers import hk
-
 from dso.chain.local import LocalChain
 from dso.chain.local_burn import FREE_REGISTRATION
 from dso.chain.wallets import dev_wallet
-
-
+from repo import ROOT
 
 WRITER = r"""
 import sys, time
@@ -54,7 +51,7 @@ def test_two_processes_writing_at_once_lose_nothing(tmp_path):
     start_at = time.time() + 2.5  # both interpreters are up before either writes
     procs = [_writer(path, uri, n, start_at) for uri in ("//procA", "//procB")]
     outputs = [p.communicate(timeout=120) for p in procs]
-    for p, (out, err) in zip(procs, outputs):
+    for p, (out, err) in zip(procs, outputs, strict=True):
         assert p.returncode == 0, err
         assert "done" in out and "locked" not in err
     a, b = dev_wallet("//procA"), dev_wallet("//procB")

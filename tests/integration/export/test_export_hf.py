@@ -1,5 +1,4 @@
 """The Hugging Face export loads in `transformers` and computes what the project's model computes."""
-from repo import ROOT
 import contextlib
 import importlib.util
 import io
@@ -14,6 +13,7 @@ from dso.config import ModelConfig
 from dso.hf_export import interleaved_to_halves, write_export
 from dso.model import apply_rotary, build_model, rotary_tables
 from dso.tokenizer import Tokenizer, train_bpe
+from repo import ROOT
 from storage.checkpoint_file import encode_checkpoint
 
 transformers = pytest.importorskip("transformers", reason="transformers is the export extra (make test installs it)")

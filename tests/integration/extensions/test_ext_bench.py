@@ -1,11 +1,12 @@
 """The extension benchmarks run and report sane, honest numbers (no timing assertions)."""
 from __future__ import annotations
-from repo import ROOT
 
 import importlib.util
 import math
 
 import torch
+
+from repo import ROOT
 
 torch.set_num_threads(1)
 SCRIPTS = ROOT / "scripts"

@@ -12,14 +12,23 @@ from dso.codec import DeMoCodec
 from dso.commit import commitment_hash
 from dso.config import HParams, ModelConfig
 from dso.model import build_model, parameter_shapes
+from dso.payload import Payload, PayloadMeta
 from dso.rejections import Reason
 from neurons.reveal import settings_problem
 from storage import keys
 from storage.gather import ReaderCache
 from storage.jsonobj import encode_json
-from storage.reveal import (commit_object, fetch_revealed, gather_window, parse_commit, parse_reveal, put_commit,
-                            put_reveal, reveal_object, seal)
-from dso.payload import Payload, PayloadMeta
+from storage.reveal import (
+    commit_object,
+    fetch_revealed,
+    gather_window,
+    parse_commit,
+    parse_reveal,
+    put_commit,
+    put_reveal,
+    reveal_object,
+    seal,
+)
 from storage.wire import Expect, encode_payload
 
 torch.set_num_threads(1)
@@ -250,12 +259,12 @@ def test_gather_window_aggregation_set_is_the_same_for_every_reader(hp, codec, p
 
 
 def test_the_look_at_the_reveal_deadline_accepts_an_honest_reveal(hp, codec, peers):
-    """Regression (issue 17 re-land, issue 37): under commit-reveal the look reads the signature revealed with the
+    """Regression: under commit-reveal the look reads the signature revealed with the
     payload; the payload read must carry the digest of that same signature object (its evidence), or every honest
     miner would be judged `changed`."""
     from dso import signatures
-    from storage.look import look
     from signing import hotkeys_of, wallet_of
+    from storage.look import look
 
     peer, uid = peers[5], 5
     data = payload_bytes(codec, hp, uid)
@@ -276,7 +285,7 @@ def test_the_look_at_the_reveal_deadline_accepts_an_honest_reveal(hp, codec, pee
 
 
 def test_the_look_at_the_commitments_overrules_a_forged_last_modified(hp, codec, peers):
-    """Issue 17: a peer serving its own bucket can stamp a late commitment inside the put window.  The validator's
+    """A peer serving its own bucket can stamp a late commitment inside the put window.  The validator's
     look at the commitments (before anyone reveals) decides instead: absent then → no_commit whatever the stamp;
     rewritten since → changed; seen then → the LastModified rule as before."""
     from storage.look import Look, look

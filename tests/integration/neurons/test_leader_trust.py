@@ -1,4 +1,4 @@
-"""A leader nobody has to trust (issue 37), with real nodes in-process (production wiring, the embedded S3 server,
+"""A leader nobody has to trust, with real nodes in-process (production wiring, the embedded S3 server,
 a LocalChain): three validators by stake (the first one lies), four miners publishing signed payloads.
 
 The leader's bundle forges a payload (negated, under its miner's signature), includes one the others rejected,
@@ -21,7 +21,10 @@ from dso.chain.local_burn import FREE_REGISTRATION
 from dso.chain.wallets import create_local_wallet, hotkey_address
 from dso.data import Dataset
 from dso.model import model_hash
+from dso.payload import PayloadMeta
 from dso.rejections import Reason, Rejection
+from embedded_nodes import node_config
+from embedded_nodes import tiny_node_hparams as tiny
 from neurons.context import NodeContext, build_context
 from neurons.engine import aggregate_window
 from neurons.follow import Follower
@@ -33,9 +36,7 @@ from storage.aggregate import Bundle, encode_bundle, get_bundle, put_bundle, uns
 from storage.gather import gather
 from storage.peers import PeersList, put_peers
 from storage.server import EmbeddedS3
-from dso.payload import PayloadMeta
 from storage.wire import Expect, encode_payload
-from embedded_nodes import node_config, tiny_node_hparams as tiny
 
 RUN = "1ead1ead1ead1ead"
 STAKES = {"v0": 1000.0, "v1": 400.0, "v2": 200.0}

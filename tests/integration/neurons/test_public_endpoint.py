@@ -8,11 +8,12 @@ from dso.chain.local import LocalChain
 from dso.chain.local_burn import FREE_REGISTRATION
 from dso.chain.wallets import create_local_wallet
 from dso.data import Dataset
+from embedded_nodes import node_config
+from embedded_nodes import tiny_node_hparams as tiny
 from neurons.context import build_context
 from neurons.lifecycle import Fatal
 from storage.commitment import BucketInfo, parse_commitment
 from storage.server import EmbeddedS3
-from embedded_nodes import node_config, tiny_node_hparams as tiny
 
 
 @pytest.fixture(scope="module")

@@ -18,13 +18,14 @@ from dso.chain.local_burn import FREE_REGISTRATION
 from dso.chain.wallets import create_local_wallet, hotkey_address
 from dso.data import Dataset
 from dso.model import model_hash
+from embedded_nodes import node_config
+from embedded_nodes import tiny_node_hparams as tiny
 from neurons.context import build_context
 from neurons.validator import Validator
 from storage import keys
 from storage.checkpoint import save_checkpoint
 from storage.jsonobj import put_json
 from storage.server import EmbeddedS3
-from embedded_nodes import node_config, tiny_node_hparams as tiny
 
 RUN_A, RUN_B = "aaaaaaaaaaaaaaaa", "bbbbbbbbbbbbbbbb"
 BLOCK_TIME = 0.2

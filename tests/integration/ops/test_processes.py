@@ -1,7 +1,6 @@
 """Children never outlive their parent (dso/processes.py), and a node stops within its grace time
 (neurons/lifecycle.py).  The same on a whole local network: tests/e2e/test_operations.py."""
 from __future__ import annotations
-from repo import ROOT
 
 import os
 import signal
@@ -13,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from dso import processes
+from repo import ROOT
 
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(120)"]
 

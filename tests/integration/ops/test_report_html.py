@@ -3,7 +3,6 @@ Chromium from the system's packages; skipped with the reason where there is none
 from __future__ import annotations
 
 import math
-
 import re
 import struct
 

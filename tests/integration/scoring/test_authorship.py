@@ -1,4 +1,4 @@
-"""Authorship no endpoint can fake (issue 37), through the validator's real watch, look and gather on the embedded
+"""Authorship no endpoint can fake, through the validator's real watch, look and gather on the embedded
 S3 server, the real copy detection and the real scoring.
 
 Three honest miners publish signed payloads (the signature, then the payload SIGNATURE_LEAD_SECONDS later, as
@@ -16,14 +16,14 @@ import time
 from dataclasses import dataclass, field
 
 import pytest
-from mininet import MiniNet, chain_randomness, eval_seed
-from signing import hotkeys_of, wallet_of
 
 from dso import signatures
 from dso.clock import PutWindow, certain_after, commit_look_ends, reveal_time, reveal_window_after
+from mininet import MiniNet, chain_randomness, eval_seed
 from scoring import ValidatorState, score_window
-from scoring.window import Scorer, WindowEvidence
 from scoring.copies import find_copies
+from scoring.window import Scorer, WindowEvidence
+from signing import hotkeys_of, wallet_of
 from sim.copying_s3 import CopyingS3
 from storage import keys, signature
 from storage.commitment import BucketInfo, parse_commitment

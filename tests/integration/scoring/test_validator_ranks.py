@@ -13,10 +13,10 @@ import dataclasses
 import numpy as np
 import pytest
 import torch
-from mininet import MiniNet, chain_randomness, eval_seed
 
 from dso.data import Dataset
 from dso.train import learning_rate
+from mininet import MiniNet, chain_randomness, eval_seed
 from scoring import ValidatorState, score_window
 from scoring.window import Scorer, WindowEvidence
 from sim.ranks import run_ranks

@@ -7,7 +7,6 @@ record must equal the simulator's: weights, scores, μ, ratings, the aggregated 
 """
 from __future__ import annotations
 
-
 import pytest
 
 from dso.chain.local import LocalChain
@@ -15,6 +14,8 @@ from dso.chain.local_burn import FREE_REGISTRATION
 from dso.chain.wallets import create_local_wallet, hotkey_address
 from dso.data import Dataset
 from dso.model import model_hash
+from embedded_nodes import node_config
+from embedded_nodes import tiny_node_hparams as tiny
 from neurons import validator_state
 from neurons.context import build_context
 from neurons.engine import genesis_lists
@@ -22,7 +23,6 @@ from neurons.validator import Validator
 from sim.simulator import SimNet
 from storage.gather import GatherResult
 from storage.server import EmbeddedS3
-from embedded_nodes import node_config, tiny_node_hparams as tiny
 
 ROLES = ["honest", "honest", "diligent", "freerider", "noise", "copier", "late", "malformed"]
 WINDOWS = 6
@@ -57,7 +57,7 @@ def validator_and_sim(tmp_path_factory, stdlib_corpus):
         pairs = []
         for t in range(WINDOWS):
             payloads, rejections = sim.uploads(t)
-            validator.gather = lambda _t, _peers: GatherResult(dict(payloads), dict(rejections))  # type: ignore
+            validator.gather = lambda _t, _peers, p=payloads, r=rejections: GatherResult(dict(p), dict(r))  # type: ignore
             line = validator.process(t)
             record = sim.conclude(t, payloads, rejections)
             pairs.append((line, record, model_hash(sim.model)))

@@ -1,10 +1,10 @@
-"""Near-copies and forged upload times (issue 17): in the simulator, driving the validator's real window code,
+"""Near-copies and forged upload times: in the simulator, driving the validator's real window code,
 none of the new attackers is paid and honest peers keep the weight."""
 import pytest
 
 from dso.config_sources import use_profile
-from sim.simulator import SimNet, behaviour_shares
 from paper_training import use_paper_training
+from sim.simulator import SimNet, behaviour_shares
 
 ATTACKERS = ["noisycopy", "mixer", "scaledcopy", "replayer", "backdater", "hider"]
 ROLES = ["honest"] * 4 + ["diligent"] + ATTACKERS
@@ -19,8 +19,8 @@ def records(sim_dataset, tmp_path_factory, simnet_hparams):
     # honest peers stay far from them (pair cosine ≤ 0.62, mix ≤ 0.66, previous aggregate ≤ 0.55 on this model),
     # but with every copy seen together with its source (the simulator's worst case: the validator's watch usually
     # sees the source a round earlier, docs/scoring.md) proof of computation kept a copy over its author in 10 of 14
-    # windows and the noise-added copy earned 1.06 % of the cumulative weight (0 % final; re-land, *mix* = 0.78,
-    # which now catches the mixer in 14 of 14): open (issue 17)
+    # windows and the noise-added copy earned 1.06 % of the cumulative weight (0 % final; with *mix* = 0.78,
+    # which now catches the mixer in 14 of 14): still open
     use_paper_training(hp)
     ds = sim_dataset(hp)
     return SimNet(hp, ds, ROLES).run(WINDOWS)

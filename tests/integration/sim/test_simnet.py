@@ -4,8 +4,8 @@
 to end.)"""
 import pytest
 
-from sim.simulator import SimNet, behaviour_shares
 from paper_training import use_paper_training
+from sim.simulator import SimNet, behaviour_shares
 
 ROLES = ["honest", "honest", "honest", "diligent", "freerider", "noise", "signflip", "copier", "late",
          "malformed", "absent", "sybil", "sybil"]

@@ -3,10 +3,10 @@ test module, every module run on each engine (moto started per module; SeaweedFS
 from __future__ import annotations
 
 import pytest
-from s3_engines import start_s3_engine
-from storage_fixtures import codec, hp, make_update, model, shapes  # noqa: F401 — fixtures, used by name
 
+from s3_engines import start_s3_engine
 from storage.engines import ENGINES
+from storage_fixtures import codec, hp, make_update, model, shapes  # noqa: F401 — fixtures, used by name
 
 
 @pytest.fixture(scope="module", params=ENGINES)

@@ -27,8 +27,8 @@ from dso.sharding import slice_range
 from storage import keys
 from storage.checkpoint import CheckpointSaver, load_checkpoint, load_latest_checkpoint, save_checkpoint
 from storage.checkpoint_manifest import plan_shards
-from storage.client import MiB
 from storage.cleanup import expired_keys
+from storage.client import MiB
 
 SHARD = 5 * MiB  # the smallest part S3 accepts in a multipart upload
 

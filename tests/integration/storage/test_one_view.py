@@ -15,8 +15,8 @@ import torch
 
 from dso.clock import PutWindow
 from dso.model import build_model, model_hash
-from neurons.catchup import apply_bundle
 from dso.outer import OuterState
+from neurons.catchup import apply_bundle
 from neurons.engine import aggregate_window
 from st_craft import honest
 from storage import keys

@@ -16,19 +16,19 @@ import time
 
 import numpy as np
 import pytest
-from repo import ROOT
-from switch_proxy import SwitchProxy
 
 from dso.config import DataConfig, HParams, ModelConfig, StorageConfig
 from dso.corpus import DataError
 from dso.data import Dataset
-from dso.shard_writer import write_shards
 from dso.remote_shards import DataStopped
+from dso.shard_writer import write_shards
 from dso.shards import open_shards
 from dso.tokenizer import Tokenizer, TokenizerSpec, train_bpe
+from repo import ROOT
 from storage.client import S3Client
 from storage.dataset import open_dataset, open_remote
 from storage.dataset_upload import publish
+from switch_proxy import SwitchProxy
 
 SEQ, CHUNK, SHARD_TOKENS = 32, 4096, 60_000
 _names = itertools.count()

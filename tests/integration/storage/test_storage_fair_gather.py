@@ -1,8 +1,7 @@
-"""Issue 18 findings 1 and 2: stalled and slow-drip endpoints must not starve honest peers, and every
+"""Stalled and slow-drip endpoints must not starve honest peers, and every
 thread and socket of a gather is released when it returns.  Impostors run in a child process
 (scripts/benchmarks/hostile_server.py) so the sockets counted here are the reader's own."""
 from __future__ import annotations
-from repo import ROOT
 
 import os
 import sys
@@ -11,8 +10,11 @@ import time
 
 import pytest
 
+from repo import ROOT
+
 sys.path.append(str(ROOT / "scripts" / "benchmarks"))
 import hostile_server  # noqa: E402
+
 from dso.rejections import Reason  # noqa: E402
 from st_craft import honest  # noqa: E402
 from storage import keys  # noqa: E402
@@ -62,7 +64,7 @@ def _gather_threads() -> int:
 
 
 def test_sixteen_stalled_endpoints_do_not_starve_honest_peers(honest_peers, codec, hp):
-    """Finding 1: uids 0-15 accept TCP and never answer; with 16 workers the old gather spent the whole
+    """Uids 0-15 accept TCP and never answer; with 16 workers the old gather spent the whole
     8 s budget on them and every honest peer after them was a TIMEOUT."""
     process, stalled = _impostors("stall", 16)
     try:
@@ -76,7 +78,7 @@ def test_sixteen_stalled_endpoints_do_not_starve_honest_peers(honest_peers, code
 
 @pytest.mark.parametrize("mode", ["drip", "crawl"])
 def test_slow_drip_endpoints_are_cut_at_their_deadline_and_release_everything(honest_peers, codec, hp, mode):
-    """Finding 2: an endpoint sending one byte every 0.5 s held a thread and a socket for hours (the
+    """An endpoint sending one byte every 0.5 s held a thread and a socket for hours (the
     deadline was checked only between 256 KiB reads).  Now each is cut at its deadline, honest peers
     (given first by standing) all finish before any impostor, and nothing outlives the call."""
     process, drips = _impostors(mode, 12)

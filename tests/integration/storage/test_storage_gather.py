@@ -11,12 +11,12 @@ import pytest
 import torch
 
 from dso.clock import PutWindow
+from dso.payload import Payload
 from dso.rejections import Reason
-from st_craft import hostile, honest
+from st_craft import honest, hostile
 from storage import keys
 from storage.commitment import BucketInfo
 from storage.gather import ReaderCache, gather
-from dso.payload import Payload
 from storage.wire import Expect, payload_size_cap
 
 WINDOW = 6

@@ -9,13 +9,13 @@ import time
 import torch
 
 from dso.clock import PutWindow
+from dso.payload import Payload
 from dso.rejections import Reason, Rejection
 from signing import hotkeys_of, put_signed
 from st_craft import honest
 from storage.commitment import BucketInfo
 from storage.gather import ReaderCache, gather
 from storage.look import LOOK_MARGIN_SECONDS, Look, Seen, certain_after, look
-from dso.payload import Payload
 from storage.wire import Expect
 
 WINDOW = 6

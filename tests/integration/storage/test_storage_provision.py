@@ -1,6 +1,5 @@
 """Keys without IAM: SeaweedFS identity files, the `provision` refusals, and `check` for keys made elsewhere."""
 from __future__ import annotations
-from repo import ROOT
 
 import json
 import socket
@@ -9,10 +8,10 @@ import sys
 
 import pytest
 
+from repo import ROOT
 from storage.credentials import AdminCredentials, PeerCredentials
 from storage.seaweedfs import IdentityFile, merge_identities, peer_identities
 from storage.server import main as server_main
-
 
 
 def test_peer_identities_scope_every_action_to_the_own_bucket():

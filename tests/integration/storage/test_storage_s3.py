@@ -10,8 +10,9 @@ import torch
 
 from dso.clock import PutWindow
 from dso.model import build_model, model_hash
+from dso.payload import Payload
 from dso.rejections import Reason, Rejection
-from st_craft import hostile, honest
+from st_craft import honest, hostile
 from storage import keys
 from storage.aggregate import encode_bundle, get_bundle, put_bundle
 from storage.checkpoint import load_latest_checkpoint, read_latest, save_checkpoint
@@ -19,8 +20,8 @@ from storage.cleanup import cleanup
 from storage.client import S3Client, StorageError
 from storage.gather import fetch_payload
 from storage.peers import PeersList, get_peers, put_peers
-from storage.server import AdminCredentials, main as server_main
-from dso.payload import Payload
+from storage.server import AdminCredentials
+from storage.server import main as server_main
 from storage.wire import Expect
 
 FAR = time.monotonic() + 3600  # a deadline that never bites

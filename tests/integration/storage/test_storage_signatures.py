@@ -6,15 +6,14 @@ from __future__ import annotations
 
 import hashlib
 
-from signing import hotkeys_of, put_signed, wallet_of
-from st_craft import honest
-
 from dso import signatures
 from dso.chain.wallets import dev_wallet
+from dso.payload import Payload
 from dso.rejections import Reason
+from signing import hotkeys_of, put_signed, wallet_of
+from st_craft import honest
 from storage import keys, signature
 from storage.gather import ReaderCache, gather
-from dso.payload import Payload
 from storage.wire import Expect
 
 WINDOW = 12

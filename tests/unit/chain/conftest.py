@@ -2,8 +2,8 @@
 from __future__ import annotations
 
 import pytest
-from chain_helpers import FakeClock
 
+from chain_helpers import FakeClock
 from dso.chain.local import LocalChain
 from dso.chain.local_burn import FREE_REGISTRATION
 

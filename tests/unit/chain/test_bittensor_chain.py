@@ -3,9 +3,8 @@ from __future__ import annotations
 
 import bittensor as bt
 import pytest
-from chain_helpers import hk
-from fake_substrate import FakeSubstrate
 
+from chain_helpers import hk
 from dso.chain.base import ChainError, ChainUnavailable, WeightRules
 from dso.chain.bittensor_chain import BittensorChain
 from dso.chain.factory import open_chain
@@ -13,6 +12,7 @@ from dso.chain.local import LocalChain
 from dso.chain.roles import VALIDATOR, with_role
 from dso.chain.wallets import dev_wallet
 from dso.config import Config
+from fake_substrate import FakeSubstrate
 
 
 @pytest.fixture
@@ -141,7 +141,7 @@ def test_factory_picks_the_backend_from_the_config(tmp_path):
     assert e.value.reason == "bad_input"
 
 
-# ------------------------------------------------------------------ issue 16: the real chain's rules
+# ------------------------------------------------------------------ the real chain's rules
 def test_weight_rules_read_the_subnet_hyperparameters(fake):
     assert on(fake).weight_rules() == WeightRules()  # nothing set: no limits, full max weight
     fake.hyper = {"WeightsSetRateLimit": 100, "MinAllowedWeights": 8, "MaxWeightsLimit": 32767,
@@ -191,7 +191,7 @@ def _raw(text: str) -> dict:
 
 
 def test_state_reads_can_be_pinned_to_a_block(fake):
-    """The leader of a window is decided from the state at its last block (issue 16): the SDK read is pinned."""
+    """The leader of a window is decided from the state at its last block: the SDK read is pinned."""
     fake.add_neuron(hk(A), stake_tao=10.0)
     chain = on(fake)
     chain.metagraph(), chain.commitments()

@@ -63,9 +63,9 @@ def _bittensor() -> Backend:
 
 def _bittensor_offline(monkeypatch, tmp_path) -> Backend:
     import bittensor as bt
-    from fake_substrate import FakeSubstrate
 
     from dso.chain.bittensor_chain import BittensorChain
+    from fake_substrate import FakeSubstrate
 
     monkeypatch.setenv("BTCLI_TOKEN_SYMBOLS_CACHE", str(tmp_path / "symbols.json"))  # SDK cache, kept out of ~
     fake = FakeSubstrate(netuid=7, block_time=0.05)

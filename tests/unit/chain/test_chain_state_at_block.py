@@ -1,4 +1,4 @@
-"""The chain's state as of a past block, and the leader of a window decided from it (issue 16, hand-over).
+"""The chain's state as of a past block, and the leader of a window decided from it (the leader hand-over).
 
 Who leads window t is read from the state at t's last block.  Nodes ask at different moments (a validator
 after the uploads close, a miner while it waits for the bundle), and a weight post between two of those
@@ -7,8 +7,8 @@ moments must not change the answer: otherwise two validators both believe they l
 from __future__ import annotations
 
 import pytest
-from chain_helpers import hk, wallets
 
+from chain_helpers import hk, wallets
 from dso.chain.base import STATE_HISTORY_BLOCKS, ChainError
 from dso.chain.cached import CachedChain
 from dso.chain.roles import VALIDATOR, with_role
@@ -22,7 +22,7 @@ BLOCKS_PER_WINDOW = 10
 
 def validators(chain, prefix: str, stakes: list[float]):
     ws = wallets(prefix, len(stakes))
-    for w, stake in zip(ws, stakes):
+    for w, stake in zip(ws, stakes, strict=True):
         chain.register(w)
         chain.add_stake(hk(w), stake)
         chain.commit(w, with_role(COMMIT, VALIDATOR))

@@ -6,14 +6,14 @@ import random
 import bittensor as bt
 import pytest
 from bittensor.intents.weights import clip_to_max_weight
-from chain_helpers import hk, wallets
-from fake_substrate import FakeSubstrate
 
+from chain_helpers import hk, wallets
 from dso.chain import rules
 from dso.chain.base import WeightRules
 from dso.chain.bittensor_chain import BittensorChain
 from dso.chain.wallets import dev_wallet
 from dso.chain.weights import PAD_FRACTION, WeightPlan, WeightRefusal, WeightsRefused, next_post_block, plan_weights
+from fake_substrate import FakeSubstrate
 
 UIDS = list(range(10))
 
@@ -50,7 +50,7 @@ def test_version_and_rate_limit_are_refused_with_the_next_block():
 def test_too_few_weights_are_padded_minimally_or_refused():
     got = plan({3: 2.0, 7: 1.0}, min_allowed_weights=4)
     assert isinstance(got, WeightPlan) and got.padded == [1, 2]  # lowest other uids, never our own (0)
-    row = dict(zip(got.uids, got.weights))
+    row = dict(zip(got.uids, got.weights, strict=True))
     assert row[1] == row[2] == pytest.approx(row[3] * PAD_FRACTION) and sum(got.weights) == pytest.approx(1.0)
     assert round(row[1] / row[3] * 65535) == 2  # survives the chain's max-upscaled u16 quantisation
     refused = plan({3: 2.0}, min_allowed_weights=4, pad=False)

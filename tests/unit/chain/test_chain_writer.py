@@ -5,8 +5,8 @@ import json
 import threading
 
 import pytest
-from chain_helpers import hk, wallets
 
+from chain_helpers import hk, wallets
 from dso.chain.base import ChainError
 from dso.chain.cached import CachedChain
 from dso.chain.writer import ChainWriter

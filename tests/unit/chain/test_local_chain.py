@@ -6,8 +6,8 @@ import sqlite3
 from fractions import Fraction
 
 import pytest
-from chain_helpers import hk, wallets
 
+from chain_helpers import hk, wallets
 from dso.chain.__main__ import main as cli_main
 from dso.chain.base import ChainError, ChainUnavailable
 from dso.chain.local import LocalChain
@@ -53,7 +53,7 @@ def test_registration_is_idempotent_and_fills_uids_in_order(make_chain):
 def test_validator_permits_go_to_the_largest_stakes(make_chain):
     chain = make_chain(max_validators=2, min_validator_stake=1.0)
     ws = wallets("perm", 4)
-    for w, stake in zip(ws, [5.0, 10.0, 0.5, 20.0]):
+    for w, stake in zip(ws, [5.0, 10.0, 0.5, 20.0], strict=True):
         chain.register(w)
         chain.add_stake(hk(w), stake)
     assert [n.validator_permit for n in chain.metagraph()] == [False, True, False, True]
@@ -105,11 +105,11 @@ def test_consensus_incentive_and_emission_on_a_hand_computed_example(make_chain,
     validators, miners = wallets("val", 3), wallets("min", 3)
     for w in validators + miners:
         chain.register(w)
-    for w, stake in zip(validators, [50, 30, 20]):
+    for w, stake in zip(validators, [50, 30, 20], strict=True):
         chain.add_stake(hk(w), stake)
     clock.advance_blocks(1)
     rows = [[0.6, 0.4, 0.0], [0.5, 0.0, 0.5], [0.2, 0.3, 0.5]]
-    for w, row in zip(validators, rows):
+    for w, row in zip(validators, rows, strict=True):
         chain.set_weights(w, [3, 4, 5], row)
     assert chain.weights()[0] == pytest.approx({3: 0.6, 4: 0.4, 5: 0.0})
     assert all(n.incentive == 0 for n in chain.metagraph())  # no consensus has run yet

@@ -4,8 +4,8 @@ while the attacker keeps paying."""
 from __future__ import annotations
 
 import pytest
-from chain_helpers import hk, wallets
 
+from chain_helpers import hk, wallets
 from dso.chain.base import ChainError
 from dso.chain.local_burn import burn_price
 from dso.chain.local_store import LocalChainParams

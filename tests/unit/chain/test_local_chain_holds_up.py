@@ -1,4 +1,4 @@
-"""Issue 18, finding 7: the local chain holds up under churn.  Each test failed before the change:
+"""The local chain holds up under churn.  Each test failed before the change:
 a sybil flood evicted a new honest miner before it could earn; deregistered rows were kept for ever;
 every read re-built and re-checked every row's signature."""
 from __future__ import annotations
@@ -6,7 +6,6 @@ from __future__ import annotations
 import sqlite3
 
 from chain_helpers import hk, wallets
-
 from dso.chain import local_state
 from dso.chain.base import STATE_HISTORY_BLOCKS, ChainError
 from dso.chain.local import LocalChain

@@ -1,10 +1,10 @@
-"""LocalChain models the real chain's rules (issue 16): weight rate limit, minimum weights, max weight clip,
+"""LocalChain models the real chain's rules: weight rate limit, minimum weights, max weight clip,
 version key, stake from emission with top-K permits, last update, and protocol-validator tags."""
 from __future__ import annotations
 
 import pytest
-from chain_helpers import hk, wallets
 
+from chain_helpers import hk, wallets
 from dso.chain.base import ChainError, WeightRules
 from dso.chain.roles import VALIDATOR, with_role
 

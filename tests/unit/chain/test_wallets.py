@@ -3,8 +3,16 @@ from __future__ import annotations
 
 import pytest
 
-from dso.chain.wallets import (WalletError, create_local_wallet, dev_wallet, hotkey_address, is_valid_address,
-                               load_wallet, sign, verify)
+from dso.chain.wallets import (
+    WalletError,
+    create_local_wallet,
+    dev_wallet,
+    hotkey_address,
+    is_valid_address,
+    load_wallet,
+    sign,
+    verify,
+)
 from dso.config import WalletConfig
 
 

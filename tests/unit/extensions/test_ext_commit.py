@@ -6,9 +6,22 @@ import hashlib
 import numpy as np
 import pytest
 
-from dso.commit import (BAN_AFTER, NONCE_BYTES, Penalty, apply_penalty, commit_penalty, commitment_hash,
-                        content_digest, count_invalid, find_duplicates, is_commitment, judge_reveal, new_nonce,
-                        penalty_for, verify_reveal)
+from dso.commit import (
+    BAN_AFTER,
+    NONCE_BYTES,
+    Penalty,
+    apply_penalty,
+    commit_penalty,
+    commitment_hash,
+    content_digest,
+    count_invalid,
+    find_duplicates,
+    is_commitment,
+    judge_reveal,
+    new_nonce,
+    penalty_for,
+    verify_reveal,
+)
 from dso.rejections import Reason
 
 NONCE = bytes(range(32))

@@ -96,7 +96,7 @@ def test_the_third_invalid_update_bans_until_the_hotkey_changes(setup):
     scores, weights = result.scores, result.weights
     assert scores[2] > 0 and weights[2] > 0.4 and weights[3] > 0
     assert weights[1] == 0.0 and scores[1] <= 0
-    # a window in which nobody uploads: a missing upload fails the fast check, so nobody is paid in it (issue 17)
+    # a window in which nobody uploads: a missing upload fails the fast check, so nobody is paid in it
     # and nobody enters the list — the banned uid least of all
     report = score(setup, state, 3, {}, active)
     assert report.weights == {1: 0.0, 2: 0.0, 3: 0.0} and report.scores[1] <= 0 and not report.top_g

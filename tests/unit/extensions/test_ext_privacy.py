@@ -10,8 +10,16 @@ import torch
 from scipy import stats
 
 from dso.config import DPConfig
-from dso.privacy import (PrivacyStateError, RdpAccountant, clip_and_noise, dp_settings, gaussian_rdp, global_norm,
-                         noise_for_target, rdp_to_epsilon)
+from dso.privacy import (
+    PrivacyStateError,
+    RdpAccountant,
+    clip_and_noise,
+    dp_settings,
+    gaussian_rdp,
+    global_norm,
+    noise_for_target,
+    rdp_to_epsilon,
+)
 from dso.rejections import Reason
 
 torch.set_num_threads(1)

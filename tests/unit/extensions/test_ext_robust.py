@@ -12,9 +12,23 @@ import dso.robust as robust
 from dso.codec import DeMoCodec
 from dso.config import HParams
 from dso.rejections import Reason
-from dso.robust import (RULES, coherence_filter, coordinate_median, decoded_rows, drop_non_finite, finite_rows,
-                        geometric_median, gram, multi_krum, pairwise_sq_distances, robust_aggregate, robust_delta,
-                        split_vector, trim_count, trimmed_mean)
+from dso.robust import (
+    RULES,
+    coherence_filter,
+    coordinate_median,
+    decoded_rows,
+    drop_non_finite,
+    finite_rows,
+    geometric_median,
+    gram,
+    multi_krum,
+    pairwise_sq_distances,
+    robust_aggregate,
+    robust_delta,
+    split_vector,
+    trim_count,
+    trimmed_mean,
+)
 from sim import attacks
 from sim.attacks import ATTACKS, byzantine_rows
 

@@ -9,10 +9,10 @@ import torch
 from scipy.linalg import hadamard
 
 from dso.codec import DeMoCodec, ErrorFeedback
+from dso.codecs import make_codec
 from dso.config import HParams
 from dso.packing import PackingError
 from dso.rejections import Reason
-from dso.codecs import make_codec
 from dso.sketch import SketchCodec, dequantise, fwht, stochastic_quantise
 
 torch.set_num_threads(1)

@@ -2,8 +2,7 @@ import torch
 
 from dso.aggregation import aggregate_signs, signed_step
 from dso.codec import DeMoCodec
-from dso.config import HParams
-from dso.config import ModelConfig
+from dso.config import HParams, ModelConfig
 from dso.model import build_model, parameter_shapes
 
 

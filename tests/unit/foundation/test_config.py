@@ -81,7 +81,7 @@ def test_every_leaf_has_a_flag_and_a_doc():
     assert all(a.help for a in parser._actions)
 
 
-# ------------------------------------------------------------------ model presets (issue 14)
+# ------------------------------------------------------------------ model presets
 def test_preset_sets_the_shape_and_explicit_keys_override_it(tmp_path):
     from dso.presets import PRESETS
     cfg, _ = parse_args(["--hparams.model.preset", "125m", "--hparams.model.n_layers", "6"])
@@ -99,10 +99,11 @@ def test_preset_sets_the_shape_and_explicit_keys_override_it(tmp_path):
 
 def test_preset_parameter_counts_match_the_built_model():
     import torch
+
     from dso.config import ModelConfig
     from dso.model import Decoder, parameter_count
     from dso.presets import PRESETS, non_embedding_parameters, total_parameters
-    for name, shape in PRESETS.items():
+    for shape in PRESETS.values():
         cfg = ModelConfig(**shape, vocab_size=1024)
         with torch.device("meta"):  # shapes only: the 1 B preset needs no memory here
             built = parameter_count(Decoder(cfg))

@@ -61,7 +61,7 @@ def test_the_prefix_a_miner_trains_on_is_a_random_sample_of_the_corpus(dataset):
 def test_rows_are_consecutive_slices_of_the_corpus(stdlib_corpus, dataset):
     raw = np.frombuffer(stdlib_corpus.read_bytes(), dtype=np.uint8)
     rows = dataset.assigned_rows(1, 1, 5)
-    for r, seq in zip(rows, dataset.sequences[rows]):
+    for r, seq in zip(rows, dataset.sequences[rows], strict=True):
         assert np.array_equal(seq, raw[r * 33:(r + 1) * 33])
     assert dataset.sequences.shape == (raw.size // 33, 33)
 

@@ -122,7 +122,7 @@ def test_a_shortened_last_step_is_adamw_on_the_sequences_it_took():
     twin.start()
     for rows in (data[0:4], data[4:8], data[8:10]):
         twin._step(rows, hp.inner.lr)
-    for (n, p), q in zip(model.named_parameters(), reference.parameters()):
+    for (n, p), q in zip(model.named_parameters(), reference.parameters(), strict=True):
         assert torch.equal(p, q), n
 
 
@@ -148,7 +148,7 @@ def test_a_step_that_runs_past_the_deadline_ends_at_the_next_micro_batch():
     twin.start()
     loss, used = twin._step(data[0:2], hp.inner.lr)
     assert used == 2 and r.losses[0] == pytest.approx(loss, rel=1e-6)
-    for (n, p), q in zip(model.named_parameters(), reference.parameters()):
+    for (n, p), q in zip(model.named_parameters(), reference.parameters(), strict=True):
         assert torch.equal(p, q), n                       # the rescale by 4/2 is exact
     now[0] = 0.0                                           # no deadline: the whole batch, as before
     assert loop._step(data[4:8], hp.inner.lr, lambda: True)[1] == 2
@@ -216,7 +216,7 @@ def test_state_round_trip_through_safetensors_continues_identically():
     for loop in (a, b):
         loop.start()
         loop.train(1, _data(8, seed=3))
-    for (n, p), (_, q) in zip(a.model.named_parameters(), b.model.named_parameters()):
+    for (n, p), (_, q) in zip(a.model.named_parameters(), b.model.named_parameters(), strict=True):
         assert torch.equal(p, q), n
 
 

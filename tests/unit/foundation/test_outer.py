@@ -1,5 +1,4 @@
 """Outer step (dso/outer.py) and the machine-independent decode it relies on (dso/exact.py)."""
-from repo import ROOT
 import math
 import subprocess
 import sys
@@ -13,8 +12,18 @@ from dso.codec import DeMoCodec, TensorUpdate
 from dso.config import HParams
 from dso.dct import ChunkPlan
 from dso.exact import BASIS_BITS, COEFF_BITS, basis_margin, exact_decode, exact_norm, fixed_basis
-from dso.outer import (OuterState, aggregate, apply_outer, evaluation_step, median, outer_lr, peer_evaluation_step,
-                       peer_norms, reference_norms)
+from dso.outer import (
+    OuterState,
+    aggregate,
+    apply_outer,
+    evaluation_step,
+    median,
+    outer_lr,
+    peer_evaluation_step,
+    peer_norms,
+    reference_norms,
+)
+from repo import ROOT
 
 SHAPES = {"a": (128, 192), "b": (70,), "c": (96, 130)}
 

@@ -1,4 +1,3 @@
-from repo import ROOT
 import json
 import subprocess
 import sys
@@ -11,6 +10,7 @@ from dso.data import DataError, Dataset, corpus_tokenizer
 from dso.shard_writer import write_shards
 from dso.shards import MANIFEST, ShardFile, open_shards
 from dso.tokenizer import Tokenizer, TokenizerSpec, train_bpe
+from repo import ROOT
 
 RECORDS = [{"text": "first record"}, {"text": "second record\n", "id": 2}, {"text": "   "}]
 

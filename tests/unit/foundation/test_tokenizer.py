@@ -63,7 +63,8 @@ def test_hash_ignores_serialisation_but_not_content(bpe):
 
 
 def test_non_byte_level_and_broken_files_are_refused_naming_the_file(tmp_path):
-    from tokenizers import Tokenizer as HF, models, pre_tokenizers
+    from tokenizers import Tokenizer as HF
+    from tokenizers import models, pre_tokenizers
     word = HF(models.WordLevel({"hello": 0, "world": 1, "[UNK]": 2}, unk_token="[UNK]"))
     word.pre_tokenizer = pre_tokenizers.Whitespace()
     (tmp_path / "word.json").write_text(word.to_str())

@@ -1,4 +1,4 @@
-"""Issue 18 finding 6: every file a node keeps, corrupted, fails with its documented error (docs/protocol.md,
+"""Every file a node keeps, corrupted, fails with its documented error (docs/protocol.md,
 "Files a node keeps") — and the validator resumes from its last good save, or a clean state, instead of
 stopping on a damaged one."""
 from __future__ import annotations
@@ -126,8 +126,9 @@ def test_a_model_file_failing_its_hash_leaves_the_model_untouched(tmp_path, mode
 
 
 def test_state_of_an_earlier_version_is_skipped_with_the_reason(tmp_path, model, caplog):
-    """Finding 3's other half: a state whose μ went to -inf (or any version-1 state) was refused and the
-    validator stopped; now it is skipped with the reason, and with nothing else saved it starts clean."""
+    """The other half of bounding μ (test_scoring_formulas.py): a state whose μ went to -inf (or any version-1
+    state) was refused and the validator stopped; now it is skipped with the reason, and with nothing else saved
+    it starts clean."""
     _save(tmp_path, model, 8)
     path = tmp_path / "w8" / "scoring.json"
     data = json.loads(path.read_text())

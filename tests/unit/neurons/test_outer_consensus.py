@@ -11,11 +11,11 @@ from dso.config import OuterConfig
 from dso.inner import InnerLoop
 from dso.model import build_model, model_hash, parameter_shapes
 from dso.outer import OuterState
+from dso.payload import Payload, PayloadMeta
 from neurons.catchup import apply_bundle
 from neurons.engine import aggregate_window
 from storage.aggregate import Bundle
 from storage.checkpoint_file import decode_checkpoint, encode_checkpoint
-from dso.payload import Payload, PayloadMeta
 
 WINDOWS = 4
 PEERS = [3, 1, 2]

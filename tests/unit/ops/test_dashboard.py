@@ -1,7 +1,6 @@
 """The Grafana dashboard in docs/grafana/ reads only what the nodes export: every metric and label its PromQL
 names exists in neurons/metrics.py (fed one record of each role), and it covers what an operator watches."""
 from __future__ import annotations
-from repo import ROOT
 
 import json
 import re
@@ -11,6 +10,7 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from neurons.metrics import NodeMetrics
+from repo import ROOT
 
 DASHBOARD = ROOT / "docs" / "grafana" / "dso-dashboard.json"
 FUNCTIONS = {"sum", "max", "min", "avg", "count", "topk", "bottomk", "rate", "increase", "irate",

@@ -8,13 +8,13 @@ import hashlib
 import pytest
 import torch
 
+from dso.codecs import make_codec
 from dso.config import HParams
 from dso.model import build_model, parameter_shapes
-from dso.codecs import make_codec
 from dso.outer import OuterState
 from dso.rejections import Reason
 from neurons.engine import WindowInputs, run_window
-from scoring.history import (AGGREGATE, SKETCH_DIM, Sketcher, UploadHistory, find_replays, is_empty)
+from scoring.history import AGGREGATE, SKETCH_DIM, Sketcher, UploadHistory, find_replays, is_empty
 from scoring.state import ValidatorState
 
 
@@ -41,10 +41,10 @@ def test_a_count_sketch_keeps_cosines_within_its_error():
 def test_replays_of_own_and_other_uploads_and_of_aggregates_are_caught_and_fresh_updates_are_not():
     history = UploadHistory()
     first = rows(3, seed=1)
-    assert find_replays(history, 5, dict(zip((1, 2, 3), first)), None) == {}
+    assert find_replays(history, 5, dict(zip((1, 2, 3), first, strict=True)), None) == {}
     fresh = rows(3, seed=2)
     aggregate = rows(1, seed=3)[0]
-    assert find_replays(history, 6, dict(zip((1, 2, 3), fresh)), aggregate) == {}
+    assert find_replays(history, 6, dict(zip((1, 2, 3), fresh, strict=True)), aggregate) == {}
     # window 9: uid 1 sends its own update of window 5 again, uid 2 uid 3's of window 6 with a little noise, uid 3
     # the aggregate of window 5 (joined the history at window 6), uid 4 something new, uid 5 nothing at all
     g = torch.Generator().manual_seed(4)
@@ -69,7 +69,7 @@ def test_the_history_forgets_what_is_older_than_its_windows_and_survives_a_save(
     assert find_replays(history, 5, {2: old}, None) == {}                     # too old to be remembered
     again = UploadHistory.from_tensors(history.to_tensors(), windows=4)
     assert [(e.window, e.label) for e in again.entries] == [(e.window, e.label) for e in history.entries]
-    assert all(torch.equal(a.sketch, b.sketch) for a, b in zip(again.entries, history.entries))
+    assert all(torch.equal(a.sketch, b.sketch) for a, b in zip(again.entries, history.entries, strict=True))
     clone = copy.deepcopy(history)
     clone.add(5, AGGREGATE, torch.ones(SKETCH_DIM))
     assert len(clone.entries) == len(history.entries) + 1                     # the copy's list is its own

@@ -1,4 +1,4 @@
-"""Near-copies (issue 17): the pure parts of scoring/copies.py, with literal expected values."""
+"""Near-copies: the pure parts of scoring/copies.py, with literal expected values."""
 import math
 
 import torch

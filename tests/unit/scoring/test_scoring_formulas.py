@@ -9,10 +9,33 @@ import numpy as np
 import pytest
 from scipy.stats import rankdata, ttest_ind
 
-from scoring.formulas import (MU_MAX, MU_MIN, competition_ranks, cooled_down, help_median, help_ratio,
-                              help_record_score, helped_recently, last_update_helped, loss_delta, normalise_weights,
-                              pay_score, peer_score, penalise, poc_pays, poc_statistic, poc_update, poc_verdict,
-                              quality, smooth_weights, sync_score, top_g, work_proven, POC_BOUND, bound_statistic)
+from scoring.formulas import (
+    MU_MAX,
+    MU_MIN,
+    POC_BOUND,
+    bound_statistic,
+    competition_ranks,
+    cooled_down,
+    help_median,
+    help_ratio,
+    help_record_score,
+    helped_recently,
+    last_update_helped,
+    loss_delta,
+    normalise_weights,
+    pay_score,
+    peer_score,
+    penalise,
+    poc_pays,
+    poc_statistic,
+    poc_update,
+    poc_verdict,
+    quality,
+    smooth_weights,
+    sync_score,
+    top_g,
+    work_proven,
+)
 
 
 # ------------------------------------------------------------- proof of computation
@@ -113,7 +136,7 @@ def test_penalise_is_phi_times_mu_for_non_negative_and_never_raises():
 
 
 def test_mu_is_bounded_by_construction_and_an_offline_peer_can_recover():
-    """Finding 3: a negative μ was scaled by 1.25 per penalty without bound and reached -inf after ~3,200
+    """A negative μ was scaled by 1.25 per penalty without bound and reached -inf after ~3,200
     windows (then the saved state was refused and the validator stopped).  Now it stops at MU_MIN, and
     from there ceil(ln 2 / -ln γ) = 14 proofs of computation bring it back above zero (docs/scoring.md)."""
     mu = poc_update(0.0, False, 0.95)               # -0.05
@@ -147,7 +170,7 @@ def test_sync_score_matches_numpy():
 
 def test_sync_score_k_steps_behind_scores_k():
     theta = [0.5, -0.25, 1.0, 0.0]
-    behind = [t + 3 * 0.002 * s for t, s in zip(theta, (1, -1, 1, -1))]
+    behind = [t + 3 * 0.002 * s for t, s in zip(theta, (1, -1, 1, -1), strict=True)]
     assert sync_score(theta, behind, 0.002) == pytest.approx(3.0)
 
 

@@ -11,14 +11,15 @@ sequence is fainter) and z = 0 for one that took no work on its data — the def
 the validator's code."""
 from __future__ import annotations
 
+import itertools
 import statistics
 
 import numpy as np
 import pytest
 
 from dso.config import HParams
-from scoring import formulas
 from dso.rejections import Reason, Rejection
+from scoring import formulas
 from scoring.pay import Evaluation, pay, record_evaluation
 from scoring.rating import rate_match
 from scoring.state import PeerState
@@ -142,7 +143,7 @@ def test_a_peer_not_evaluated_yet_is_not_paid_and_the_cold_start_still_pays_nobo
 def test_smoothing_steadies_the_posted_weights():
     def jitter(hp: HParams) -> float:  # mean L1 change of the posted row over the last 10 windows, 10 seeds
         rows = [run(hp, seed)[-11:] for seed in range(10)]
-        return statistics.mean(sum(abs(a[u] - b[u]) for u in a) for r in rows for a, b in zip(r, r[1:]))
+        return statistics.mean(sum(abs(a[u] - b[u]) for u in a) for r in rows for a, b in itertools.pairwise(r))
     assert jitter(HParams()) < 0.8 * jitter(HParams(weight_smoothing=1.0))
 
 

@@ -5,8 +5,16 @@ import math
 
 import pytest
 
-from scoring.rating import (RATING_MU_BOUND, SIGMA_MAX, SIGMA_MIN, bound_rating, initial_rating, model, ordinal,
-                            rate_match)
+from scoring.rating import (
+    RATING_MU_BOUND,
+    SIGMA_MAX,
+    SIGMA_MIN,
+    bound_rating,
+    initial_rating,
+    model,
+    ordinal,
+    rate_match,
+)
 
 BETA, TAU, KAPPA = 25 / 6, 25 / 300, 1e-4
 
@@ -45,7 +53,7 @@ def test_match_matches_weng_lin_oracle():
     after = rate_match(before, scores)
     uids = [2, 4, 9]
     expected = plackett_luce_oracle([before[u] for u in uids], [0, 1, 2])
-    for uid, (mu, sigma) in zip(uids, expected):
+    for uid, (mu, sigma) in zip(uids, expected, strict=True):
         assert after[uid][0] == pytest.approx(mu, rel=1e-12)
         assert after[uid][1] == pytest.approx(sigma, rel=1e-12)
     assert after[2][0] > before[2][0] and after[9][0] < before[9][0]
@@ -55,7 +63,8 @@ def test_match_matches_weng_lin_oracle():
 def test_match_with_other_beta_and_tau_matches_the_oracle(beta, tau):
     before = {4: (25.0, 25 / 3), 9: (27.0, 6.0), 2: (22.0, 7.5)}
     after = rate_match(before, {4: 0.02, 9: -0.01, 2: 0.05}, beta, tau)
-    for uid, (mu, sigma) in zip([2, 4, 9], plackett_luce_oracle([before[u] for u in (2, 4, 9)], [0, 1, 2], beta, tau)):
+    expected = plackett_luce_oracle([before[u] for u in (2, 4, 9)], [0, 1, 2], beta, tau)
+    for uid, (mu, sigma) in zip([2, 4, 9], expected, strict=True):
         assert after[uid] == pytest.approx((mu, sigma), rel=1e-12)
     assert after != rate_match(before, {4: 0.02, 9: -0.01, 2: 0.05})   # the parameters are used
     with pytest.raises(ValueError):

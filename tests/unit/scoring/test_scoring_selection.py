@@ -6,8 +6,17 @@ from collections import Counter
 
 import numpy as np
 
-from scoring.selection import (drawn_picker, eval_set, fast_set, least_recent, least_recent_picker, max_gap,
-                               next_top_g, uniform_draws, weighted_draw)
+from scoring.selection import (
+    drawn_picker,
+    eval_set,
+    fast_set,
+    least_recent,
+    least_recent_picker,
+    max_gap,
+    next_top_g,
+    uniform_draws,
+    weighted_draw,
+)
 
 
 def test_fast_set_always_holds_the_active_top_g_and_has_the_requested_size():

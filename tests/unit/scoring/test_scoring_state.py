@@ -119,7 +119,7 @@ def test_load_errors_for_missing_corrupt_and_foreign_files(tmp_path):
     lambda text: text.replace('"peers": {', '"peers": {"5": [], '),
 ])
 def test_a_damaged_state_file_is_a_state_error_never_another_exception(tmp_path, damage):
-    """Finding 6: a damaged state raised RecursionError or OverflowError instead of the documented StateError."""
+    """A damaged state raised RecursionError or OverflowError instead of the documented StateError."""
     path = tmp_path / "scoring.json"
     sample_state().save(path)
     text = path.read_text()

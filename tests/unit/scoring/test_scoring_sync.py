@@ -57,7 +57,7 @@ def test_check_sync_vector_reasons():
     assert check_sync_vector(torch.zeros(4), 4) is None
 
 
-# ------------------------------------------------------------ coverage at any model size (issue 17)
+# ------------------------------------------------------------ coverage at any model size
 def _shapes(cfg) -> dict:
     """The parameter shapes of ``cfg`` without building it: a copy with small, distinct widths, mapped back."""
     import dataclasses

@@ -7,11 +7,11 @@ import json
 
 import pytest
 import torch
-from mininet import MiniNet, chain_randomness, eval_seed
 
 from dso.model import model_hash
 from dso.rejections import Reason, Rejection
 from dso.train import learning_rate, sequence_losses
+from mininet import MiniNet, chain_randomness, eval_seed
 from scoring import ValidatorState, WindowAlreadyScored, load, plan_fast_set, score_window
 from scoring.evaluation import ParameterSnapshot, evaluate_peer, random_losses, update_signs
 from scoring.formulas import helped_recently, poc_pays, poc_update, poc_verdict
@@ -58,7 +58,7 @@ def test_in_place_evaluation_matches_a_model_copy_and_restores_theta_bit_exactly
                 sequence_losses(net.model, rand, 4), sequence_losses(at(control), rand, 4),
                 sequence_losses(at(step), rand, 4)]
     for name, want in zip(("control_assigned", "stepped_assigned", "base_rand", "control_rand", "stepped_rand"),
-                          expected):
+                          expected, strict=True):
         assert getattr(got, name).tolist() == pytest.approx(want.tolist()), name
     assert got.delta_rand == pytest.approx(float(expected[2].mean() - expected[4].mean()))
     assert model_hash(net.model) == before
@@ -290,7 +290,7 @@ def test_validators_with_different_secrets_evaluate_the_same_peers(hp, dataset):
 
 def test_validators_with_different_secrets_score_and_weight_alike_under_the_random_schedule(hp, dataset):
     """The evaluation data comes from the eval seed too, so two validators with different secrets that saw
-    the same uploads produce the same LossScores and weights (issue 16); under round-robin they do not."""
+    the same uploads produce the same LossScores and weights; under round-robin they do not."""
     hp.eval_peers, hp.fast_peers = 3, 8
     reports = {}
     for schedule in ("random", "round_robin"):

@@ -3,10 +3,10 @@ import torch
 
 from dso.codec import DeMoCodec
 from dso.config import HParams
-from sim import behaviours
 from dso.payload import PayloadMeta
-from storage.wire import Expect, decode_payload, encode_payload
 from dso.rejections import Reason, Rejection
+from sim import behaviours
+from storage.wire import Expect, decode_payload, encode_payload
 
 
 def _codec():

@@ -1,4 +1,4 @@
-"""The local network report's training figures (issue 13) and text sampled from a checkpoint."""
+"""The local network report's training figures and text sampled from a checkpoint."""
 from __future__ import annotations
 
 import math

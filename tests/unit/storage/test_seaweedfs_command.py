@@ -4,7 +4,6 @@ from __future__ import annotations
 import re
 
 from repo import ROOT
-
 from storage.seaweedfs import SERVER_ENV, SERVER_FLAGS, documented_command
 
 

@@ -7,11 +7,11 @@ import hashlib
 import json
 
 import pytest
-from signing import wallet_of
 
 from dso import signatures
 from dso.chain.wallets import dev_wallet, hotkey_address
 from dso.rejections import Reason, Rejection
+from signing import wallet_of
 from storage import signature
 
 WINDOW = 12

@@ -1,4 +1,4 @@
-"""Issue 18 finding 4: a commitment may name any endpoint.  Peers' endpoints must be public https hosts
+"""A commitment may name any endpoint.  Peers' endpoints must be public https hosts
 (loopback only with storage.allow_loopback_endpoints), checked after DNS resolution, connected to at the
 checked address, with redirects not followed; a refused endpoint is a Rejection, never an exception."""
 from __future__ import annotations

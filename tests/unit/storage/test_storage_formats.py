@@ -11,8 +11,9 @@ import torch
 
 from dso.clock import PutWindow
 from dso.model import model_hash, state_hash
+from dso.payload import Payload, PayloadMeta
 from dso.rejections import Reason, Rejection
-from st_craft import build, hostile, honest, metadata_variants, split
+from st_craft import build, honest, hostile, metadata_variants, split
 from storage import keys
 from storage.aggregate import decode_bundle, encode_bundle
 from storage.checkpoint_file import decode_checkpoint, encode_checkpoint
@@ -21,9 +22,7 @@ from storage.commitment import BucketInfo, bucket_name_problem, format_commitmen
 from storage.gather import check_time
 from storage.peers import PeersList, encode_peers, parse_peers
 from storage.tensorfile import read_header
-from dso.payload import Payload, PayloadMeta
 from storage.wire import Expect, decode_payload, encode_payload, payload_size_cap
-
 
 # ------------------------------------------------------------------ keys
 RUN, OTHER = "0123456789abcdef", "fedcba9876543210"
@@ -164,7 +163,7 @@ def _with_meta(codec, update, hp, uid: int, window: int, /, **changes) -> bytes:
 
 
 def test_data_hash_of_the_run_is_compared(codec, make_update, hp):
-    """Finding 5: docs/protocol.md says a payload with another data hash is rejected; the hash was never
+    """docs/protocol.md says a payload with another data hash is rejected; the hash was never
     compared because no caller set it.  Expect.from_hparams now takes the run's data hash (by default the
     pinned hp.data_hash)."""
     ours, theirs = "ab" * 32, "cd" * 32
@@ -346,9 +345,8 @@ def test_bundle_carries_each_payloads_signed_bytes_and_signature(codec, make_upd
     """Payloads read from the wire go into the bundle as the very bytes their miners signed, with the signature
     (one per uid in ``signatures``, the same order); a payload never read from the wire goes in canonically
     encoded and unsigned.  A signatures field that is not one hex signature (or none) per uid is refused."""
-    from signing import wallet_of
-
     from dso import signatures
+    from signing import wallet_of
     payloads = _payloads(codec, make_update, hp, 3, (1, 2))
     blob = encode_payload(codec, payloads[1].update, payloads[1].sync_values, payloads[1].meta)
     sig = signatures.sign_payload(wallet_of(1), "", 3, 1, blob)

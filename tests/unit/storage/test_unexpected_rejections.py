@@ -1,16 +1,15 @@
 """One helper words the rejection for an exception a check did not foresee (dso.rejections.unexpected)."""
 from __future__ import annotations
-from repo import ROOT
 
 import re
 import time
 
 from dso.codec import DeMoCodec
 from dso.rejections import UNEXPECTED_DETAIL_CHARS, Reason, Rejection, unexpected
+from repo import ROOT
 from storage.gather import fetch_payload
 from storage.reveal import fetch_revealed
 from storage.wire import Expect, decode_payload
-
 
 
 def test_unexpected_names_the_exception_and_caps_its_message():
