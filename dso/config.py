@@ -34,6 +34,8 @@ def _doc(text: str, **kw: Any) -> Any:
 # how the help gate reads a peer's help ratios (scoring.formulas.help_record_score)
 HelpRule = Literal["best_of_two", "mean_of_two", "mean_of_record"]
 PayRule = Literal["work", "peerscore"]
+# the outer rules (dso.outer_rules.OUTER_RULES has one class per name; it refuses to load if they differ)
+OuterRuleName = Literal["signed", "sgd", "nesterov"]
 
 
 # ----------------------------------------------------------------- hparams
@@ -136,7 +138,7 @@ class InnerConfig:
 class OuterConfig:
     """The network's outer step on the aggregate (dso/outer.py, docs/training.md)."""
 
-    rule: Literal["signed", "sgd", "nesterov"] = _doc(
+    rule: OuterRuleName = _doc(
         "signed: Gauntlet theta -= alpha*sign(mean), alpha = learning_rate; sgd / nesterov: theta -= lr * "
         "(decoded mean, each peer rescaled to the median norm), nesterov with momentum", default="sgd")
     lr: float = _doc("outer learning rate of the sgd and nesterov rules (2 with the DCT codec; docs/training.md, "

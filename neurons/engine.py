@@ -38,6 +38,7 @@ from dso.contribution import Contribution, round_contributions
 from dso.data import Dataset
 from dso.model import model_hash
 from dso.outer import OuterState, aggregate, apply_outer, outer_lr
+from dso.outer_rules import outer_rule
 from dso.payload import Payload
 from dso.provenance import make_record
 from dso.rejections import Rejection
@@ -159,7 +160,7 @@ def run_window(state: ValidatorState, model: torch.nn.Module, codec: Codec, data
         evidence = WindowEvidence(t, {u: p for u, p in payloads.items() if u not in rejections}, rejections,
                                   inputs.active, inputs.randomness, inputs.eval_seed,
                                   aggregation.reference_norms if aggregation.used else None,
-                                  aggregation.moved if hp.outer.rule != "signed" else None, control)
+                                  None if outer_rule(hp).signs else aggregation.moved, control)
         report = score_window(state, Scorer(model, codec, dataset, hp, evaluator), evidence)
     finally:
         theta_next.restore()

@@ -78,7 +78,7 @@ class Validator:
         self.val_tokens = self.val_batch.shape[0] * (self.val_batch.shape[1] - 1)
         self.val_bytes = ctx.dataset.target_bytes(self.val_batch)
         try:
-            loaded = validator_state.load(ctx.state_dir, ctx.model, hp.digest(), hp.outer.rule)
+            loaded = validator_state.load(ctx.state_dir, ctx.model, hp.digest(), hp)
         except scoring_state.StateError as e:
             raise Fatal(f"saved state does not fit this run: {e} (move {ctx.state_dir} away to start fresh)") from e
         self.fresh = loaded is None

@@ -53,6 +53,7 @@ from dso.codecs import Codec, Update
 from dso.commit import content_digest
 from dso.model import Decoder
 from dso.outer import peer_norms, reference_norms
+from dso.outer_rules import outer_rule
 from dso.rejections import Reason, Rejection
 from dso.robust import decoded_rows, gram, split_vector
 from dso.train import evaluate
@@ -335,7 +336,7 @@ def assigned_gains(model: Decoder, codec: Codec, dataset: Dataset, hp: HParams, 
     trains on) than a step with the consensus of the window's other updates does."""
 
     shapes = {n: tuple(p.shape) for n, p in model.named_parameters()}
-    signed = hp.outer.rule == "signed"
+    signed = outer_rule(hp).signs
     reference = None if signed else _median_norms(codec, updates)
 
     def gain(tied: list[int], update: Update, group: list[int]) -> dict[int, float]:
