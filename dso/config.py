@@ -31,8 +31,8 @@ def _doc(text: str, **kw: Any) -> Any:
     return field(metadata={"doc": text}, **kw)
 
 
-# how the help gate reads a peer's help ratios (scoring.formulas.help_record_score)
-HelpRule = Literal["best_of_two", "mean_of_two", "mean_of_record"]
+# how the help gate reads a peer's help ratios (scoring.help_gate.HELP_GATES has one class per name)
+HelpRule = Literal["best_of_two", "mean_of_record"]
 PayRule = Literal["work", "peerscore"]
 # the outer rules (dso.outer_rules.OUTER_RULES has one class per name; it refuses to load if they differ)
 OuterRuleName = Literal["signed", "sgd", "nesterov"]
@@ -268,8 +268,8 @@ class HParams:
     help_rule: HelpRule = _doc(
         "help gate: mean_of_record cuts when the lower of two means is below help_share, the last two ratios' (a "
         "no-work evaluation counted 0) and the whole record's (help_memory ratios, no work counted -1): a noise "
-        "update needs a run of lucky draws; mean_of_two reads the first alone; best_of_two cuts only when both of "
-        "the last two are below (the DCT codec's noisier honest scores need it; docs/scoring.md)",
+        "update needs a run of lucky draws; best_of_two cuts only when both of the last two are below (the DCT "
+        "codec's noisier honest scores need it; docs/scoring.md)",
         default="mean_of_record")
     help_memory: int = _doc("help gate: the evaluations a peer's help record keeps; it is not paid while 2 of them "
                             "did not lower the loss (docs/scoring.md)", default=3)
