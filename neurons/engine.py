@@ -44,7 +44,7 @@ from dso.provenance import make_record
 from dso.rejections import Rejection
 from dso.robust import AggregationInfo, decoded_rows
 from dso.train import learning_rate
-from scoring.copies import assigned_gains, find_copies, thresholds_for
+from scoring.copies import assigned_gains, find_copies
 from scoring.evaluation import ParameterSnapshot, PeerEvaluator
 from scoring.history import find_replays
 from scoring.state import ValidatorState
@@ -151,7 +151,7 @@ def run_window(state: ValidatorState, model: torch.nn.Module, codec: Codec, data
         rows = decoded_rows(codec, [updates[u] for u in uids] + ([] if previous is None else [previous]),
                             device) if uids else torch.zeros(0)
         rejections.update(find_copies(codec, updates, seen_times(payloads), gains, previous, t,
-                                      thresholds_for(hp.inner.mode, hp.dct), device=device, rows=rows))
+                                      inner_steps=hp.inner.mode == "steps", device=device, rows=rows))
         aggregate_row = rows[len(uids)] if previous is not None and uids else None  # decoded only beside uploads
         # rows holds the previous aggregate's row after the uploads' rows: zip stops at the uploads
         rejections.update(find_replays(state.history, t, dict(zip(uids, rows, strict=False)), aggregate_row,
