@@ -9,9 +9,16 @@ ARGS ?=
 run: $(VENV)/.installed
 	$(PY) scripts/localnet.py $(ARGS)
 
-# every tier: unit, integration, e2e (tests/conftest.py says what each holds)
+# every tier (tests/conftest.py says what each holds): unit and integration spread over one process per core
+# (a module stays in one process: its fixtures are built once), then the e2e networks, which run on the real
+# clock and get the machine to themselves; with ARGS, one plain pytest run of what they select
 test: $(VENV)/.installed
+ifeq ($(strip $(ARGS)),)
+	$(PY) -m pytest -q -n auto --dist loadfile tests/unit tests/integration
+	$(PY) -m pytest -q tests/e2e
+else
 	$(PY) -m pytest -q $(ARGS)
+endif
 
 # the unit tier alone (about a minute on 2 cores): run it after every change
 test-fast: $(VENV)/.installed

@@ -33,11 +33,11 @@ from typing import Any
 
 import torch
 
+from dso.assignment import Assignment
 from dso.clock import GATHER_SETTLE_SECONDS, PutWindow
 from dso.codec import CompressedUpdate, ErrorFeedback
 from dso.config import Config
 from dso.config_sources import parse_args
-from dso.data import Assignment
 from dso.distributed import launched_ranks
 from dso.inner import Ahead, InnerLoop, InnerReport
 from dso.model import model_hash, state_hash, sync_sample_count

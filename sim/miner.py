@@ -20,12 +20,12 @@ from typing import Any
 import torch
 
 from dso import signatures
+from dso.assignment import Assignment
 from dso.clock import PutWindow, reveal_time, reveal_window_after
 from dso.codec import CompressedUpdate
 from dso.commit import new_nonce
 from dso.config import Config
 from dso.config_sources import build_parser, parse_args
-from dso.data import Assignment
 from dso.outer import aggregate
 from dso.payload import Payload, PayloadMeta
 from dso.rejections import Rejection

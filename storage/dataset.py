@@ -2,7 +2,7 @@
 
 :class:`S3Source` is the S3 side of :class:`dso.remote_shards.ObjectSource`: whole GETs for the manifest,
 the tokeniser and the chunk digests, ranged GETs for chunks (:mod:`storage.ranged`); every failure becomes
-:class:`~dso.remote_shards.Unreachable` (a missing object or refused keys marked permanent, which only
+:class:`~dso.remote_source.Unreachable` (a missing object or refused keys marked permanent, which only
 matters at start-up).  :func:`open_dataset` is what a node calls: a local corpus as before, or the
 remote one through a bounded disk cache, checked against the run's data hash.
 
@@ -23,7 +23,8 @@ from dso.chunk_cache import ChunkCache
 from dso.config import DataConfig, HParams, StorageConfig, expand
 from dso.corpus import DataError
 from dso.data import Dataset, is_remote_corpus
-from dso.remote_shards import Oversized, RemoteCorpus, Sleep, Unreachable, plain_sleep
+from dso.remote_shards import RemoteCorpus
+from dso.remote_source import Oversized, Sleep, Unreachable, plain_sleep
 from dso.shards import ShardSet
 from storage.client import S3Client, StorageError
 from storage.ranged import RangedGets

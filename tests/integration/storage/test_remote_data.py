@@ -20,7 +20,7 @@ import pytest
 from dso.config import DataConfig, HParams, ModelConfig, StorageConfig
 from dso.corpus import DataError
 from dso.data import Dataset
-from dso.remote_shards import DataStopped
+from dso.remote_source import DataStopped
 from dso.shard_writer import write_shards
 from dso.shards import open_shards
 from dso.tokenizer import Tokenizer, TokenizerSpec, train_bpe

@@ -3,7 +3,8 @@ import pytest
 import torch
 from scipy import stats
 
-from dso.data import Assignment, DataError, Dataset
+from dso.assignment import Assignment
+from dso.data import DataError, Dataset
 
 
 @pytest.fixture

@@ -13,10 +13,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from dso.assignment import Assignment
 from dso.clock import PutWindow
 from dso.codecs import make_codec
 from dso.config import Config, ModelConfig
-from dso.data import Assignment
 from dso.model import build_model, parameter_shapes, state_hash
 from neurons.miner import Miner
 
