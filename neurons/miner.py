@@ -28,8 +28,9 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -69,7 +70,21 @@ PREFETCH_STEPS = 2      # a remote corpus: the steps' worth of sequences fetched
 ENCODE_MARGIN = 0.5     # added to the measured time: a miner's CPU share varies from one window to the next
 
 
+class Feedback(Protocol):
+    """The miner's error feedback: :class:`dso.codec.ErrorFeedback` in one process, or
+    :class:`dso.sharded_codec.ShardedFeedback` on ranks (whose non-leading ranks get no update back)."""
+
+    def step(self, grads: Mapping[str, torch.Tensor], window: int, uid: int = 0, /) -> CompressedUpdate | None: ...
+
+    def state(self) -> dict[str, torch.Tensor]: ...
+
+    def load_state(self, tensors: dict[str, torch.Tensor], /) -> bool: ...
+
+
 class Miner:
+    feedback: Feedback
+    inner: InnerLoop
+
     def __init__(self, ctx: NodeContext):
         self.ctx, hp = ctx, ctx.hp
         problem = reveal.settings_problem(hp)
@@ -307,7 +322,7 @@ class Miner:
         to compress, encode and upload inside the put window (what the last upload took, with a margin)."""
         return self.ctx.clock.put_window(t).close - UPLOAD_MARGIN - self.encode_seconds
 
-    def training_parts(self) -> tuple[Any, InnerLoop]:
+    def training_parts(self) -> tuple[Feedback, InnerLoop]:
         """The error feedback and the inner loop this miner trains with (one process: the node's model)."""
         return ErrorFeedback(self.ctx.codec, self.ctx.hp.ef_beta, self.ctx.device), InnerLoop(self.ctx.model,
                                                                                               self.ctx.hp)
@@ -335,7 +350,10 @@ class Miner:
 
     def compress(self, t: int) -> CompressedUpdate:
         """The window's update as it leaves the miner: pseudo-gradient → privacy → error feedback → compression."""
-        return self.feedback.step(self.privacy.release(self.inner.pseudo_gradient()), t, self.ctx.uid)
+        update = self.feedback.step(self.privacy.release(self.inner.pseudo_gradient()), t, self.ctx.uid)
+        if update is None:  # only a non-leading rank's feedback returns none, and those run no Miner
+            raise RuntimeError("the error feedback returned no update in a single-process miner")
+        return update
 
     def upload(self, t: int, own: CompressedUpdate | None, put: PutWindow) -> bool:
         """Put window t's payload in our bucket (with commit-reveal: commit now, reveal after the put window)."""

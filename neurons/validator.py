@@ -26,6 +26,8 @@ import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+import torch
+
 from dso.chain import ChainError
 from dso.chain.factory import open_chain
 from dso.chain.roles import VALIDATOR, role_of
@@ -53,6 +55,7 @@ from storage.aggregate import encode_bundle, put_bundle
 from storage.checkpoint import CheckpointSaver, save_checkpoint
 from storage.cleanup import cleanup
 from storage.client import MiB, StorageError
+from storage.commitment import BucketInfo
 from storage.gather import GatherResult
 from storage.jsonobj import put_json
 from storage.look import LOOK_SECONDS, Look, Seen, look, speakers_first, watch, watch_interval
@@ -99,7 +102,7 @@ class Validator:
         self.gather_seconds: dict[int, float] = {}  # uid → seconds the last gather spent on it (for the metrics)
         self.look: Look | None = None  # what the last look at the close of the uploads saw (storage/look.py)
         self.commitments_look: Look | None = None  # commit-reveal: the look at the commitments, before the reveals
-        self.previous_delta: dict | None = None       # the last aggregate Δ (a replay of it is a copy)
+        self.previous_delta: dict[str, torch.Tensor] | None = None  # the last aggregate Δ (a replay of it is a copy)
         # checkpoints upload in the background while the validator waits for the next uploads; it waits for a
         # save still running only before it next changes θ (CheckpointSaver.wait)
         self.checkpoints = CheckpointSaver(ctx.own.client, ctx.own.bucket, ctx.cfg.storage.checkpoint_shard_mib * MiB)
@@ -177,7 +180,7 @@ class Validator:
         self.previous_delta = None
         if self.leading():
             for w, uids in self.book.lists.items():
-                put_peers(ctx.own.client, ctx.own.bucket, PeersList(w, ctx.hp.protocol_version, uids), ctx.run)
+                put_peers(ctx.own.client, ctx.own.bucket, PeersList(w, ctx.hp.protocol_version, tuple(uids)), ctx.run)
         self.save()
         log.info("genesis of run %s at window %d with %d peers", ctx.run, t, len(self.book.lists[t]))
 
@@ -256,7 +259,7 @@ class Validator:
                  found.started - put.close, found.summary())
         return found
 
-    def commitments_of(self, uids: Iterable[int]) -> dict[int, str | None]:
+    def commitments_of(self, uids: Iterable[int]) -> dict[int, BucketInfo | str | None]:
         """uid → its commitment on chain (None without one), for ``uids``."""
         commitments = self.ctx.peers.commitments()
         return {u: commitments.get(u) for u in uids}
@@ -388,7 +391,7 @@ class Validator:
             cleanup(client, bucket, t, ctx.cfg.storage.retention_windows, ctx.run)
         if not self.leading(t):  # the list and the provenance record are the leader's
             return
-        put_peers(client, bucket, PeersList(announce, v, outcome.report.top_g), ctx.run)
+        put_peers(client, bucket, PeersList(announce, v, tuple(outcome.report.top_g)), ctx.run)
         put_json(client, bucket, keys.ledger(t, v, ctx.run), outcome.record)
         try:
             ctx.chain.append_ledger(ctx.wallet, outcome.record)
