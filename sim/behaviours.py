@@ -544,6 +544,8 @@ def malformed_bytes(good: bytes, window: int) -> bytes:
     if kind == "truncated":
         return good[: len(good) // 2]
     header, arrays = read_header(good, len(good)), load_arrays(good)
+    if isinstance(header, Rejection) or isinstance(arrays, Rejection):
+        raise ValueError("the honest payload to break does not decode")
     for key, array in arrays.items():
         if kind == "bad_indices" and key.endswith(".idx"):
             array[:] = 0xFF  # every upper bit set: wrong count of indices in each chunk
