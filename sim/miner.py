@@ -1,4 +1,4 @@
-"""Adversarial miners for the local network: the honest miner with a behaviour from sim/behaviours.py.
+"""Adversarial miners for the local network: the honest miner with a behaviour from sim/behaviours/.
 
     python -m sim.miner --behaviour noise [every neurons/miner.py flag]
 
