@@ -29,14 +29,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
-from dso.codecs import Codec
+from dso.codecs import Codec, Update
 from dso.config import HParams
 from dso.contribution import Contribution, round_contributions
 from dso.data import Dataset
-from dso.model import model_hash
+from dso.model import Decoder, model_hash
 from dso.outer import OuterState, aggregate, apply_outer, outer_lr
 from dso.outer_rules import outer_rule
 from dso.payload import Payload
@@ -90,7 +91,7 @@ class WindowOutcome:
     report: WindowReport
     rejections: dict[int, Rejection]       # transport rejections and copies
     contributions: dict[int, Contribution] = field(default_factory=dict)
-    record: dict = field(default_factory=dict)  # provenance record
+    record: dict[str, Any] = field(default_factory=dict)  # provenance record
 
 
 def genesis_lists(first_window: int, miners: Sequence[int], g: int) -> dict[int, list[int]]:
@@ -118,7 +119,7 @@ def aggregate_window(model: torch.nn.Module, codec: Codec, hp: HParams, window: 
                        model_hash(model), agg.info, agg.reference_norms, moved, outer_before, outer.digest())
 
 
-def run_window(state: ValidatorState, model: torch.nn.Module, codec: Codec, dataset: Dataset, hp: HParams,
+def run_window(state: ValidatorState, model: Decoder, codec: Codec, dataset: Dataset, hp: HParams,
                inputs: WindowInputs, *, outer: OuterState, ledger_prev_hash: str, validator: str,
                device: str | torch.device = "cpu",
                on_aggregate: Callable[[Aggregation], None] | None = None,
@@ -190,7 +191,7 @@ def seen_times(payloads: Mapping[int, Payload]) -> dict[int, float]:
     return {u: p.seen if p.seen is not None else 0.0 for u, p in payloads.items()}
 
 
-def _previous_update(codec: Codec, delta: Mapping[str, torch.Tensor] | None, window: int):
+def _previous_update(codec: Codec, delta: Mapping[str, torch.Tensor] | None, window: int) -> Update | None:
     """The previous aggregate as a copier would upload it: compressed by the run's codec."""
     if not delta or set(delta) != set(codec.shapes):
         return None

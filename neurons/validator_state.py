@@ -15,6 +15,7 @@ import logging
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -40,7 +41,7 @@ class Bookkeeping:
     run: str = ""                                       # the network run this state belongs to
     outer: OuterState = field(default_factory=OuterState)  # the outer step's state at model_window (not JSON)
 
-    def to_json(self, model_digest: str) -> dict:
+    def to_json(self, model_digest: str) -> dict[str, Any]:
         return {"model_window": self.model_window, "model_hash": model_digest, "ledger_hash": self.ledger_hash,
                 "lists": {str(t): uids for t, uids in sorted(self.lists.items())}, "run": self.run}
 
@@ -127,7 +128,7 @@ def _history(path: Path) -> UploadHistory:
         raise scoring_state.StateError(f"{path}: {e}") from None
 
 
-def _int(value) -> int:
+def _int(value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, str)) or not -1 <= int(value) <= 2 ** 53:
         raise ValueError(f"{str(value)[:24]!r} is not a window or uid")
     return int(value)

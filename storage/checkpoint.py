@@ -49,7 +49,7 @@ from storage.checkpoint_manifest import (
     parse_manifest,
     plan_shards,
 )
-from storage.client import MiB, S3Client, StorageError
+from storage.client import MiB, ObjectReader, S3Client, StorageError
 from storage.jsonobj import get_json, put_json, rejection_for
 from storage.tensorfile import check_spec, load_arrays, read_capped
 
@@ -191,7 +191,7 @@ class LoadedCheckpoint:
         self.folder.cleanup()
 
 
-def load_checkpoint(client: S3Client, bucket: str, window: int, shapes: dict[str, tuple[int, ...]], hp: HParams,
+def load_checkpoint(client: ObjectReader, bucket: str, window: int, shapes: dict[str, tuple[int, ...]], hp: HParams,
                     expect_hash: str | None = None, run: str = "") -> LoadedCheckpoint | Rejection:
     """Window's checkpoint, every shard verified (see the module's docstring); never raises."""
     try:
@@ -202,7 +202,7 @@ def load_checkpoint(client: S3Client, bucket: str, window: int, shapes: dict[str
         return unexpected(Reason.MALFORMED, e)
 
 
-def _load(client: S3Client, bucket: str, window: int, shapes: dict[str, tuple[int, ...]], hp: HParams,
+def _load(client: ObjectReader, bucket: str, window: int, shapes: dict[str, tuple[int, ...]], hp: HParams,
           expect_hash: str | None, run: str) -> LoadedCheckpoint | Rejection:
     obj = get_json(client, bucket, keys.checkpoint(window, hp.protocol_version, run), max_bytes=MANIFEST_MAX_BYTES)
     if isinstance(obj, Rejection):
@@ -263,7 +263,7 @@ def _check_shard(data: bytes, shard: Shard, index: int, window: int, dtypes: dic
     return check_spec(header, spec)
 
 
-def read_latest(client: S3Client, bucket: str, version: int, run: str = "") -> LatestPointer | Rejection:
+def read_latest(client: ObjectReader, bucket: str, version: int, run: str = "") -> LatestPointer | Rejection:
     obj = get_json(client, bucket, keys.latest_checkpoint(version, run), max_bytes=4096)
     if isinstance(obj, Rejection):
         return obj
@@ -279,7 +279,7 @@ def read_latest(client: S3Client, bucket: str, version: int, run: str = "") -> L
     return LatestPointer(window, version, key, h)
 
 
-def load_latest_checkpoint(client: S3Client, bucket: str, shapes: dict[str, tuple[int, ...]],
+def load_latest_checkpoint(client: ObjectReader, bucket: str, shapes: dict[str, tuple[int, ...]],
                            hp: HParams, run: str = "") -> LoadedCheckpoint | Rejection:
     """Follow the latest pointer; the checkpoint must hash to what the pointer says."""
     pointer = read_latest(client, bucket, hp.protocol_version, run)
