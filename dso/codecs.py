@@ -9,6 +9,7 @@ Updates are opaque to callers: only the codec that made one reads it.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
@@ -20,6 +21,23 @@ if TYPE_CHECKING:
 Shapes = dict[str, tuple[int, ...]]
 Update = Any          # one codec's compressed update (parameter name → per-tensor record)
 WireSpec = dict[str, tuple[str, tuple[int, ...]]]  # key → (numpy dtype name, shape)
+
+
+@dataclass(frozen=True)
+class NearCopyThresholds:
+    """Where a near-copy starts (scoring/copies.py; docs/scoring.md and decision 0017 have the measured honest
+    distribution behind each).  A codec says which it needs (:meth:`Codec.near_copy_thresholds`)."""
+
+    pair: float = 0.9       # cosine of two peers' normalised rows
+    mix_r2: float = 0.5     # a positive combination of 2–3 nearest rows explains this much: worth the next test
+    mix: float = 0.9        # cosine to the codec's compression of that combination
+    mix_margin: float = 0.15  # ... and this far above the median row tested (windows where all are alike)
+    mix_cap: float = 0.9    # ... a relative bar capped here (paper mode's *mix*)
+    previous: float = 0.8   # cosine to the previous window's aggregate
+    nearest: int = 3        # candidates for a mix: this many nearest peers (+ the previous aggregate)
+
+
+DEFAULT_THRESHOLDS = NearCopyThresholds()  # one gradient per window (paper mode), where they were measured
 
 
 class TensorCodec(Protocol):
@@ -67,6 +85,10 @@ class Codec(TensorCodec, Protocol):
 
     def payload_bytes(self) -> int:
         """Bytes of an encoded update without container overhead."""
+
+    def near_copy_thresholds(self, inner_steps: bool) -> NearCopyThresholds | None:
+        """Where this codec's updates count as near-copies, for updates of several inner steps (``inner_steps``)
+        or of one gradient; None: its updates are compared for exact copies only."""
 
 
 def make_codec(shapes: Shapes, hp: HParams) -> Codec:

@@ -1,11 +1,8 @@
 """The network's outer step: the selected peers' compressed updates → θ_{t+1} (docs/training.md).
 
-Rules (``hparams.outer.rule``):
-
-* ``signed`` — the Gauntlet's: Δ = decoded mean of per-tensor L2-normalised updates,
-  ``θ ← θ·(1 − α·wd) − α·sign(Δ)`` with α = ``learning_rate(hp, t)``.
-* ``sgd`` — SparseLoCo's plain outer step: ``θ ← θ − lr·Δ``.
-* ``nesterov`` — DiLoCo's SGD with Nesterov momentum: ``m ← μ·m + Δ; θ ← θ − lr·(Δ + μ·m)``.
+The rule (``hparams.outer.rule``) is a strategy object, :func:`dso.outer_rules.outer_rule`: ``signed`` (the
+Gauntlet's: Δ = decoded mean of per-tensor L2-normalised updates, ``θ ← θ·(1 − α·wd) − α·sign(Δ)``), ``sgd``
+(``θ ← θ − lr·Δ``) or ``nesterov`` (``m ← μ·m + Δ; θ ← θ − lr·(Δ + μ·m)``).
 
 For ``sgd`` and ``nesterov`` Δ keeps a magnitude: every peer is still normalised per tensor (so a
 ×1000-scaled update counts once), and the mean is rescaled per tensor by the **median** norm of
@@ -32,10 +29,9 @@ import torch
 from dso.config import HParams
 from dso.exact import exact_decode, exact_norm
 from dso.model import state_hash
+from dso.outer_rules import OuterRule, outer_rule
 from dso.robust import AggregationInfo, robust_delta
-from dso.train import learning_rate
 
-RULES = ("signed", "sgd", "nesterov")
 STATE_PREFIX = "outer."
 
 
@@ -48,10 +44,14 @@ class OuterState:
     steps: int = 0
 
     @classmethod
-    def fresh(cls, shapes: Mapping[str, tuple[int, ...]], hp: HParams | str) -> OuterState:
-        if (hp if isinstance(hp, str) else hp.outer.rule) != "nesterov":
-            return cls()
-        return cls({n: torch.zeros(s, dtype=torch.float32) for n, s in shapes.items()})
+    def fresh(cls, shapes: Mapping[str, tuple[int, ...]], rule: HParams | OuterRule) -> OuterState:
+        """The state at the start of a run of ``rule`` (the run's, for ``HParams``)."""
+        return cls.zeros(shapes, _rule(rule).keeps_momentum)
+
+    @classmethod
+    def zeros(cls, shapes: Mapping[str, tuple[int, ...]], momentum: bool) -> OuterState:
+        """A fresh state with (``momentum``) or without a zero momentum tensor per parameter."""
+        return cls({n: torch.zeros(s, dtype=torch.float32) for n, s in shapes.items()} if momentum else {})
 
     def tensors(self) -> dict[str, torch.Tensor]:
         out = {f"{STATE_PREFIX}steps": torch.tensor([self.steps], dtype=torch.int64)}
@@ -60,14 +60,15 @@ class OuterState:
 
     @classmethod
     def from_tensors(cls, tensors: Mapping[str, torch.Tensor], shapes: Mapping[str, tuple[int, ...]],
-                     hp: HParams | str) -> OuterState | None:
-        """Strict inverse of :meth:`tensors` for this run's rule (``hp`` or the rule's name) and model;
-        None on any mismatch."""
-        rule = hp if isinstance(hp, str) else hp.outer.rule
+                     rule: HParams | OuterRule | None) -> OuterState | None:
+        """Strict inverse of :meth:`tensors` for this run's rule (``rule``, or the run's for ``HParams``; None:
+        whichever state the tensors hold) and model; None on any mismatch."""
+        keeps = (any(k.startswith(f"{STATE_PREFIX}momentum.") for k in tensors) if rule is None
+                 else _rule(rule).keeps_momentum)
         steps = tensors.get(f"{STATE_PREFIX}steps")
         if steps is None or steps.dtype != torch.int64 or tuple(steps.shape) != (1,) or int(steps[0]) < 0:
             return None
-        names = list(shapes) if rule == "nesterov" else []
+        names = list(shapes) if keeps else []
         if set(tensors) != {f"{STATE_PREFIX}steps"} | {f"{STATE_PREFIX}momentum.{n}" for n in names}:
             return None
         momentum = {}
@@ -84,6 +85,10 @@ class OuterState:
     def spec(self) -> dict[str, tuple[str, tuple[int, ...]]]:
         """numpy dtype name and shape of every tensor of :meth:`tensors` (for strict file checks)."""
         return {k: (str(t.numpy().dtype), tuple(t.shape)) for k, t in self.tensors().items()}
+
+
+def _rule(rule: HParams | OuterRule) -> OuterRule:
+    return rule if isinstance(rule, OuterRule) else outer_rule(rule)
 
 
 # -------------------------------------------------------------- aggregate
@@ -140,24 +145,21 @@ def aggregate(codec: Any, updates: list[Any], hp: HParams, ids: Sequence[int] | 
     norms = [peer_norms(codec, u) for u in updates]
     names = list(codec.shapes)
     refs = reference_norms(norms, names)
-    signed = hp.outer.rule == "signed"
+    rule = outer_rule(hp)
     if exact_path(codec, hp):
-        delta = {n: exact_decode(codec.plans[n], _exact_mean(codec, updates, norms, n, 1.0 if signed else refs[n]))
+        delta = {n: exact_decode(codec.plans[n], _exact_mean(codec, updates, norms, n, rule.mean_scale(refs[n])))
                  for n in names}
         info = AggregationInfo("mean", kept=ids, selected=ids)
     else:
         delta, info = robust_delta(codec, updates, hp, ids)
-        if not signed:
-            delta = {n: d.float() * refs[n] for n, d in delta.items()}
-    if signed:
-        delta = {n: torch.sign(d) for n, d in delta.items()}
-    return Aggregate(delta, refs, info)
+        delta = {n: rule.rescale(d, refs[n]) for n, d in delta.items()}
+    return Aggregate({n: rule.finish(d) for n, d in delta.items()}, refs, info)
 
 
 # ------------------------------------------------------------------ step
 def outer_lr(hp: HParams, window: int) -> float:
     """α_t (with warm-up) for the signed rule; the constant outer lr for the optimiser rules."""
-    return learning_rate(hp, window) if hp.outer.rule == "signed" else hp.outer.lr
+    return outer_rule(hp).lr(window)
 
 
 @torch.no_grad()
@@ -168,18 +170,14 @@ def apply_outer(params: Mapping[str, torch.Tensor], delta: Mapping[str, torch.Te
     rules; exactly α for the signed one without weight decay).
 
     One elementwise float32 operation at a time (no fused multiply-add): the same bits everywhere."""
-    rule, lr = hp.outer.rule, outer_lr(hp, window)
-    lr32, mu32 = torch.tensor(lr, dtype=torch.float32), torch.tensor(hp.outer.momentum, dtype=torch.float32)
+    rule = outer_rule(hp)
+    lr = rule.lr(window)
+    lr32 = torch.tensor(lr, dtype=torch.float32)
     moved, count = 0.0, 0
     for name, p in params.items():
-        d = delta[name].to(device=p.device, dtype=torch.float32)
-        if rule == "nesterov":
-            m = state.momentum[name]
-            m.copy_(torch.add(torch.mul(m, mu32), d.cpu()))
-            d = torch.add(d, torch.mul(m.to(p.device), mu32))
+        d = rule.direction(name, delta[name].to(device=p.device, dtype=torch.float32), state.momentum)
         before = p.detach().clone()
-        if rule == "signed" and hp.weight_decay:
-            p.copy_(torch.mul(p, torch.tensor(1.0 - lr * hp.weight_decay, dtype=torch.float32)))
+        rule.decay(p, lr)
         p.copy_(torch.sub(p, torch.mul(d, lr32.to(p.device))))
         moved += float(torch.sub(p, before).abs().double().sum())
         count += p.numel()
@@ -199,16 +197,7 @@ def evaluation_step(hp: HParams, window: int, decoded: Mapping[str, torch.Tensor
       every selected peer had sent Δ_p.  A tensor with a zero or non-finite norm does not move.
 
     ``decoded`` is the peer's decoded update (codec ``decompress``), already checked finite."""
-    c, lr = hp.eval_scale, outer_lr(hp, window)
-    if hp.outer.rule == "signed":
-        return {n: torch.sign(d) * (c * lr) for n, d in decoded.items()}
-    lr_eff = lr * (1.0 + hp.outer.momentum) if hp.outer.rule == "nesterov" else lr
-    out = {}
-    for n, d in decoded.items():
-        norm, ref = norms[n], reference.get(n, 0.0)
-        factor = c * lr_eff * ref / norm if math.isfinite(norm) and norm > 0 else 0.0
-        out[n] = d * factor
-    return out
+    return outer_rule(hp).evaluation_step(window, decoded, norms, reference)
 
 
 def peer_evaluation_step(codec: Any, update: Any, hp: HParams, window: int,

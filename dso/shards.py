@@ -41,7 +41,7 @@ import numpy as np
 import numpy.typing as npt
 
 from dso.corpus import DataError
-from dso.tokenizer import Tokenizer
+from dso.tokenizer import Tokenizer, TokenizerKind
 
 FORMAT, VERSION, MANIFEST = "dso-shards", 2, "manifest.json"
 READABLE_VERSIONS = (1, 2)
@@ -74,7 +74,7 @@ class ShardInfo:
 
 @dataclass
 class Manifest:
-    tokenizer_kind: str
+    tokenizer_kind: TokenizerKind
     vocab_size: int
     tokenizer_hash: str
     dtype: str

@@ -96,6 +96,11 @@ class SketchCodec:
     def from_hparams(cls, shapes: dict[str, tuple[int, ...]], hp: HParams) -> SketchCodec:
         return cls(shapes, dim=hp.sketch_dim, clip=hp.sketch_clip, bits=hp.value_bits, seed=hp.seed)
 
+    def near_copy_thresholds(self, inner_steps: bool) -> None:
+        """None: exact copies only.  Every peer's update is projected onto the window's one shared subspace, where
+        honest inner-step updates measure alike (honest peers were caught as near-copies)."""
+        return None
+
     def settings(self) -> dict[str, str]:
         return {"codec": "sketch", "sketch_dim": str(self.dim), "sketch_clip": repr(self.clip),
                 "value_bits": str(self.bits), "sketch_seed": str(self.seed)}

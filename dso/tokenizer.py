@@ -20,7 +20,7 @@ import os
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
@@ -66,10 +66,13 @@ def _assemble(model: models.Model) -> HFTokenizer:
     return tok
 
 
+TokenizerKind = Literal["bytes", "bpe"]
+
+
 class Tokenizer:
     """One tokeniser: ``kind`` is ``bytes`` or ``bpe``; ids are 0 … vocab_size - 1."""
 
-    def __init__(self, kind: str, hf: HFTokenizer | None = None) -> None:
+    def __init__(self, kind: TokenizerKind, hf: HFTokenizer | None = None) -> None:
         if kind not in ("bytes", "bpe"):
             raise ValueError(f"unknown tokenizer kind {kind!r}")
         if (hf is None) != (kind == "bytes"):  # so below, hf is None exactly for bytes
@@ -240,7 +243,7 @@ def _capped(texts: Iterable[str], cap: int) -> Iterator[str]:
 class TokenizerSpec:
     """What a run asks for: ``hparams.tokenizer``, ``hparams.model.vocab_size`` and the node's
     optional ``data.tokenizer_file`` (a BPE loaded instead of trained)."""
-    kind: str = "bytes"
+    kind: TokenizerKind = "bytes"
     vocab_size: int = 256
     file: str = ""
 

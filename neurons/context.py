@@ -27,7 +27,8 @@ from dso.chain.wallets import WalletError, hotkey_address, load_wallet
 from dso.clock import Clock
 from dso.codecs import Codec, Shapes, make_codec
 from dso.config import Config, HParams, expand
-from dso.data import DataError, Dataset
+from dso.corpus import DataError
+from dso.data import Dataset
 from dso.model import Decoder, build_model, parameter_shapes
 from dso.outer import OuterState
 from dso.rejections import Rejection
@@ -37,14 +38,14 @@ from neurons.manifest import manifest, manifest_problem, run_of
 from neurons.metered_chain import MeteredChain
 from neurons.metrics import NodeMetrics, start_metrics
 from storage import keys
-from storage.client import S3Client, StorageError
+from storage.client import ObjectReader, S3Client, StorageError
 from storage.commitment import BucketInfo, format_commitment, parse_commitment
 from storage.dataset import open_dataset
 from storage.gather import ReaderCache
 from storage.jsonobj import get_json, put_json
 
 log = logging.getLogger("dso")
-Source = tuple[S3Client, str]  # a client and the bucket it reads
+Source = tuple[ObjectReader, str]  # a client and the bucket it reads
 
 
 @dataclass(frozen=True)

@@ -29,21 +29,23 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
-from dso.codecs import Codec
+from dso.codecs import Codec, Update
 from dso.config import HParams
 from dso.contribution import Contribution, round_contributions
 from dso.data import Dataset
-from dso.model import model_hash
+from dso.model import Decoder, model_hash
 from dso.outer import OuterState, aggregate, apply_outer, outer_lr
+from dso.outer_rules import outer_rule
 from dso.payload import Payload
 from dso.provenance import make_record
 from dso.rejections import Rejection
 from dso.robust import AggregationInfo, decoded_rows
 from dso.train import learning_rate
-from scoring.copies import assigned_gains, find_copies, thresholds_for
+from scoring.copies import assigned_gains, find_copies
 from scoring.evaluation import ParameterSnapshot, PeerEvaluator
 from scoring.history import find_replays
 from scoring.state import ValidatorState
@@ -89,7 +91,7 @@ class WindowOutcome:
     report: WindowReport
     rejections: dict[int, Rejection]       # transport rejections and copies
     contributions: dict[int, Contribution] = field(default_factory=dict)
-    record: dict = field(default_factory=dict)  # provenance record
+    record: dict[str, Any] = field(default_factory=dict)  # provenance record
 
 
 def genesis_lists(first_window: int, miners: Sequence[int], g: int) -> dict[int, list[int]]:
@@ -117,7 +119,7 @@ def aggregate_window(model: torch.nn.Module, codec: Codec, hp: HParams, window: 
                        model_hash(model), agg.info, agg.reference_norms, moved, outer_before, outer.digest())
 
 
-def run_window(state: ValidatorState, model: torch.nn.Module, codec: Codec, dataset: Dataset, hp: HParams,
+def run_window(state: ValidatorState, model: Decoder, codec: Codec, dataset: Dataset, hp: HParams,
                inputs: WindowInputs, *, outer: OuterState, ledger_prev_hash: str, validator: str,
                device: str | torch.device = "cpu",
                on_aggregate: Callable[[Aggregation], None] | None = None,
@@ -150,7 +152,7 @@ def run_window(state: ValidatorState, model: torch.nn.Module, codec: Codec, data
         rows = decoded_rows(codec, [updates[u] for u in uids] + ([] if previous is None else [previous]),
                             device) if uids else torch.zeros(0)
         rejections.update(find_copies(codec, updates, seen_times(payloads), gains, previous, t,
-                                      thresholds_for(hp.inner.mode, hp.dct), device=device, rows=rows))
+                                      inner_steps=hp.inner.mode == "steps", device=device, rows=rows))
         aggregate_row = rows[len(uids)] if previous is not None and uids else None  # decoded only beside uploads
         # rows holds the previous aggregate's row after the uploads' rows: zip stops at the uploads
         rejections.update(find_replays(state.history, t, dict(zip(uids, rows, strict=False)), aggregate_row,
@@ -159,7 +161,7 @@ def run_window(state: ValidatorState, model: torch.nn.Module, codec: Codec, data
         evidence = WindowEvidence(t, {u: p for u, p in payloads.items() if u not in rejections}, rejections,
                                   inputs.active, inputs.randomness, inputs.eval_seed,
                                   aggregation.reference_norms if aggregation.used else None,
-                                  aggregation.moved if hp.outer.rule != "signed" else None, control)
+                                  None if outer_rule(hp).signs else aggregation.moved, control)
         report = score_window(state, Scorer(model, codec, dataset, hp, evaluator), evidence)
     finally:
         theta_next.restore()
@@ -189,7 +191,7 @@ def seen_times(payloads: Mapping[int, Payload]) -> dict[int, float]:
     return {u: p.seen if p.seen is not None else 0.0 for u, p in payloads.items()}
 
 
-def _previous_update(codec: Codec, delta: Mapping[str, torch.Tensor] | None, window: int):
+def _previous_update(codec: Codec, delta: Mapping[str, torch.Tensor] | None, window: int) -> Update | None:
     """The previous aggregate as a copier would upload it: compressed by the run's codec."""
     if not delta or set(delta) != set(codec.shapes):
         return None

@@ -33,8 +33,8 @@ def manifest_problem(mine: dict[str, Any], theirs: dict[str, Any] | Rejection) -
         return (f"data hash {mine['data_hash'][:12]}… differs from the run's {str(theirs['data_hash'])[:12]}…: "
                 "use the same corpus as the validator")
     if theirs.get("hparams_digest") != mine["hparams_digest"]:
-        ours, other = mine["hparams"], theirs.get("hparams") if isinstance(theirs.get("hparams"), dict) else {}
-        diff = _diff(ours, other)
+        other = theirs.get("hparams")
+        diff = _diff(mine["hparams"], other if isinstance(other, dict) else {})
         return f"hyper-parameters differ from the run's ({'; '.join(diff[:6]) or 'digest mismatch'})"
     return None
 

@@ -8,19 +8,20 @@ never sees the difference.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from dso.chain import Chain, ChainError
 from dso.chain.base import Neuron
 
 Report = Callable[[str, str], None]
+T = TypeVar("T")
 
 
 class MeteredChain(Chain):
     def __init__(self, inner: Chain, report: Report):
         self.inner, self.report = inner, report
 
-    def _write(self, call: str, fn: Callable[..., Any], *args: Any) -> Any:
+    def _write(self, call: str, fn: Callable[..., T], *args: Any) -> T:
         try:
             out = fn(*args)
         except ChainError as e:
@@ -39,10 +40,10 @@ class MeteredChain(Chain):
     def commit(self, wallet: Any, data: str) -> None:
         self._write("commit", self.inner.commit, wallet, data)
 
-    def set_weights(self, wallet: Any, uids: list[int], weights: list[float]) -> None:
-        self._write("set_weights", self.inner.set_weights, wallet, uids, weights)
+    def set_weights(self, wallet: Any, uids: list[int], weights: list[float], version_key: int | None = None) -> None:
+        self._write("set_weights", self.inner.set_weights, wallet, uids, weights, version_key)
 
-    def append_ledger(self, wallet: Any, record: dict) -> str:
+    def append_ledger(self, wallet: Any, record: dict[str, Any]) -> str:
         return self._write("append_ledger", self.inner.append_ledger, wallet, record)
 
     # -------------------------------------------------------------- reads
@@ -77,7 +78,7 @@ class MeteredChain(Chain):
     def close(self) -> None:
         self.inner.close()
 
-    def ledger(self) -> list[dict]:
+    def ledger(self) -> list[dict[str, Any]]:
         return self.inner.ledger()
 
     def verify_ledger(self) -> list[str]:

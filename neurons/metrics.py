@@ -148,7 +148,8 @@ class NodeMetrics:
     def _validator(self, record: dict[str, Any]) -> None:
         if isinstance(record.get("aggregated"), list):
             self.aggregated.set(len(record["aggregated"]))
-        leader = record.get("leader") if isinstance(record.get("leader"), dict) else {}
+        found = record.get("leader")
+        leader: dict[str, Any] = found if isinstance(found, dict) else {}
         for kind in LEADER_KINDS:
             count = leader.get(kind, 0)
             self.leader_disagreement.labels(kind=kind).set(count if _number(count) and count >= 0 else 0)
@@ -184,7 +185,7 @@ class NodeMetrics:
                 if _number(value) and value >= 0:
                     self.gather_hist.observe(value)
 
-    def _show(self, key: str, gauge: Gauge, values: dict) -> None:
+    def _show(self, key: str, gauge: Gauge, values: dict[str, Any]) -> None:
         """Set a per-uid gauge to exactly ``values``: uids no longer present disappear."""
         now = {label: v for u, v in values.items() if (label := _uid(u)) is not None and _number(v)}
         for gone in self._shown.get(key, set()) - set(now):

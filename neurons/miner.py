@@ -18,7 +18,8 @@ miner stops uploading for good once another round would exceed its ε budget (ne
 ``python neurons/miner.py --help`` lists every flag.
 
 A window is three steps, :meth:`Miner.train`, :meth:`Miner.upload` and :meth:`Miner.follow` (which trains
-ahead: :meth:`Miner.train_ahead`); what goes into the upload is :meth:`Miner.payload`.  This module holds only
+ahead: :meth:`Miner.train_ahead`); what goes into the upload is :meth:`Miner.payload` and how it goes up,
+neurons/miner_upload.py; what it trains with and keeps across restarts, neurons/miner_state.py.  This module holds only
 the honest implementation; experiments (``sim/``) subclass it to model other miners.  Started by torchrun, one
 miner runs on several ranks: rank 0 is this miner, the model's training slices are spread over every rank
 (neurons/miner_ranks.py, docs/scale.md).
@@ -28,20 +29,16 @@ from __future__ import annotations
 import logging
 import math
 import time
-from pathlib import Path
 from typing import Any
 
-import torch
-
 from dso.assignment import Assignment
-from dso.clock import GATHER_SETTLE_SECONDS, PutWindow
-from dso.codec import CompressedUpdate, ErrorFeedback
+from dso.clock import GATHER_SETTLE_SECONDS
+from dso.codec import CompressedUpdate
 from dso.config import Config
 from dso.config_sources import parse_args
 from dso.distributed import launched_ranks
-from dso.inner import Ahead, InnerLoop, InnerReport
-from dso.model import model_hash, state_hash, sync_sample_count
-from dso.payload import PayloadMeta
+from dso.inner import Ahead, InnerReport
+from dso.model import model_hash, state_hash
 from dso.rejections import Rejection
 from dso.train import bits_per_byte
 from neurons import reveal
@@ -50,26 +47,16 @@ from neurons.context import NodeContext, build_context
 from neurons.follow import Follower
 from neurons.lifecycle import Fatal, run_main
 from neurons.miner_privacy import MinerPrivacy
-from neurons.persist import load_tensors, save_tensors
-from neurons.publish import publish_payload
-from scoring.sync import sample_parameters, sync_positions
+from neurons.miner_state import MinerState
+from neurons.miner_upload import ENCODE_SECONDS, UPLOAD_MARGIN, MinerUploads
 from storage.aggregate import Bundle
-from storage.cleanup import cleanup
-from storage.client import StorageError
-from storage.look import SIGNATURE_LEAD_SECONDS, signature_lead
-from storage.wire import encode_payload
 
 log = logging.getLogger("dso.miner")
-UPLOAD_MARGIN = 0.5     # an upload started later than this before the put window closes would land late
 BUNDLE_MARGIN = 3.0     # how long past the validator's gather deadline a miner waits for the window's bundle
-# first guess of error feedback + payload + signature + upload time (the payload goes up SIGNATURE_LEAD_SECONDS
-# after its signature), until one is measured
-ENCODE_SECONDS = 1.0 + SIGNATURE_LEAD_SECONDS
 PREFETCH_STEPS = 2      # a remote corpus: the steps' worth of sequences fetched ahead of the one training
-ENCODE_MARGIN = 0.5     # added to the measured time: a miner's CPU share varies from one window to the next
 
 
-class Miner:
+class Miner(MinerUploads, MinerState):
     def __init__(self, ctx: NodeContext):
         self.ctx, hp = ctx, ctx.hp
         problem = reveal.settings_problem(hp)
@@ -290,68 +277,17 @@ class Miner:
         a starved machine does not make a window last longer)."""
         return round(min(1.0, self.report.seconds / max(self.ctx.clock.window_seconds(), 1e-9)), 4)
 
-    def keep_for_upload(self, still_to_come: float = 0.0) -> None:
-        """What the next training deadline leaves before the put window closes: the time from this window's
-        deadline (or the end of training, if earlier) to now — an overrun of the last step, compression,
-        encoding, the signature's lead and the upload (``still_to_come``: the part an upload refused now would
-        still have taken) — plus a margin for a CPU share that varies; at most the put window and the lead."""
-        cap = self.ctx.hp.put_window_seconds + self.signature_lead()
-        self.encode_seconds = min(ENCODE_MARGIN + time.time() - self.margin_from + still_to_come, cap)
-
-    def signature_lead(self) -> float:
-        """How long our payload follows its signature (neurons/publish.py; under commit-reveal, none)."""
-        return 0.0 if self.ctx.hp.commit_reveal else signature_lead(self.ctx.hp.put_window_seconds)
-
     def deadline(self, t: int) -> float:
         """When inner training of window t must stop (unix time): late enough to use the window, early enough
         to compress, encode and upload inside the put window (what the last upload took, with a margin)."""
         return self.ctx.clock.put_window(t).close - UPLOAD_MARGIN - self.encode_seconds
 
-    def training_parts(self) -> tuple[Any, InnerLoop]:
-        """The error feedback and the inner loop this miner trains with (one process: the node's model)."""
-        return ErrorFeedback(self.ctx.codec, self.ctx.hp.ef_beta, self.ctx.device), InnerLoop(self.ctx.model,
-                                                                                              self.ctx.hp)
-
-    def state_files(self) -> tuple[Path, Path]:
-        """Where the error feedback and the inner optimiser's state are kept."""
-        return self.ctx.state_dir / "error_feedback.safetensors", self.ctx.state_dir / "inner_state.safetensors"
-
-    def restore_state(self) -> None:
-        """Load the miner's own state saved by :meth:`save_state` (a fresh one where it does not fit)."""
-        ef_file, inner_file = self.state_files()
-        saved = load_tensors(ef_file)
-        if saved is not None and self.feedback.load_state(saved):
-            log.info("restored the error-feedback buffer from %s", ef_file)
-        saved = load_tensors(inner_file)
-        if saved is not None and self.inner.load_state(saved):
-            log.info("restored the inner optimiser's state from %s (%d steps so far)", inner_file,
-                     self.inner.step_count)
-
-    def save_state(self) -> None:
-        """The miner's own state, kept across restarts: error feedback and the inner optimiser."""
-        ef_file, inner_file = self.state_files()
-        save_tensors(ef_file, self.feedback.state())
-        save_tensors(inner_file, self.inner.state())
-
     def compress(self, t: int) -> CompressedUpdate:
         """The window's update as it leaves the miner: pseudo-gradient → privacy → error feedback → compression."""
-        return self.feedback.step(self.privacy.release(self.inner.pseudo_gradient()), t, self.ctx.uid)
-
-    def upload(self, t: int, own: CompressedUpdate | None, put: PutWindow) -> bool:
-        """Put window t's payload in our bucket (with commit-reveal: commit now, reveal after the put window)."""
-        if own is None:
-            return False
-        lead = self.signature_lead()  # the payload follows its signature
-        if time.time() >= put.close - UPLOAD_MARGIN - lead:
-            log.warning("window %d: training ended after the put window; not uploading", t)
-            self.keep_for_upload(lead)  # leave more next time: the last step or the compression took longer
-            return False
-        data = self.payload(t, own)
-        if data is None:
-            return False
-        if self.ctx.hp.commit_reveal:
-            return reveal.upload(self.ctx, t, data, put)
-        return self.put_payload(t, data)
+        update = self.feedback.step(self.privacy.release(self.inner.pseudo_gradient()), t, self.ctx.uid)
+        if update is None:  # only a non-leading rank's feedback returns none, and those run no Miner
+            raise RuntimeError("the error feedback returned no update in a single-process miner")
+        return update
 
     def follow(self, t: int) -> str:
         """Apply the leader's bundle of window t (θ_t → θ_{t+1}) once it is published; a summary for the log."""
@@ -414,39 +350,6 @@ class Miner:
         """Extra fields of the per-window record."""
         return {}
 
-    # ------------------------------------------------------------ pieces
-    def payload(self, t: int, update: CompressedUpdate) -> bytes | None:
-        """The bytes we upload for window t: our update and sync samples of θ_t (None: no randomness yet)."""
-        sync = self.sync_samples(t)
-        return None if sync is None else encode_payload(self.ctx.codec, update, sync, self.meta(t))
-
-    def sync_samples(self, t: int) -> torch.Tensor | None:
-        """θ_t at the positions window t's chain randomness picks (for the validator's SyncScore)."""
-        ctx = self.ctx
-        randomness = ctx.wait_randomness(t)
-        if randomness is None:
-            log.warning("window %d: no chain randomness for the sync samples; not uploading", t)
-            return None
-        positions = sync_positions(randomness, ctx.shapes, sync_sample_count(ctx.hp))
-        return sample_parameters(dict(ctx.model.named_parameters()), positions)
-
-    def put_payload(self, t: int, data: bytes) -> bool:
-        """Signed: the signature first, the payload a lead later from a thread (neurons/publish.py)."""
-        return publish_payload(self.ctx, t, data, wait=False)
-
-    def clean_bucket(self, t: int) -> None:
-        """Delete our objects older than the retention, and every object an earlier run left in the bucket."""
-        ctx = self.ctx
-        try:
-            cleanup(ctx.own.client, ctx.own.bucket, t, ctx.cfg.storage.retention_windows, ctx.run)
-        except StorageError as e:
-            log.warning("window %d: cleanup failed: %s", t, e)
-
-    def meta(self, t: int) -> PayloadMeta:
-        """The payload's header: with the sequences of its assignment this window's update was trained on."""
-        ctx = self.ctx
-        return PayloadMeta(ctx.uid, t, ctx.hp.protocol_version, ctx.hp.digest(), ctx.dataset.data_hash,
-                           model_hash(ctx.model), trained=self.report.sequences)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -56,6 +56,9 @@ def state_files(state_dir: Path, ranks: Ranks) -> tuple[Path, Path]:
 class RankedMiner(Miner):
     """The miner on rank 0 of its group."""
 
+    feedback: ShardedFeedback
+    inner: ShardedInnerLoop
+
     def __init__(self, ctx: Any, ranks: Ranks, orders: Orders):
         self.ranks, self.orders = ranks, orders
         super().__init__(ctx)

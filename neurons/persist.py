@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
+from typing import Any
 
 import safetensors
 import safetensors.torch
@@ -45,11 +46,11 @@ def load_tensors(path: Path) -> dict[str, torch.Tensor] | None:
         return None
 
 
-def save_json(path: Path, obj: dict) -> None:
+def save_json(path: Path, obj: dict[str, Any]) -> None:
     atomic_write(Path(path), json.dumps(obj, indent=1, sort_keys=True).encode())
 
 
-def load_json(path: Path) -> dict | None:
+def load_json(path: Path) -> dict[str, Any] | None:
     """A JSON object the node wrote; None when absent or damaged (logged)."""
     try:
         obj = json.loads(Path(path).read_text())

@@ -23,14 +23,15 @@ import copy
 import logging
 import secrets
 import time
-from collections.abc import Iterable, Mapping
 from typing import Any
+
+import torch
 
 from dso.chain import ChainError
 from dso.chain.factory import open_chain
 from dso.chain.roles import VALIDATOR, role_of
 from dso.chain.writer import ChainWriter, WriteResult
-from dso.clock import GATHER_SETTLE_SECONDS, certain_after, commit_look_ends
+from dso.clock import GATHER_SETTLE_SECONDS, certain_after
 from dso.config import Config
 from dso.config_sources import parse_args
 from dso.distributed import launched_ranks
@@ -46,6 +47,7 @@ from neurons.follow import Follower
 from neurons.leader_check import Disagreement, choose_bundle
 from neurons.lifecycle import Fatal, run_main
 from neurons.reveal import settings_problem
+from neurons.validator_uploads import ValidatorUploads
 from scoring import state as scoring_state
 from scoring.evaluation import ParameterSnapshot, PeerEvaluator
 from storage import keys
@@ -55,19 +57,16 @@ from storage.cleanup import cleanup
 from storage.client import MiB, StorageError
 from storage.gather import GatherResult
 from storage.jsonobj import put_json
-from storage.look import LOOK_SECONDS, Look, Seen, look, speakers_first, watch, watch_interval
+from storage.look import Look
 from storage.peers import PeersList, put_peers
-from storage.reveal import gather_window
-from storage.wire import Expect
 
 log = logging.getLogger("dso.validator")
 BUNDLE_WAIT_SECONDS = 6.0  # a validator that does not lead waits this long past its own gather for the bundle
 SENIOR_WAIT_WINDOWS = 3    # at first start, how long to wait for a validator with more stake to start the run
 CAUGHT_UP_WINDOWS = 2      # a validator further behind the chain than this posts no weights (it does not lead)
-MIN_COMMIT_LOOK_SECONDS = 0.2  # commit-reveal: a look at the commitments with less time left than this is skipped
 
 
-class Validator:
+class Validator(ValidatorUploads):
     def __init__(self, ctx: NodeContext):
         self.ctx, hp = ctx, ctx.hp
         problem = settings_problem(hp)
@@ -78,7 +77,7 @@ class Validator:
         self.val_tokens = self.val_batch.shape[0] * (self.val_batch.shape[1] - 1)
         self.val_bytes = ctx.dataset.target_bytes(self.val_batch)
         try:
-            loaded = validator_state.load(ctx.state_dir, ctx.model, hp.digest(), hp.outer.rule)
+            loaded = validator_state.load(ctx.state_dir, ctx.model, hp.digest(), hp)
         except scoring_state.StateError as e:
             raise Fatal(f"saved state does not fit this run: {e} (move {ctx.state_dir} away to start fresh)") from e
         self.fresh = loaded is None
@@ -99,7 +98,7 @@ class Validator:
         self.gather_seconds: dict[int, float] = {}  # uid → seconds the last gather spent on it (for the metrics)
         self.look: Look | None = None  # what the last look at the close of the uploads saw (storage/look.py)
         self.commitments_look: Look | None = None  # commit-reveal: the look at the commitments, before the reveals
-        self.previous_delta: dict | None = None       # the last aggregate Δ (a replay of it is a copy)
+        self.previous_delta: dict[str, torch.Tensor] | None = None  # the last aggregate Δ (a replay of it is a copy)
         # checkpoints upload in the background while the validator waits for the next uploads; it waits for a
         # save still running only before it next changes θ (CheckpointSaver.wait)
         self.checkpoints = CheckpointSaver(ctx.own.client, ctx.own.bucket, ctx.cfg.storage.checkpoint_shard_mib * MiB)
@@ -177,7 +176,7 @@ class Validator:
         self.previous_delta = None
         if self.leading():
             for w, uids in self.book.lists.items():
-                put_peers(ctx.own.client, ctx.own.bucket, PeersList(w, ctx.hp.protocol_version, uids), ctx.run)
+                put_peers(ctx.own.client, ctx.own.bucket, PeersList(w, ctx.hp.protocol_version, tuple(uids)), ctx.run)
         self.save()
         log.info("genesis of run %s at window %d with %d peers", ctx.run, t, len(self.book.lists[t]))
 
@@ -210,70 +209,6 @@ class Validator:
         return t >= self.ctx.clock.current_window() - CAUGHT_UP_WINDOWS
 
     # -------------------------------------------------------------- window
-    def watch_uploads(self, t: int, close: float) -> dict[int, Seen]:
-        """While window t's uploads are open, when the validator first saw each (storage/look.py ``watch``): the
-        copy tie-break's order.  Nothing when the validator is busy past the close."""
-        ctx = self.ctx
-        if not ctx.clock.sleep_until(close - ctx.clock.put_window_seconds, ctx.stop) or time.time() >= close:
-            return {}
-        return watch(t, self.commitments_of(ctx.peers.miners()), Expect.from_hparams(ctx.hp, t, run=ctx.run), close,
-                     readers=ctx.readers, stop=ctx.stop, priority=self.scores.standing(), silent=self.silent,
-                     interval=watch_interval(ctx.hp.put_window_seconds))
-
-    def look_at_close(self, t: int, close: float, first: dict[int, Seen] | None = None) -> Look | None:
-        """Look at every miner's upload once the uploads of window t closed (the put window; the reveal window
-        under commit-reveal): an upload certainly absent then is late whatever LastModified its server reports
-        (storage/look.py, docs/scoring.md).  None (LastModified alone) when replaying a window long closed."""
-        ctx = self.ctx
-        if time.time() > certain_after(close) + ctx.clock.put_window_seconds:
-            return None
-        peers = self.commitments_of(ctx.peers.miners())
-        # ends by a second past the usual gather start (a stalling server cannot delay the window more than that)
-        budget = max(0.5, min(LOOK_SECONDS, close + GATHER_SETTLE_SECONDS + 1.0 - time.time()))
-        found = look(t, peers, Expect.from_hparams(ctx.hp, t, run=ctx.run), close, budget=budget, readers=ctx.readers,
-                     priority=speakers_first(peers, self.scores.standing(), self.silent))
-        found.first = dict(first or {})
-        self.silent = (self.silent | found.silent) - set(found.seen) - set(found.absent)
-        log.info("window %d: looked at the uploads %.2f s after they closed: %s", t, found.started - close,
-                 found.summary())
-        return found
-
-    def look_at_commitments(self, t: int) -> Look | None:
-        """Commit-reveal: look at every miner's commitment for window t after the put window closed and before
-        anyone reveals (dso.clock.reveal_time), so a commitment made late — or made after reading the reveals —
-        is caught whatever LastModified its server forges.  None (LastModified alone) when we are too late."""
-        ctx = self.ctx
-        put = ctx.clock.put_window(t)
-        if time.time() > commit_look_ends(put) - MIN_COMMIT_LOOK_SECONDS or not ctx.clock.sleep_until(
-                certain_after(put.close), ctx.stop):
-            return None
-        expect = Expect.from_hparams(ctx.hp, t, run=ctx.run)
-        found = look(t, self.commitments_of(ctx.peers.miners()), expect, put.close,
-                     budget=max(0.0, commit_look_ends(put) - time.time()), readers=ctx.readers,
-                     key_for=lambda uid: keys.commit(t, uid, expect.protocol_version, expect.run),
-                     priority=speakers_first(ctx.peers.miners(), self.scores.standing(), self.silent))
-        log.info("window %d: looked at the commitments %.2f s after the put window closed: %s", t,
-                 found.started - put.close, found.summary())
-        return found
-
-    def commitments_of(self, uids: Iterable[int]) -> dict[int, str | None]:
-        """uid → its commitment on chain (None without one), for ``uids``."""
-        commitments = self.ctx.peers.commitments()
-        return {u: commitments.get(u) for u in uids}
-
-    def gather(self, t: int, peers: Mapping[int, str]) -> GatherResult:
-        """Window t's payloads of ``peers`` (uid → hotkey, whose signature each must carry), under the run's upload
-        rules (plain or commit-reveal)."""
-        ctx = self.ctx
-        self.gather_seconds = {}
-        return gather_window(t, self.commitments_of(sorted(peers)), ctx.codec,
-                             Expect.from_hparams(ctx.hp, t, run=ctx.run, data_hash=ctx.dataset.data_hash),
-                             ctx.clock.put_window(t), ctx.cfg.storage.gather_deadline_seconds,
-                             commit_reveal=ctx.hp.commit_reveal, readers=ctx.readers,
-                             priority=self.scores.standing(), peer_seconds=self.gather_seconds,
-                             judge=self.look.judge if self.look is not None else None,
-                             commitments_look=self.commitments_look, hotkeys=peers)
-
     def leader_bundle(self, t: int, got: GatherResult) -> dict[int, Payload] | None:
         """What a validator that does not lead aggregates: the leader's bundle, once checked against our own gather
         and list (neurons/leader_check.py: a bundle holding a payload its miner did not sign, or one we rejected,
@@ -388,7 +323,7 @@ class Validator:
             cleanup(client, bucket, t, ctx.cfg.storage.retention_windows, ctx.run)
         if not self.leading(t):  # the list and the provenance record are the leader's
             return
-        put_peers(client, bucket, PeersList(announce, v, outcome.report.top_g), ctx.run)
+        put_peers(client, bucket, PeersList(announce, v, tuple(outcome.report.top_g)), ctx.run)
         put_json(client, bucket, keys.ledger(t, v, ctx.run), outcome.record)
         try:
             ctx.chain.append_ledger(ctx.wallet, outcome.record)

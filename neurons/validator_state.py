@@ -15,12 +15,15 @@ import logging
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from dso.atomic import atomic_write
+from dso.config import HParams
 from dso.model import model_hash
 from dso.outer import STATE_PREFIX, OuterState
+from dso.outer_rules import OuterRule
 from neurons.persist import load_json, load_tensors, save_json, save_tensors
 from scoring import state as scoring_state
 from scoring.history import UploadHistory
@@ -38,7 +41,7 @@ class Bookkeeping:
     run: str = ""                                       # the network run this state belongs to
     outer: OuterState = field(default_factory=OuterState)  # the outer step's state at model_window (not JSON)
 
-    def to_json(self, model_digest: str) -> dict:
+    def to_json(self, model_digest: str) -> dict[str, Any]:
         return {"model_window": self.model_window, "model_hash": model_digest, "ledger_hash": self.ledger_hash,
                 "lists": {str(t): uids for t, uids in sorted(self.lists.items())}, "run": self.run}
 
@@ -72,9 +75,10 @@ def _folders(root: Path) -> list[Path]:
 
 
 def load_folder(folder: Path, model: torch.nn.Module, run_digest: str,
-                outer_rule: str = "sgd") -> tuple[scoring_state.ValidatorState, Bookkeeping]:
+                rule: HParams | OuterRule | None = None) -> tuple[scoring_state.ValidatorState, Bookkeeping]:
     """One saved folder, loaded into ``model``; raises StateError naming the file and the problem (the
-    model is left as it was when it does)."""
+    model is left as it was when it does).  ``rule``: the run's outer rule, whose state the folder must hold
+    (None: whichever it holds)."""
     scores = scoring_state.load(folder / "scoring.json", run_digest)
     scores.history = _history(folder / "history.safetensors")
     meta = load_json(folder / "meta.json")
@@ -85,11 +89,10 @@ def load_folder(folder: Path, model: torch.nn.Module, run_digest: str,
     if tensors is None:
         raise scoring_state.StateError(f"{folder}/model.safetensors missing or unreadable")
     shapes = {n: tuple(p.shape) for n, p in names.items()}
-    outer = OuterState.from_tensors({k: t for k, t in tensors.items() if k.startswith(STATE_PREFIX)}, shapes,
-                                    outer_rule)
+    outer = OuterState.from_tensors({k: t for k, t in tensors.items() if k.startswith(STATE_PREFIX)}, shapes, rule)
     if outer is None or outer.digest() != meta.get("outer_digest"):
-        raise scoring_state.StateError(f"{folder}/model.safetensors: no valid outer state for the "
-                                       f"{outer_rule} rule matching meta.json")
+        raise scoring_state.StateError(f"{folder}/model.safetensors: no valid outer state for the run's outer "
+                                       "rule matching meta.json")
     tensors = {k: t for k, t in tensors.items() if not k.startswith(STATE_PREFIX)}
     bad = [n for n, p in names.items() if n not in tensors or tensors[n].shape != p.shape]
     if bad or set(tensors) != set(names):
@@ -125,13 +128,13 @@ def _history(path: Path) -> UploadHistory:
         raise scoring_state.StateError(f"{path}: {e}") from None
 
 
-def _int(value) -> int:
+def _int(value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, str)) or not -1 <= int(value) <= 2 ** 53:
         raise ValueError(f"{str(value)[:24]!r} is not a window or uid")
     return int(value)
 
 
-def load(root: Path, model: torch.nn.Module, run_digest: str, outer_rule: str = "sgd"
+def load(root: Path, model: torch.nn.Module, run_digest: str, rule: HParams | OuterRule | None = None
          ) -> tuple[scoring_state.ValidatorState, Bookkeeping] | None:
     """The newest save that loads cleanly, loaded into ``model``; None when there is none (start clean).
 
@@ -143,7 +146,7 @@ def load(root: Path, model: torch.nn.Module, run_digest: str, outer_rule: str = 
     skipped = 0
     for folder in _folders(root):
         try:
-            loaded = load_folder(folder, model, run_digest, outer_rule)
+            loaded = load_folder(folder, model, run_digest, rule)
         except scoring_state.ForeignRunError:
             raise
         except scoring_state.StateError as e:

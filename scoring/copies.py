@@ -44,15 +44,15 @@ import itertools
 import math
 import statistics
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from dso.codecs import Codec, Update
+from dso.codecs import Codec, NearCopyThresholds, Update
 from dso.commit import content_digest
 from dso.model import Decoder
 from dso.outer import peer_norms, reference_norms
+from dso.outer_rules import outer_rule
 from dso.rejections import Reason, Rejection
 from dso.robust import decoded_rows, gram, split_vector
 from dso.train import evaluate
@@ -64,37 +64,6 @@ if TYPE_CHECKING:
 
 # (tied uids, their shared update, the whole copy group) -> uid -> gain
 AuthorGain = Callable[[list[int], Update, list[int]], dict[int, float]]
-
-
-@dataclass(frozen=True)
-class NearCopyThresholds:
-    """Where a near-copy starts (docs/scoring.md has the measured honest distribution behind each)."""
-
-    pair: float = 0.9       # cosine of two peers' normalised rows
-    mix_r2: float = 0.5     # a positive combination of 2–3 nearest rows explains this much: worth the next test
-    mix: float = 0.9        # cosine to the codec's compression of that combination
-    mix_margin: float = 0.15  # ... and this far above the median row tested (windows where all are alike)
-    mix_cap: float = 0.9    # ... a relative bar capped here (paper mode's *mix*)
-    previous: float = 0.8   # cosine to the previous window's aggregate
-    nearest: int = 3        # candidates for a mix: this many nearest peers (+ the previous aggregate)
-
-
-DEFAULT_THRESHOLDS = NearCopyThresholds()
-# Under inner steps (the default) honest updates are far less alike than single gradients: recompressed honest mixes
-# reached 0.45 (default model), 0.65 (the local-network tests' model) and 0.66 (tiny model), mixers 0.867 at the
-# least — where 0.9 missed most of them (docs/scoring.md, "Near-copies").
-STEPS_MIX = 0.78
-# The raw domain (``hparams.dct = false``) under inner steps separates further: honest mixes 0.20 (default model) and
-# 0.28 (the tests' model) past the first window, mixers 0.71 at the least (docs/scoring.md, "Near-copies").
-RAW_STEPS_MIX = 0.5
-
-
-def thresholds_for(inner_mode: str, dct: bool) -> NearCopyThresholds:
-    """The thresholds for the run's inner mode (``hparams.inner.mode``) and codec domain (``hparams.dct``): a
-    lower *mix* under inner steps, lower still in the raw domain."""
-    if inner_mode != "steps":
-        return DEFAULT_THRESHOLDS
-    return replace(DEFAULT_THRESHOLDS, mix=STEPS_MIX if dct else RAW_STEPS_MIX)
 
 
 def mix_bar(fit_cosines: Sequence[float], thresholds: NearCopyThresholds) -> float:
@@ -230,27 +199,30 @@ def _resolve_group(group: list[int], updates: Mapping[int, Update], times: Mappi
 
 
 def find_copies(codec: Codec, updates: Mapping[int, Update], times: Mapping[int, float], author_gain: AuthorGain,
-                previous: Update | None = None, window: int = 0, thresholds: NearCopyThresholds = DEFAULT_THRESHOLDS,
-                device: str | torch.device = "cpu", rows: torch.Tensor | None = None) -> dict[int, Rejection]:
+                previous: Update | None = None, window: int = 0, inner_steps: bool = False,
+                thresholds: NearCopyThresholds | None = None, device: str | torch.device = "cpu",
+                rows: torch.Tensor | None = None) -> dict[int, Rejection]:
     """uid → DUPLICATE rejection for every near-copy but its author, every mix and every copy of the
     previous aggregate.
 
     ``times``: uid → when the validator first saw the upload (equal values: seen together; a peer's own
     LastModified must not be used).  ``author_gain(tied, update, group) -> {uid: gain}`` scores the tied
     members of a group (see :func:`assigned_gains`).  ``previous``: the previous window's aggregate,
-    compressed by the run's codec (None at the first window); ``window``: the codec's window.  ``rows``: the
-    updates' :func:`decoded_rows` (sorted uids, then ``previous``) when the caller has them already."""
+    compressed by the run's codec (None at the first window); ``window``: the codec's window.  The thresholds are
+    the codec's own (``codec.near_copy_thresholds``) for updates of inner steps (``inner_steps``) or of one
+    gradient; ``thresholds`` replaces them for a codec that has some.  ``rows``: the updates'
+    :func:`decoded_rows` (sorted uids, then ``previous``) when the caller has them already."""
     uids = sorted(updates)
     if not uids:
         return {}
     digests = {u: content_digest(codec.to_wire(updates[u])) for u in uids}
-    if not hasattr(codec, "plans"):
-        # the sketch codec: every peer's update is projected onto the window's one shared subspace, where honest
-        # inner-step updates measure alike (honest peers were caught as near-copies): exact copies only
+    own = codec.near_copy_thresholds(inner_steps)
+    if own is None:  # a codec whose updates are compared for exact copies only
         out: dict[int, Rejection] = {}
         for group in copy_groups(digests):
             out.update(_resolve_group(group, updates, times, author_gain))
         return out
+    thresholds = thresholds or own
     extra = [previous] if previous is not None else []
     if rows is None:
         rows = decoded_rows(codec, [updates[u] for u in uids] + extra, device)
@@ -335,7 +307,7 @@ def assigned_gains(model: Decoder, codec: Codec, dataset: Dataset, hp: HParams, 
     trains on) than a step with the consensus of the window's other updates does."""
 
     shapes = {n: tuple(p.shape) for n, p in model.named_parameters()}
-    signed = hp.outer.rule == "signed"
+    signed = outer_rule(hp).signs
     reference = None if signed else _median_norms(codec, updates)
 
     def gain(tied: list[int], update: Update, group: list[int]) -> dict[int, float]:

@@ -10,9 +10,6 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
-from typing import get_args
-
-from dso.config import HelpRule
 
 
 def sign(x: float) -> float:
@@ -142,14 +139,6 @@ def poc_pays(statistics_: Sequence[float], failed_window: int, window: int, mu: 
     return work_proven(statistics_, threshold) and cooled_down(failed_window, window, cooldown) and mu >= floor
 
 
-def quality(ratios: Sequence[float], rule: HelpRule) -> float:
-    """How useful a peer's updates were, in [0, 1]: its help record's score (``help_record_score``: its LossScores
-    against the windows' medians, at most 1 each) clamped to [0, 1]; 0 without a record."""
-    if not ratios:
-        return 0.0
-    return min(1.0, max(0.0, help_record_score(ratios, rule)))
-
-
 def pay_score(work: Sequence[int], quality_: float) -> float:
     """What a peer that passes every gate is paid for, before normalisation: its work per evaluation (the mean of
     the sequences it declared it trained on, which the proof of computation tests) times the quality of its
@@ -207,57 +196,10 @@ def help_ratio(loss_score: float, median: float | None) -> float:
     return min(1.0, loss_score / median)
 
 
-NO_WORK_LIMIT = 2  # evaluations without work in the help record that cut a peer's pay (``helped_recently``)
-HELP_RULES: tuple[str, ...] = get_args(HelpRule)  # ``hparams.help_rule``'s values
-
-
-def helped_recently(ratios: Sequence[float], share: float, rule: HelpRule) -> bool:
-    """The help gate of the pay rule, on a peer's record of help ratios (``help_ratio``, oldest first, the last
-    ``help_memory`` evaluations): paid unless its record's score (``help_record_score``: of the last two ratios
-    or the whole record, per ``rule``) falls below ``share`` — its only ratio, after a single evaluation — or
-    ``NO_WORK_LIMIT`` of the record's evaluations did no work.  No record: not held against
-    it (it has no proof of computation yet and is not paid anyway).
-
-    Two ratios, not one: an honest LossScore can be about as noisy as it is large late in a run, so one honest
-    evaluation in 15–25 scores ≤ 0 (DCT codec), two in a row rarely; a peer that turns bad (noise scores ≈ 0 × the
-    median) is cut at its second bad evaluation.  The means also cut a noise update that scores above the
-    share once by luck, which the best of two pays; they are meant for the raw-domain codec, whose honest
-    LossScores are almost never ≤ 0 after the first windows (docs/scoring.md, "The help gate's rule").  The
-    no-work count is for a miner that does the work in some windows only (the ``gamer``): half its evaluations
-    show none, an honest peer's seldom two in a few (docs/scoring.md, "Fair, stable weights")."""
-    check_help_rule(rule)
-    if not ratios:
-        return True
-    return help_record_score(ratios, rule) >= share and sum(r < 0 for r in ratios) < NO_WORK_LIMIT
-
-
-def help_record_score(ratios: Sequence[float], rule: HelpRule) -> float:
-    """What ``helped_recently`` compares with the share: the better of the last two ratios ("best_of_two"), their
-    mean with a no-work −1 counted 0 ("mean_of_two"), or the lower of that mean and the mean of the whole record
-    with a no-work −1 counted as −1 ("mean_of_record").
-
-    The record's mean is for noise: a random update's LossScore is ≤ 0 about half the time, and late in a run one
-    draw in a hundred reaches the window's median (the step's first-order term in the embedding), which the mean
-    of two pays beside any small positive neighbour; counted −1, a no-work draw in the record cancels it.  The
-    mean of two still cuts a turncoat at its second small draw (docs/scoring.md, "A noise update as good as the
-    median").  ``ratios`` must not be empty."""
-    check_help_rule(rule)
-    if rule == "best_of_two":
-        return max(ratios[-2:])
-    mean_of_two = statistics.fmean(max(r, 0.0) for r in ratios[-2:])
-    return mean_of_two if rule == "mean_of_two" else min(mean_of_two, statistics.fmean(ratios))
-
-
-def check_help_rule(rule: str) -> None:
-    """Refuse a help rule that is not one of ``HELP_RULES`` rather than read it as another."""
-    if rule not in HELP_RULES:
-        raise ValueError(f"help rule must be one of {', '.join(HELP_RULES)}, got {rule!r}")
-
-
 def last_update_helped(loss_score: float | None) -> bool:
     """Whether a peer's last evaluated update lowered the loss on random data (LossScore > 0); ``None`` (never
     evaluated) is not held against it, NaN fails.  Such an update earns a proof-of-computation credit, and only
-    such a peer enters the next top-G list while others can (its pay is the help gate's, ``helped_recently``)."""
+    such a peer enters the next top-G list while others can (its pay is the help gate's, scoring/help_gate.py)."""
     return loss_score is None or loss_score > 0
 
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from dso.config import HParams
 from scoring import formulas
+from scoring.help_gate import help_gate
 from scoring.rating import ordinal
 from scoring.state import PeerState
 
@@ -57,7 +58,8 @@ def record_evaluation(peer: PeerState, evaluation: Evaluation, median: float | N
 def work_scores(peers: Mapping[int, PeerState], ratings: Mapping[int, float], proofs: Mapping[int, bool],
                 standing: Mapping[int, float], cut: set[int], hp: HParams) -> dict[int, float]:
     """This project's rule: the proven work times its quality, for a peer that passes every gate."""
-    return {uid: (formulas.pay_score(p.work, formulas.quality(p.help_ratios, hp.help_rule))
+    gate = help_gate(hp)
+    return {uid: (formulas.pay_score(p.work, gate.quality(p.help_ratios))
                   if proofs[uid] and uid not in cut else min(standing[uid], 0.0))
             for uid, p in peers.items()}
 
@@ -79,16 +81,16 @@ def pay(peers: Mapping[int, PeerState], hp: HParams, previous: Mapping[int, floa
     """The peers' standing, pay scores and posted weights after ``window``.
 
     Paid: a peer whose proof of computation pays (``formulas.poc_pays``: proven work, no upload without work within
-    the cooldown, μ at its floor or above), whose help record passes (``formulas.helped_recently``), whose record of
-    copying does not bar it (``formulas.copy_record_bars_pay``) and that is not in ``unpaid`` (banned, failed a
+    the cooldown, μ at its floor or above), whose help record passes (the run's ``scoring.help_gate``), whose record
+    of copying does not bar it (``formulas.copy_record_bars_pay``) and that is not in ``unpaid`` (banned, failed a
     check this window).  Everyone else scores at most 0 and gets no weight."""
     ratings = {uid: ordinal(p.rating, hp.rating_z) for uid, p in peers.items()}
     proofs = {uid: formulas.poc_pays(p.poc_record, p.poc_failed_window, window, p.mu, hp.poc_cooldown, hp.poc_floor,
                                      hp.poc_threshold)
               for uid, p in peers.items()}
     standing = {uid: formulas.peer_score(p.mu, ratings[uid], proofs[uid]) for uid, p in peers.items()}
-    unhelped = {uid for uid, p in peers.items()
-                if not formulas.helped_recently(p.help_ratios, hp.help_share, hp.help_rule)}
+    gate = help_gate(hp)
+    unhelped = {uid for uid, p in peers.items() if not gate.helps(p.help_ratios)}
     barred = {uid for uid, p in peers.items() if formulas.copy_record_bars_pay(p.copies, p.passes)}
     cut = unhelped | barred | (set(unpaid) & set(peers))
     for uid in cut:

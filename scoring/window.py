@@ -43,6 +43,7 @@ from dso.commit import BAN_AFTER, commit_penalty, is_invalid_update
 from dso.config import HParams
 from dso.model import Decoder, parameter_shapes, sync_sample_count
 from dso.outer import peer_norms, reference_norms
+from dso.outer_rules import outer_rule
 from dso.payload import Payload
 from dso.rejections import Reason, Rejection
 from dso.train import learning_rate
@@ -237,7 +238,7 @@ def _fast_checks(state: ValidatorState, scorer: Scorer, evidence: WindowEvidence
 def _reference(codec: Codec, hp: HParams, payloads: Mapping[int, Payload],
                given: Mapping[str, float] | None) -> dict[str, float]:
     """Reference norms of the evaluation step: the caller's, or the median over the window's updates."""
-    if given is not None or hp.outer.rule == "signed":
+    if given is not None or outer_rule(hp).signs:  # the signed step takes no reference norm
         return dict(given or {})
     norms = []
     for payload in payloads.values():

@@ -62,7 +62,7 @@ class CopyingS3:
     @property
     def endpoint(self) -> str:
         host, port = self._server.server_address[:2]
-        return f"http://{host}:{port}"
+        return f"http://{host.decode() if isinstance(host, bytes) else host}:{port}"
 
     def __enter__(self) -> CopyingS3:
         self._thread.start()
@@ -140,7 +140,8 @@ class CopyingS3:
                 path = unquote(urlsplit(self.path).path).lstrip("/")
                 key = path.split("/", 1)[1] if "/" in path else ""
                 got = server.answer(key)
-                kind = (keys.parse(key).kind if keys.parse(key) else "other") if got else "missing"
+                parsed = keys.parse(key)
+                kind = (parsed.kind if parsed else "other") if got else "missing"
                 with server._lock:
                     server.served[kind] = server.served.get(kind, 0) + 1
                 if got is None and not with_body and server.placeholder:  # an early HEAD: a pinned size and ETag

@@ -68,7 +68,7 @@ def run_flood(*, blocks: int = 3000, max_uids: int = 32, burn: bool = True, atta
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(chain_dir or tmp) / "flood.sqlite"
         chain = LocalChain.create(path, clock=clock, genesis=0.0, block_time=1.0, max_uids=max_uids,
-                                  **({} if burn else FREE_REGISTRATION), **settings)
+                                  **(settings if burn else {**FREE_REGISTRATION, **settings}))
         try:
             return _flood(chain, clock, blocks, burn, attacker_budget, newcomer_budget, newcomer_every, post_every)
         finally:

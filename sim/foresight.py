@@ -1,6 +1,6 @@
 """How sure a miner can be, at upload time, that the validator will evaluate it this window.
 
-The ``gamer`` behaviour (sim/behaviours.py) trains only when it expects evaluation.  Here it is given the most
+The ``gamer`` behaviour (sim/behaviours/) trains only when it expects evaluation.  Here it is given the most
 a miner could know: the validator's whole scoring state (who was checked and evaluated when, the top-G list,
 even the validator's private secret) and that every peer will pass the fast checks — everything except
 randomness that does not exist yet when it must upload.

@@ -1,7 +1,7 @@
 """A peer's own S3 server that lies about time: a reverse proxy in front of a real S3 endpoint that replaces every
 ``LastModified`` it serves with a time of the forger's choosing (docs/scoring.md, "Upload times the peer cannot forge").
 
-The ``backdater`` and ``hider`` adversaries (sim/behaviours.py) publish this proxy's URL on chain instead of
+The ``backdater`` and ``hider`` adversaries (sim/behaviours/) publish this proxy's URL on chain instead of
 the S3 endpoint they write to (``--storage.public_endpoint``).  Readers' requests pass through unchanged, Host
 header included, so their SigV4 signatures still verify at the real server; only the answers change:
 
@@ -86,7 +86,7 @@ class ForgingS3:
     @property
     def endpoint(self) -> str:
         host, port = self._server.server_address[:2]
-        return f"http://{host}:{port}"
+        return f"http://{host.decode() if isinstance(host, bytes) else host}:{port}"
 
     def start(self) -> ForgingS3:
         self._thread.start()

@@ -8,10 +8,10 @@ import copy
 
 import torch
 
-from dso.codecs import make_codec
+from dso.codecs import Codec, make_codec
 from dso.config import HParams, ModelConfig
 from dso.inner import InnerLoop
-from dso.model import build_model, parameter_shapes
+from dso.model import Decoder, build_model, parameter_shapes
 from dso.outer import OuterState
 from dso.payload import Payload, PayloadMeta
 from neurons.engine import aggregate_window
@@ -26,7 +26,7 @@ def small_hparams() -> HParams:
     return hp
 
 
-def payloads(hp: HParams, model: torch.nn.Module, codec, window: int) -> dict[int, Payload]:
+def payloads(hp: HParams, model: Decoder, codec: Codec, window: int) -> dict[int, Payload]:
     """Two peers' uploads of ``window``: inner steps on their own random sequences from ``model``."""
     out = {}
     for uid in (1, 2):

@@ -28,6 +28,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 from dso.chain.local import LocalChain
 from dso.chain.wallets import create_local_wallet, hotkey_address
@@ -35,6 +36,7 @@ from dso.config import HParams
 from dso.data import Dataset, run_shards
 from dso.processes import reap, signal_group, spawn
 from dso.shards import ShardSet
+from storage.credentials import PeerCredentials
 from storage.dataset import DATA_KEY_ENV, DATA_SECRET_ENV
 from storage.dataset_upload import publish
 from storage.engines import DEFAULT_ENGINE, Engine, start_engine
@@ -65,7 +67,7 @@ class NodeSpec:
     behaviour: str = "honest"
     stake: float = 0.0
     uid: int = -1
-    process: subprocess.Popen | None = None
+    process: subprocess.Popen[bytes] | None = None
     extra_args: list[str] = field(default_factory=list)
     metrics_port: int = 0     # 0: no metrics endpoint
     ranks: int = 1            # > 1: the node runs as a torchrun group of this many ranks (docs/scale.md)
@@ -112,7 +114,7 @@ class LocalNet:
         self.data_source = ""            # where the nodes read the corpus: an s3:// URL, or the local shards
         self._data_keys: tuple[str, str] | None = None
         self.chain: LocalChain | None = None
-        self._creds: dict = {}
+        self._creds: dict[str, PeerCredentials] = {}
         self.logs = self.run_dir / "logs"
 
     # ------------------------------------------------------------- set-up
@@ -174,8 +176,9 @@ class LocalNet:
                  "reads it from there")
         return url
 
-    def credentials(self, node: NodeSpec):
+    def credentials(self, node: NodeSpec) -> PeerCredentials:
         """The node's bucket keys, provisioned once (provisioning again would revoke the old keys)."""
+        assert self.s3 is not None, "prepare() starts the S3 server first"
         if node.name not in self._creds:
             self._creds[node.name] = self.s3.provision(node.name.replace("_", "-"))
         return self._creds[node.name]
@@ -227,10 +230,10 @@ class LocalNet:
                                  stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, cwd=ROOT)
 
     # ------------------------------------------------------------ running
-    def validator_lines(self, name: str = "validator0") -> list[dict]:
+    def validator_lines(self, name: str = "validator0") -> list[dict[str, Any]]:
         return read_jsonl(self.logs / f"{name}.jsonl")
 
-    def miner_lines(self) -> dict[str, list[dict]]:
+    def miner_lines(self) -> dict[str, list[dict[str, Any]]]:
         return {n.name: read_jsonl(self.logs / f"{n.name}.jsonl") for n in self.nodes if n.role == "miner"}
 
     def dead(self) -> list[NodeSpec]:
@@ -257,7 +260,7 @@ class LocalNet:
     def __enter__(self) -> LocalNet:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.stop()
 
 
@@ -273,7 +276,7 @@ def free_port(taken: set[int], host: str = "127.0.0.1") -> int:
     while True:
         with socket.socket() as s:
             s.bind((host, 0))
-            port = s.getsockname()[1]
+            port: int = s.getsockname()[1]
         if port not in taken:
             taken.add(port)
             return port
@@ -293,12 +296,13 @@ def prometheus_config(nodes: list[NodeSpec], host: str = "127.0.0.1", interval: 
     return "\n".join(out) + "\n"
 
 
-def read_jsonl(path: Path) -> list[dict]:
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """The JSON records of a node's log (a line still being written is skipped)."""
     try:
         lines = Path(path).read_text().splitlines()
     except OSError:
         return []
-    out = []
+    out: list[dict[str, Any]] = []
     for line in lines:
         try:
             out.append(json.loads(line))
@@ -307,7 +311,8 @@ def read_jsonl(path: Path) -> list[dict]:
     return out
 
 
-def wait_for(predicate, timeout: float, step: float = 0.5, on_tick=None) -> bool:
+def wait_for(predicate: Callable[[], bool], timeout: float, step: float = 0.5,
+             on_tick: Callable[[], None] | None = None) -> bool:
     deadline = time.time() + timeout
     while time.time() < deadline:
         if predicate():

@@ -17,7 +17,7 @@ finished windows.  Every node serves Prometheus metrics on a free port;
 ``run/prometheus.yml`` is a scrape config for them (docs/operations.md).
 
 Without ``--adversary`` the mix is: 1 diligent, 1 freerider, 1 noise,
-1 copier, 1 malformed, 1 late.  Behaviours: see ``sim/behaviours.py``.
+1 copier, 1 malformed, 1 late.  Behaviours: see ``sim/behaviours/``.
 """
 from __future__ import annotations
 
@@ -33,12 +33,14 @@ from rich.console import Console
 
 from dso.config import Config, ConfigError, HParams
 from dso.config_sources import profile_names, set_hparams, use_profile
-from dso.data import DataError, corpus_tokenizer, is_remote_corpus
+from dso.corpus import DataError
+from dso.data import Dataset, corpus_tokenizer, is_remote_corpus
 from sim import report as run_report
 from sim.behaviours import BEHAVIOURS, GOOD
 from sim.localnet import LocalNet, plan_nodes
 from sim.progress import View
 from sim.reference import REFERENCE_SECONDS, adamw_reference, network_tokens
+from sim.report_schema import Report
 from sim.sample import Sample
 from storage.engines import ENGINES, ExternalEngine, engine_problem
 
@@ -69,6 +71,19 @@ def positive(text: str) -> int:
 
 
 def parse(argv: list[str] | None) -> tuple[argparse.Namespace, HParams]:
+    """The command line, checked, and the run's hyper-parameters (profile, shards' tokeniser, ``--set``)."""
+    p = parser()
+    args = p.parse_args(argv)
+    problem = args_problem(args)
+    if problem:
+        p.error(problem)
+    try:
+        return args, run_hparams(args)
+    except (ConfigError, DataError) as e:
+        p.error(str(e))
+
+
+def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--windows", type=positive, default=12, help="windows to run (default 12, ~5 minutes)")
     p.add_argument("--miners", type=int, default=4, help="honest miners (default 4)")
@@ -109,38 +124,45 @@ def parse(argv: list[str] | None) -> tuple[argparse.Namespace, HParams]:
                    help="after the run, at most S seconds for the report's reference curve: centralised AdamW "
                         "on the tokens the miners trained on (cached by settings; 0 = none; default "
                         f"{REFERENCE_SECONDS:g})")
-    args = p.parse_args(argv)
+    return p
+
+
+def args_problem(args: argparse.Namespace) -> str | None:
+    """What is wrong with a combination of flags (None: nothing)."""
     if args.miners < 0:
-        p.error("--miners must be >= 0")
+        return "--miners must be >= 0"
     if args.miner_ranks > 1 and args.miners < 1:
-        p.error("--miner-ranks needs an honest miner (--miners 1 or more)")
+        return "--miner-ranks needs an honest miner (--miners 1 or more)"
     if bool(args.endpoint) != bool(args.credentials):
-        p.error("--storage.endpoint and --storage.credentials go together")
+        return "--storage.endpoint and --storage.credentials go together"
     problem = None if args.endpoint else engine_problem(args.engine)
     if problem:
-        p.error(problem)
+        return problem
     if args.no_adversaries and args.adversary:
-        p.error("--no-adversaries and --adversary exclude each other")
+        return "--no-adversaries and --adversary exclude each other"
     if not args.block_time > 0:
-        p.error("--block-time must be > 0")
+        return "--block-time must be > 0"
     if args.kill_leader_after is not None and args.validators < 2:
-        p.error("--kill-leader-after needs --validators 2 or more (someone must take over)")
+        return "--kill-leader-after needs --validators 2 or more (someone must take over)"
     if is_remote_corpus(args.corpus):
-        p.error(f"--data.corpus {args.corpus}: the local network publishes its corpus itself; pass the text or "
+        return (f"--data.corpus {args.corpus}: the local network publishes its corpus itself; pass the text or "
                 "shard folder (nodes on other machines take --data.corpus s3://… directly)")
+    return None
+
+
+def run_hparams(args: argparse.Namespace) -> HParams:
+    """The profile, the shards' tokeniser (unless ``--set`` overrides it), ``--set`` and ``--seed``, validated;
+    raises ConfigError or DataError."""
     cfg = Config()
-    try:
-        use_profile(cfg.hparams, args.profile)
-        shards = corpus_tokenizer(args.corpus)
-        if shards is not None:  # the shards' tokeniser is the run's, unless --set overrides it below
-            cfg.hparams.tokenizer, cfg.hparams.model.vocab_size = shards.kind, shards.vocab_size
-        set_hparams(cfg, args.set)
-        if args.seed is not None:
-            cfg.hparams.seed = args.seed
-        cfg.validate()
-    except (ConfigError, DataError) as e:
-        p.error(str(e))
-    return args, cfg.hparams
+    use_profile(cfg.hparams, args.profile)
+    shards = corpus_tokenizer(args.corpus)
+    if shards is not None:  # the shards' tokeniser is the run's, unless --set overrides it below
+        cfg.hparams.tokenizer, cfg.hparams.model.vocab_size = shards.kind, shards.vocab_size
+    set_hparams(cfg, args.set)
+    if args.seed is not None:
+        cfg.hparams.seed = args.seed
+    cfg.validate()
+    return cfg.hparams
 
 
 def stop_on_sigterm() -> None:
@@ -164,10 +186,9 @@ def nodes_up(net: LocalNet) -> int:
     return up
 
 
-def training_data(hp: HParams, args: argparse.Namespace):
+def training_data(hp: HParams, args: argparse.Namespace) -> Dataset | None:
     """The run's data set (as every node loads it: cached), for the report's corpus figures; None if it
     cannot be loaded."""
-    from dso.data import Dataset
     try:
         return Dataset.for_run(hp, args.corpus, args.cache_dir, args.tokenizer_file)
     except (DataError, OSError, ValueError):
@@ -210,13 +231,34 @@ def run(argv: list[str] | None = None) -> int:
     net = LocalNet(out / "run", hp, nodes, block_time=args.block_time, engine=args.engine, s3=external,
                    corpus=args.corpus, cache_dir=args.cache_dir, tokenizer_file=args.tokenizer_file,
                    metrics=not args.no_metrics, data_bucket=not args.data_local)
-    console = Console()
     started = time.time()
     command = "python scripts/localnet.py " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
-    view = View(console, {}, args.windows, started)
-    failed = ""
+    view = View(Console(), {}, args.windows, started)
     killed: list[str] = []  # validators this run killed on purpose (--kill-leader-after)
     stop_on_sigterm()
+    failed, posted = drive(net, args, view, killed)
+    if failed:
+        view.say(failed)
+        return 1
+    report = build_report(net, hp, args, view, main_validator(killed), posted)
+    view.say(f"writing the report ({report['windows']} windows) to {out}")
+    run_report.write(report, out, command)
+    s = report["summary"]
+    loss = [f"{v:.4f}" if v is not None else "—" for v in (s["val_loss_first"], s["val_loss_last"])]
+    view.say(f"{report['windows']} windows in {time.time() - started:.0f}s; validation loss "
+             f"{loss[0]} → {loss[1]} nats/token ({_bits(report.get('final_val_bits_per_byte'))} bits/byte, unigram "
+             f"{_bits(report.get('unigram_bits_per_byte'))}); honest+diligent weight {100 * s['good_share']:.1f}%, "
+             f"largest adversary {100 * s['max_adversary_share']:.2f}%; report in {out}/report.md and "
+             f"{out}/report.html")
+    return 0
+
+
+def drive(net: LocalNet, args: argparse.Namespace, view: View, killed: list[str]
+          ) -> tuple[str, dict[int, float] | None]:
+    """Prepare and start the network, follow it until the windows are done (or it fails, or a signal comes),
+    then stop every process.  Returns (why it failed, "" if it did not; the weights the followed validator
+    posted last)."""
+    nodes, failed = net.nodes, ""
     try:
         view.step(f"preparing {len(nodes)} nodes (data, embedded S3, LocalChain, wallets)")
         net.prepare(view.step)
@@ -227,19 +269,7 @@ def run(argv: list[str] | None = None) -> int:
             ports = ", ".join(f"{n.name} :{n.metrics_port}" for n in nodes[:3])
             view.say(f"metrics: {ports}{', …' if len(nodes) > 3 else ''} (http://127.0.0.1:PORT/metrics); "
                      f"Prometheus scrape config {net.run_dir / 'prometheus.yml'}")
-        while True:
-            lines = net.validator_lines(main_validator(killed))
-            view.update(lines, "" if lines else f"waiting for the first window: {nodes_up(net)}/{len(nodes)} nodes up")
-            if len(lines) >= args.windows:
-                break
-            if args.kill_leader_after and not killed and len(lines) >= args.kill_leader_after:
-                killed.append(kill_leader(net, view.say))
-            dead = [n.name for n in net.dead() if n.role == "validator" and n.name not in killed]
-            if dead:
-                view.close()
-                view.say(f"validator {dead[0]} exited; see {net.logs / (dead[0] + '.log')}")
-                break
-            time.sleep(1.0)
+        follow_windows(net, args, view, killed)
     except KeyboardInterrupt:
         view.close()
         view.say("stopping (signal); the report covers the finished windows")
@@ -250,15 +280,38 @@ def run(argv: list[str] | None = None) -> int:
         posted = None
         if net.chain is not None:
             leader = next((n.uid for n in nodes if n.name == main_validator(killed)), None)
-            posted = net.chain.weights().get(leader)
+            posted = net.chain.weights().get(leader) if leader is not None else None
         stopping = time.time()
         net.stop()
         view.say(f"all processes stopped in {time.time() - stopping:.1f} s")
-    if failed:
-        view.say(failed)
-        return 1
+    return failed, posted
+
+
+def follow_windows(net: LocalNet, args: argparse.Namespace, view: View, killed: list[str]) -> None:
+    """Show the live table until the followed validator scored ``--windows`` windows or exited; kill the
+    leader on the way when ``--kill-leader-after`` says so."""
+    while True:
+        lines = net.validator_lines(main_validator(killed))
+        view.update(lines, "" if lines else f"waiting for the first window: {nodes_up(net)}/{len(net.nodes)} nodes up")
+        if len(lines) >= args.windows:
+            return
+        if args.kill_leader_after and not killed and len(lines) >= args.kill_leader_after:
+            killed.append(kill_leader(net, view.say))
+        dead = [n.name for n in net.dead() if n.role == "validator" and n.name not in killed]
+        if dead:
+            view.close()
+            view.say(f"validator {dead[0]} exited; see {net.logs / (dead[0] + '.log')}")
+            return
+        time.sleep(1.0)
+
+
+def build_report(net: LocalNet, hp: HParams, args: argparse.Namespace, view: View, followed: str,
+                 posted: dict[int, float] | None) -> Report:
+    """The run's report from the nodes' logs (``followed``: the validator whose lines it reports), with the
+    corpus figures, samples of the final model and the centralised reference when the data loads."""
+    nodes = net.nodes
     validators = {n.name: net.validator_lines(n.name) for n in nodes if n.role == "validator"}
-    lines = validators.get(main_validator(killed)) or net.validator_lines()  # the leading validator's (read once)
+    lines = validators.get(followed) or net.validator_lines()  # the leading validator's (read once)
     by_name = net.miner_lines()
     miners = {n.uid: by_name.get(n.name, []) for n in nodes if n.role == "miner"}
     dataset = training_data(hp, args)
@@ -266,25 +319,16 @@ def run(argv: list[str] | None = None) -> int:
     report = run_report.build(lines, {n.uid: (n.name, n.behaviour) for n in nodes if n.role == "miner"}, posted,
                               validators, miners, unigram)
     report["data_source"] = net.data_source  # where every node read the corpus: the dataset bucket's s3:// URL
-    if dataset is not None:
-        report["samples"] = final_samples(net.run_dir / "state", hp, dataset.tokenizer, view.say,
-                                          main_validator(killed))
-    if dataset is not None and args.reference_seconds > 0:
+    if dataset is None:
+        return report
+    report["samples"] = final_samples(net.run_dir / "state", hp, dataset.tokenizer, view.say, followed)
+    if args.reference_seconds > 0:
         good = {n.uid for n in nodes if n.role == "miner" and n.behaviour in GOOD}
         per_window = network_tokens(miners, good)
         reference = adamw_reference(hp, dataset, sum(per_window.values()), args.cache_dir, args.reference_seconds,
                                     view.say)
         run_report.add_reference(report, reference, per_window)
-    view.say(f"writing the report ({len(lines)} windows) to {out}")
-    run_report.write(report, out, command)
-    s = report["summary"]
-    loss = [f"{v:.4f}" if v is not None else "—" for v in (s["val_loss_first"], s["val_loss_last"])]
-    view.say(f"{report['windows']} windows in {time.time() - started:.0f}s; validation loss "
-             f"{loss[0]} → {loss[1]} nats/token ({_bits(report.get('final_val_bits_per_byte'))} bits/byte, unigram "
-             f"{_bits(report.get('unigram_bits_per_byte'))}); honest+diligent weight {100 * s['good_share']:.1f}%, "
-             f"largest adversary {100 * s['max_adversary_share']:.2f}%; report in {out}/report.md and "
-             f"{out}/report.html")
-    return 0
+    return report
 
 
 def _bits(x: float | None) -> str:

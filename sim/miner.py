@@ -1,4 +1,4 @@
-"""Adversarial miners for the local network: the honest miner with a behaviour from sim/behaviours.py.
+"""Adversarial miners for the local network: the honest miner with a behaviour from sim/behaviours/.
 
     python -m sim.miner --behaviour noise [every neurons/miner.py flag]
 
@@ -32,7 +32,8 @@ from dso.rejections import Rejection
 from neurons import reveal
 from neurons.context import build_context
 from neurons.lifecycle import Fatal, run_main
-from neurons.miner import UPLOAD_MARGIN, Miner
+from neurons.miner import Miner
+from neurons.miner_upload import UPLOAD_MARGIN
 from neurons.publish import publish_payload, sign
 from sim import behaviours
 from sim.forging_s3 import ForgingS3, shifted_by

@@ -11,9 +11,10 @@ import itertools
 
 import numpy as np
 
+from dso.codecs import DEFAULT_THRESHOLDS
 from dso.robust import decoded_rows, gram
 from neurons.engine import _previous_update
-from scoring.copies import DEFAULT_THRESHOLDS, best_mix, cosines, recompressed_cosine
+from scoring.copies import best_mix, cosines, recompressed_cosine
 from sim import behaviours
 from sim.simulator import SimNet
 

@@ -14,7 +14,7 @@ code; plots LossScore and LossRating per window (``figure2.png``) and reports
 the final LossRating order.
 
 ``adversaries``: 4 honest peers, a diligent one and one peer of every attack in
-``sim/behaviours.py`` (two sybils); reports each behaviour's weight share
+``sim/behaviours/`` (two sybils); reports each behaviour's weight share
 per window and at the end (``shares.png``).
 """
 from __future__ import annotations

@@ -3,7 +3,7 @@
     python -m sim.validator --behaviour lying_leader [--lie-after N] [every neurons/validator.py flag]
 
 From its ``N``-th window on, whenever it leads, :class:`LyingLeader` changes what it aggregates — and so what its
-bundle says — in three ways at once, in every window where it can do all three (sim/behaviours.py
+bundle says — in three ways at once, in every window where it can do all three (sim/behaviours/
 ``LYING_LEADER``):
 
 * it **forges** a payload: the second peer of its list keeps its uid and signature, with its update negated;

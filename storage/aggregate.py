@@ -40,7 +40,7 @@ from dso.codecs import Codec
 from dso.payload import Payload
 from dso.rejections import Reason, Rejection, unexpected
 from storage import keys
-from storage.client import S3Client, StorageError
+from storage.client import ObjectReader, S3Client, StorageError
 from storage.jsonobj import rejection_for
 from storage.tensorfile import check_spec, header_allowance, load_arrays, parse_uint, read_capped
 from storage.wire import Expect, decode_payload, encode_payload, payload_size_cap
@@ -165,7 +165,7 @@ def put_bundle(client: S3Client, bucket: str, data: bytes, window: int, protocol
     return key
 
 
-def get_bundle(client: S3Client, bucket: str, codec: Codec, hp: HParams, window: int, run: str = ""
+def get_bundle(client: ObjectReader, bucket: str, codec: Codec, hp: HParams, window: int, run: str = ""
                ) -> Bundle | Rejection:
     """The bundle of ``window`` from ``bucket`` (a Rejection when absent or unusable)."""
     expect = Expect.from_hparams(hp, window, run=run)

@@ -35,6 +35,7 @@ from safetensors import safe_open
 
 from dso.model import state_hash
 from dso.outer import OuterState
+from dso.outer_rules import outer_rule
 from dso.rejections import Reason, Rejection, unexpected
 from storage import keys
 from storage.checkpoint_file import checkpoint_size_cap
@@ -48,7 +49,7 @@ from storage.checkpoint_manifest import (
     parse_manifest,
     plan_shards,
 )
-from storage.client import MiB, S3Client, StorageError
+from storage.client import MiB, ObjectReader, S3Client, StorageError
 from storage.jsonobj import get_json, put_json, rejection_for
 from storage.tensorfile import check_spec, load_arrays, read_capped
 
@@ -78,7 +79,7 @@ def save_checkpoint(client: S3Client, bucket: str, model: torch.nn.Module, windo
     named = dict(tensors)
     shapes = {n: tuple(p.shape) for n, p in model.named_parameters()}
     shards = []
-    for index, pieces in enumerate(plan_shards(expected_tensors(shapes, hp.outer.rule), shard_bytes)):
+    for index, pieces in enumerate(plan_shards(expected_tensors(shapes, outer_rule(hp)), shard_bytes)):
         arrays = {p.name: _rows(named[p.name], p) for p in pieces}
         data = safetensors.numpy.save(arrays, metadata={"format": SHARD_FORMAT, "window": str(window),
                                                         "index": str(index)})
@@ -190,7 +191,7 @@ class LoadedCheckpoint:
         self.folder.cleanup()
 
 
-def load_checkpoint(client: S3Client, bucket: str, window: int, shapes: dict[str, tuple[int, ...]], hp: HParams,
+def load_checkpoint(client: ObjectReader, bucket: str, window: int, shapes: dict[str, tuple[int, ...]], hp: HParams,
                     expect_hash: str | None = None, run: str = "") -> LoadedCheckpoint | Rejection:
     """Window's checkpoint, every shard verified (see the module's docstring); never raises."""
     try:
@@ -201,12 +202,12 @@ def load_checkpoint(client: S3Client, bucket: str, window: int, shapes: dict[str
         return unexpected(Reason.MALFORMED, e)
 
 
-def _load(client: S3Client, bucket: str, window: int, shapes: dict[str, tuple[int, ...]], hp: HParams,
+def _load(client: ObjectReader, bucket: str, window: int, shapes: dict[str, tuple[int, ...]], hp: HParams,
           expect_hash: str | None, run: str) -> LoadedCheckpoint | Rejection:
     obj = get_json(client, bucket, keys.checkpoint(window, hp.protocol_version, run), max_bytes=MANIFEST_MAX_BYTES)
     if isinstance(obj, Rejection):
         return obj
-    manifest = parse_manifest(obj, shapes, hp.outer.rule, hp.protocol_version, window, run,
+    manifest = parse_manifest(obj, shapes, outer_rule(hp), hp.protocol_version, window, run,
                               checkpoint_size_cap(shapes), hp.digest())
     if isinstance(manifest, Rejection):
         return manifest
@@ -215,8 +216,8 @@ def _load(client: S3Client, bucket: str, window: int, shapes: dict[str, tuple[in
     folder = tempfile.TemporaryDirectory(prefix="dso-checkpoint-")
     digest = hashlib.sha256()
     outer_parts: dict[str, list[torch.Tensor]] = {}
-    dtypes = {n: d for n, d, _ in expected_tensors(shapes, hp.outer.rule)}
-    full = {n: s for n, _, s in expected_tensors(shapes, hp.outer.rule)}
+    dtypes = {n: d for n, d, _ in expected_tensors(shapes, outer_rule(hp))}
+    full = {n: s for n, _, s in expected_tensors(shapes, outer_rule(hp))}
     for index, shard in enumerate(manifest.shards):
         data = client.get(bucket, shard.key, max_bytes=shard.size)
         bad = _check_shard(data, shard, index, window, dtypes, full)
@@ -242,7 +243,7 @@ def _load(client: S3Client, bucket: str, window: int, shapes: dict[str, tuple[in
         folder.cleanup()
         return Rejection(Reason.METADATA_MISMATCH, f"model hash mismatch: content {digest.hexdigest()[:16]}…, "
                          f"manifest {manifest.model_hash[:16]}…")
-    outer = OuterState.from_tensors({k: torch.cat(v) for k, v in outer_parts.items()}, shapes, hp.outer.rule)
+    outer = OuterState.from_tensors({k: torch.cat(v) for k, v in outer_parts.items()}, shapes, hp)
     if outer is None or outer.digest() != manifest.outer_digest:
         folder.cleanup()
         return Rejection(Reason.METADATA_MISMATCH, "outer state does not match outer_digest (or is not finite)")
@@ -262,7 +263,7 @@ def _check_shard(data: bytes, shard: Shard, index: int, window: int, dtypes: dic
     return check_spec(header, spec)
 
 
-def read_latest(client: S3Client, bucket: str, version: int, run: str = "") -> LatestPointer | Rejection:
+def read_latest(client: ObjectReader, bucket: str, version: int, run: str = "") -> LatestPointer | Rejection:
     obj = get_json(client, bucket, keys.latest_checkpoint(version, run), max_bytes=4096)
     if isinstance(obj, Rejection):
         return obj
@@ -278,7 +279,7 @@ def read_latest(client: S3Client, bucket: str, version: int, run: str = "") -> L
     return LatestPointer(window, version, key, h)
 
 
-def load_latest_checkpoint(client: S3Client, bucket: str, shapes: dict[str, tuple[int, ...]],
+def load_latest_checkpoint(client: ObjectReader, bucket: str, shapes: dict[str, tuple[int, ...]],
                            hp: HParams, run: str = "") -> LoadedCheckpoint | Rejection:
     """Follow the latest pointer; the checkpoint must hash to what the pointer says."""
     pointer = read_latest(client, bucket, hp.protocol_version, run)

@@ -24,6 +24,7 @@ import torch
 
 from dso.model import state_hash
 from dso.outer import STATE_PREFIX, OuterState
+from dso.outer_rules import OuterRule
 from dso.rejections import Reason, Rejection, unexpected
 from storage.tensorfile import check_spec, header_allowance, load_arrays, parse_uint, read_capped
 
@@ -66,18 +67,18 @@ def encode_checkpoint(named: Iterable[tuple[str, torch.Tensor]], window: int, pr
 
 def decode_checkpoint(data: bytes, shapes: dict[str, tuple[int, ...]], protocol_version: int,
                       hparams_digest: str | None = None, expect_window: int | None = None,
-                      expect_hash: str | None = None, outer_rule: str | None = None) -> Checkpoint | Rejection:
+                      expect_hash: str | None = None, rule: OuterRule | None = None) -> Checkpoint | Rejection:
     """Strictly validate checkpoint bytes against the model's ``shapes`` (model order); never raises.
 
-    ``outer_rule`` is the run's outer rule, whose state the file must hold (None: whichever it holds)."""
+    ``rule`` is the run's outer rule, whose state the file must hold (None: whichever it holds)."""
     try:
-        return _decode(data, shapes, protocol_version, hparams_digest, expect_window, expect_hash, outer_rule)
+        return _decode(data, shapes, protocol_version, hparams_digest, expect_window, expect_hash, rule)
     except Exception as e:  # noqa: BLE001
         return unexpected(Reason.MALFORMED, e)
 
 
 def _decode(data: bytes, shapes: dict[str, tuple[int, ...]], protocol_version: int, hparams_digest: str | None,
-            expect_window: int | None, expect_hash: str | None, outer_rule: str | None) -> Checkpoint | Rejection:
+            expect_window: int | None, expect_hash: str | None, rule: OuterRule | None) -> Checkpoint | Rejection:
     header = read_capped(data, checkpoint_size_cap(shapes), 2 * len(shapes) + 1,
                          {"format", "protocol_version", "window", "model_hash", "outer_digest", "data_hash",
                           "hparams"})
@@ -97,9 +98,10 @@ def _decode(data: bytes, shapes: dict[str, tuple[int, ...]], protocol_version: i
             return Rejection(Reason.METADATA_MISMATCH, f"{name}: got {got[:64]!r}, expected {wanted[:64]!r}")
     if window is None:
         return Rejection(Reason.METADATA_MISMATCH, "window is not a canonical integer")
-    if outer_rule is None:  # a reader that does not know the run's rule: whichever state the file holds
-        outer_rule = "nesterov" if any(k.startswith(f"{STATE_PREFIX}momentum.") for k in header.entries) else "sgd"
-    spec = {n: ("float32", tuple(s)) for n, s in shapes.items()} | OuterState.fresh(shapes, outer_rule).spec()
+    # a reader that does not know the run's rule (None) takes whichever state the file holds
+    momentum = (any(k.startswith(f"{STATE_PREFIX}momentum.") for k in header.entries) if rule is None
+                else rule.keeps_momentum)
+    spec = {n: ("float32", tuple(s)) for n, s in shapes.items()} | OuterState.zeros(shapes, momentum).spec()
     bad = check_spec(header, spec)
     if bad:
         return bad
@@ -115,7 +117,7 @@ def _decode(data: bytes, shapes: dict[str, tuple[int, ...]], protocol_version: i
         return Rejection(Reason.METADATA_MISMATCH,
                          f"model hash mismatch: content {actual[:16]}…, metadata {md['model_hash'][:16]}…")
     outer = OuterState.from_tensors({k: torch.from_numpy(np.array(arrays[k])) for k in arrays
-                                     if k.startswith(STATE_PREFIX)}, shapes, outer_rule)
+                                     if k.startswith(STATE_PREFIX)}, shapes, rule)
     if outer is None:
         return Rejection(Reason.NON_FINITE, "outer state: negative step count or non-finite momentum")
     if outer.digest() != md["outer_digest"]:

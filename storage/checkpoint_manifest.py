@@ -1,7 +1,7 @@
 """The manifest of a sharded checkpoint: which shard object holds which rows of which tensor, and its hash.
 
 A checkpoint's tensors — the parameters in model order, then the outer state (``outer.steps``, and
-``outer.momentum.<param>`` for the nesterov rule) — are laid end to end and cut into shards of at most
+``outer.momentum.<param>`` for a rule that keeps momentum) — are laid end to end and cut into shards of at most
 ``shard_bytes``: a shard holds whole tensors, or a run of whole rows (dim 0) of one large tensor.  The
 manifest lists, for every shard, its key, its size, its sha256, and its pieces ``[name, first row, end
 row]``.  It is another party's JSON when read: every field is checked, the keys are the ones
@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dso.outer import OuterState
+from dso.outer_rules import OuterRule
 from dso.rejections import Reason, Rejection
 from storage import keys
 
@@ -54,10 +55,10 @@ class Manifest:
 Entry = tuple[str, str, tuple[int, ...]]  # name, numpy dtype, shape
 
 
-def expected_tensors(shapes: Mapping[str, tuple[int, ...]], outer_rule: str) -> list[Entry]:
-    """Every tensor of a checkpoint in file order: the parameters (float32), then the outer state."""
+def expected_tensors(shapes: Mapping[str, tuple[int, ...]], rule: OuterRule) -> list[Entry]:
+    """Every tensor of a checkpoint in file order: the parameters (float32), then the outer state of ``rule``."""
     out: list[Entry] = [(n, "float32", tuple(s)) for n, s in shapes.items()]
-    out += [(k, dtype, shape) for k, (dtype, shape) in OuterState.fresh(shapes, outer_rule).spec().items()]
+    out += [(k, dtype, shape) for k, (dtype, shape) in OuterState.fresh(shapes, rule).spec().items()]
     return out
 
 
@@ -102,7 +103,7 @@ def _hex64(x: object) -> bool:
     return isinstance(x, str) and len(x) == 64 and all(c in "0123456789abcdef" for c in x)
 
 
-def parse_manifest(obj: Mapping[str, Any], shapes: Mapping[str, tuple[int, ...]], outer_rule: str,
+def parse_manifest(obj: Mapping[str, Any], shapes: Mapping[str, tuple[int, ...]], rule: OuterRule,
                    protocol_version: int, window: int, run: str, size_cap: int,
                    hparams_digest: str | None = None) -> Manifest | Rejection:
     """A manifest read from S3, checked against the model, the run's rule, the window and the run."""
@@ -128,7 +129,7 @@ def parse_manifest(obj: Mapping[str, Any], shapes: Mapping[str, tuple[int, ...]]
     cap = size_cap + SHARD_HEADER_ALLOWANCE * len(shards)  # each shard repeats a header
     if sum(s.size for s in shards) > cap:
         return Rejection(Reason.TOO_LARGE, f"checkpoint shards total more than the cap {cap}")
-    bad = check_tiling([p for s in shards for p in s.pieces], expected_tensors(shapes, outer_rule))
+    bad = check_tiling([p for s in shards for p in s.pieces], expected_tensors(shapes, rule))
     if bad:
         return Rejection(Reason.BAD_KEYS, f"checkpoint manifest: {bad}")
     return Manifest(window, obj["model_hash"], obj["outer_digest"], obj["data_hash"], obj["hparams"], tuple(shards))

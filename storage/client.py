@@ -14,7 +14,7 @@ import os
 import threading
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import quote
 
 import boto3
@@ -92,6 +92,20 @@ def _new_client(endpoint: str | None, region: str, key: str, secret: str, config
         return _SESSION.client("s3", endpoint_url=endpoint or None, region_name=region,
                                aws_access_key_id=key or None, aws_secret_access_key=secret or None,
                                config=config)
+
+
+class ObjectReader(Protocol):
+    """What reads objects from a bucket: an :class:`S3Client` (our own bucket) or a
+    :class:`storage.peer_client.PeerClient` (another node's, read-only and deadline-bounded)."""
+
+    def head(self, bucket: str, key: str, deadline: float | None = None) -> ObjectInfo: ...
+
+    def get(self, bucket: str, key: str, max_bytes: int | None = None, deadline: float | None = None) -> bytes: ...
+
+    def get_with_info(self, bucket: str, key: str, max_bytes: int | None = None,
+                      deadline: float | None = None) -> tuple[bytes, ObjectInfo]: ...
+
+    def list(self, bucket: str, prefix: str = "", limit: int = 100_000) -> list[ObjectInfo]: ...
 
 
 class S3Client:

@@ -10,7 +10,7 @@ import json
 from typing import Any
 
 from dso.rejections import Reason, Rejection, unexpected
-from storage.client import S3Client, StorageError
+from storage.client import ObjectReader, S3Client, StorageError
 from storage.tensorfile import strict_json
 
 MAX_JSON_BYTES = 64 * 1024
@@ -58,7 +58,7 @@ def put_json(client: S3Client, bucket: str, key: str, obj: dict[str, Any]) -> No
     client.put(bucket, key, encode_json(obj), content_type="application/json")
 
 
-def get_json(client: S3Client, bucket: str, key: str, max_bytes: int = MAX_JSON_BYTES,
+def get_json(client: ObjectReader, bucket: str, key: str, max_bytes: int = MAX_JSON_BYTES,
              deadline: float | None = None) -> dict[str, Any] | Rejection:
     """Download and parse a small JSON object; never raises."""
     try:

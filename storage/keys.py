@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import TypeGuard
 
 RUN_ID_CHARS = 16  # hex digits of a run id
 
@@ -22,7 +23,7 @@ def _nat(name: str, value: int) -> int:
     return value
 
 
-def is_run_id(run: object) -> bool:
+def is_run_id(run: object) -> TypeGuard[str]:
     return isinstance(run, str) and len(run) == RUN_ID_CHARS and all(c in "0123456789abcdef" for c in run)
 
 

@@ -11,7 +11,7 @@ from typing import Any, TypeGuard
 
 from dso.rejections import Reason, Rejection
 from storage import keys
-from storage.client import S3Client
+from storage.client import ObjectReader, S3Client
 from storage.jsonobj import MAX_JSON_BYTES, encode_json, get_json, parse_json_object, put_json
 
 MAX_UIDS = 4096
@@ -66,6 +66,6 @@ def put_peers(client: S3Client, bucket: str, peers: PeersList, run: str = "") ->
     return key
 
 
-def get_peers(client: S3Client, bucket: str, window: int, version: int, run: str = "") -> PeersList | Rejection:
+def get_peers(client: ObjectReader, bucket: str, window: int, version: int, run: str = "") -> PeersList | Rejection:
     obj = get_json(client, bucket, keys.peers(window, version, run))
     return obj if isinstance(obj, Rejection) else peers_from_json(obj, window, version)

@@ -67,18 +67,15 @@ def measure_eval_cost(quick: bool, eval_sequences: int | None = None, repeats: i
     on it, only the time to make it)."""
     import copy
 
-    import numpy as np
-
     from benchmarks.common import default_dataset, preset_hparams, setup_worker
     setup_worker()
     from dso.codec import DeMoCodec
     from dso.config import HParams
     from dso.model import build_model, parameter_shapes, sync_sample_count
-    from dso.train import evaluate
-    from scoring.evaluation import ParameterSnapshot, evaluate_peer, random_losses, update_step
+    from scoring.evaluation import update_step
     from scoring.state import ValidatorState
     from scoring.sync import sync_positions
-    from scoring.window import Scorer, WindowEvidence, poc_sample_size, score_window
+    from scoring.window import Scorer, WindowEvidence, score_window
 
     hp = preset_hparams(preset) if preset else HParams()
     hp.eval_sequences = eval_sequences or hp.eval_sequences
@@ -107,43 +104,60 @@ def measure_eval_cost(quick: bool, eval_sequences: int | None = None, repeats: i
     report = score(many)
     if sorted(report.evaluated) != uids:  # every honest peer must pass and be evaluated, or the timing is wrong
         raise RuntimeError(f"bench validator: evaluated {report.evaluated}, rejections {report.rejections}")
-    rng = np.random.default_rng(0)
-    rand = dataset.unassigned(rng, np.array([], dtype=np.int64), hp.eval_sequences)
-    trained = payloads[0].meta.trained
-    assigned = dataset.assigned(0, WINDOW, hp.assigned_sequences)[:poc_sample_size(hp, trained)]
+    steps, poc_sequences = _peer_steps(model, codec, dataset, hp, payloads[0], reference, shapes, control)
+    steps = {"many": lambda: score(many), "one": lambda: score(1), **steps}
+    wall, cpu = _interleaved_medians(steps, {"forward": 3, "decode_sign": 3}, repeats)
+    return {"preset": preset or "default", "parameters": sum(p.numel() for p in model.parameters()),
+            "repeats": repeats} | _eval_cost_figures(wall, cpu, many, poc_sequences, hp.eval_sequences)
+
+
+def _peer_steps(model, codec, dataset, hp, payload, reference: dict, shapes: dict, control: dict
+                ) -> tuple[dict, int]:
+    """The steps score_window takes for one evaluated peer, one by one with the very functions it calls, and a
+    forward pass over the random batch (the unit); the number of proof-of-computation sequences."""
+    import numpy as np
+
+    from dso.train import evaluate
+    from scoring.evaluation import ParameterSnapshot, evaluate_peer, random_losses, update_step
+    from scoring.window import poc_sample_size
+
+    rand = dataset.unassigned(np.random.default_rng(0), np.array([], dtype=np.int64), hp.eval_sequences)
+    assigned = dataset.assigned(0, WINDOW, hp.assigned_sequences)[:poc_sample_size(hp, payload.meta.trained)]
     snapshot = ParameterSnapshot(model)
     random = random_losses(model, snapshot, control, rand, hp.micro_batch)
-    step = update_step(codec, payloads[0].update, hp, WINDOW, reference, shapes)
-    # interleaved rounds, medians per quantity: load from other processes hits every quantity alike
-    steps = {
-        "many": lambda: score(many),
-        "one": lambda: score(1),
+    step = update_step(codec, payload.update, hp, WINDOW, reference, shapes)
+    return {
         "forward": lambda: evaluate(model, rand, hp.micro_batch),
-        # the per-peer steps one by one, with the very functions score_window calls
-        "decode_sign": lambda: update_step(codec, payloads[0].update, hp, WINDOW, reference, shapes),
+        "decode_sign": lambda: update_step(codec, payload.update, hp, WINDOW, reference, shapes),
         "peer_eval": lambda: evaluate_peer(model, snapshot, step, control, assigned, random, hp.micro_batch),
-    }
-    calls = {"forward": 3, "decode_sign": 3}  # the short steps: several calls per round
-    wall = {name: [] for name in steps}
-    cpu = {name: [] for name in steps}
+    }, len(assigned)
+
+
+def _interleaved_medians(steps: dict, calls: dict[str, int], repeats: int) -> tuple[dict, dict]:
+    """(wall, cpu) ms per step: the median over ``repeats`` interleaved rounds (load from other processes hits every
+    step alike), ``calls[name]`` calls per round for the short steps."""
+    wall: dict[str, list[float]] = {name: [] for name in steps}
+    cpu: dict[str, list[float]] = {name: [] for name in steps}
     for _ in range(repeats):
         for name, fn in steps.items():
             w, c = median_times(fn, calls.get(name, 1), warmup=0)
             wall[name].append(w)
             cpu[name].append(c)
-    wall = {name: statistics.median(v) for name, v in wall.items()}
-    cpu = {name: statistics.median(v) for name, v in cpu.items()}
+    return ({name: statistics.median(v) for name, v in wall.items()},
+            {name: statistics.median(v) for name, v in cpu.items()})
+
+
+def _eval_cost_figures(wall: dict, cpu: dict, many: int, poc_sequences: int, eval_sequences: int) -> dict:
     per_peer, shared = per_peer_cost(cpu["many"], cpu["one"], many)
     per_peer_wall, _ = per_peer_cost(wall["many"], wall["one"], many)
     return {
-        "preset": preset or "default", "parameters": sum(p.numel() for p in model.parameters()),
-        "evaluated_peers": many, "eval_sequences": hp.eval_sequences, "repeats": repeats,
+        "evaluated_peers": many, "eval_sequences": eval_sequences,
         "eval_forward_units_per_peer": per_peer / cpu["forward"],
         "eval_forward_units_per_peer_wall": per_peer_wall / wall["forward"],
         "score_window_cpu_ms": cpu["many"], "score_window_one_peer_cpu_ms": cpu["one"],
         "per_peer_cpu_ms": per_peer, "shared_cpu_ms": shared, "forward_cpu_ms": cpu["forward"],
         "score_window_ms": wall["many"], "forward_ms": wall["forward"],
-        "poc_sequences": len(assigned), "sequences_per_peer": 2 * len(assigned) + hp.eval_sequences,
+        "poc_sequences": poc_sequences, "sequences_per_peer": 2 * poc_sequences + eval_sequences,
         "breakdown_cpu_ms": {"decode_and_step": cpu["decode_sign"], "forwards_apply_restore": cpu["peer_eval"]},
         "breakdown_forward_units": (cpu["decode_sign"] + cpu["peer_eval"]) / cpu["forward"],
         "inprocess_peak_rss_mb": own_peak_rss_mb(),

@@ -132,7 +132,7 @@ def test_restarted_validator_gives_the_uninterrupted_weights(network):
     cfg = from_dict(json.loads((net.run_dir / "config.json").read_text()))
     hp, t = cfg.hparams, RESTART_AFTER + 1
     model = build_model(hp.model, hp.seed)
-    scores, book = validator_state.load(snapshot / "validator", model, hp.digest(), hp.outer.rule)
+    scores, book = validator_state.load(snapshot / "validator", model, hp.digest(), hp)
     assert book.model_window == t
     validator = next(n for n in net.nodes if n.role == "validator")
     active = {n.uid: n.hotkey for n in net.chain.metagraph() if n.uid != validator.uid and not n.validator_permit}

@@ -282,3 +282,17 @@ def test_evaluation_step_of_the_optimiser_rules_uses_the_reference_norm():
             assert torch.allclose(a[n], b[n], rtol=1e-5, atol=1e-9)
     zero = evaluation_step(_hp("sgd"), 0, {"a": torch.zeros(3)}, {"a": 0.0}, {"a": 1.0})
     assert torch.equal(zero["a"], torch.zeros(3))
+
+
+# ------------------------------------------------------------ rule objects
+def test_the_run_picks_its_outer_rule_by_name_and_refuses_an_unknown_one():
+    from dso.outer_rules import OUTER_RULES, NesterovRule, SgdRule, SignedRule, outer_rule
+
+    picked = {name: type(outer_rule(_hp(name))) for name in OUTER_RULES}
+    assert picked == {"signed": SignedRule, "sgd": SgdRule, "nesterov": NesterovRule}
+    assert [name for name, cls in OUTER_RULES.items() if cls.signs] == ["signed"]
+    assert [name for name, cls in OUTER_RULES.items() if cls.keeps_momentum] == ["nesterov"]
+    assert OuterState.fresh(SHAPES, outer_rule(_hp("nesterov"))).momentum.keys() == SHAPES.keys()
+    assert OuterState.fresh(SHAPES, _hp("signed")).momentum == {}
+    with pytest.raises(ValueError, match="outer rule must be one of signed, sgd, nesterov, got 'adam'"):
+        outer_rule(_hp("adam"))

@@ -11,6 +11,7 @@ from dso.config import OuterConfig
 from dso.inner import InnerLoop
 from dso.model import build_model, model_hash, parameter_shapes
 from dso.outer import OuterState
+from dso.outer_rules import OUTER_RULES, outer_rule
 from dso.payload import Payload, PayloadMeta
 from neurons.catchup import apply_bundle
 from neurons.engine import aggregate_window
@@ -35,11 +36,9 @@ def _payloads(hp, model, codec, window: int) -> dict[int, Payload]:
     return out
 
 
-OUTER_RULES = typing.get_args(typing.get_type_hints(OuterConfig)["rule"])
-
-
 def test_every_outer_rule_is_covered():
-    assert set(OUTER_RULES) == {"signed", "sgd", "nesterov"}
+    assert set(OUTER_RULES) == set(typing.get_args(typing.get_type_hints(OuterConfig)["rule"])) \
+        == {"signed", "sgd", "nesterov"}
 
 
 @pytest.mark.parametrize("rule", OUTER_RULES)
@@ -62,12 +61,12 @@ def test_validator_follower_and_catch_up_agree_bit_for_bit(tiny_hparams, rule):
         assert apply_bundle(follower, codec, hp, bundle, f_outer) is None
         assert model_hash(follower) == agg.hash_after and f_outer.digest() == agg.outer_after
         assert agg.hash_after != agg.hash_before  # the model moved
-    if rule == "nesterov":
+    if outer_rule(hp).keeps_momentum:
         assert any(float(m.abs().sum()) > 0 for m in v_outer.momentum.values())
     assert v_outer.steps == f_outer.steps == WINDOWS
 
     # catch-up: the checkpoint of window 2, then the bundles of windows 2 and 3
-    ckpt = decode_checkpoint(checkpoint, shapes, hp.protocol_version, hp.digest(), 2, outer_rule=rule)
+    ckpt = decode_checkpoint(checkpoint, shapes, hp.protocol_version, hp.digest(), 2, rule=outer_rule(hp))
     late = build_model(hp.model, hp.seed + 1)
     ckpt.load_into(late)
     outer = ckpt.outer
@@ -101,9 +100,9 @@ def test_checkpoint_holds_the_outer_state_strictly(tiny_hparams):
     outer.steps = 7
     next(iter(outer.momentum.values())).fill_(0.25)
     data, _ = encode_checkpoint(model.named_parameters(), 3, hp.protocol_version, hp.digest(), outer=outer)
-    got = decode_checkpoint(data, shapes, hp.protocol_version, hp.digest(), 3, outer_rule="nesterov")
+    got = decode_checkpoint(data, shapes, hp.protocol_version, hp.digest(), 3, rule=outer_rule(hp))
     assert got.outer.digest() == outer.digest() and got.outer.steps == 7
     # a checkpoint of the sgd rule (no momentum) does not pass for a nesterov run
     plain, _ = encode_checkpoint(model.named_parameters(), 3, hp.protocol_version, hp.digest(), outer=OuterState())
-    assert decode_checkpoint(plain, shapes, hp.protocol_version, hp.digest(), 3, outer_rule="nesterov").reason.value \
+    assert decode_checkpoint(plain, shapes, hp.protocol_version, hp.digest(), 3, rule=outer_rule(hp)).reason.value \
         == "bad_keys"

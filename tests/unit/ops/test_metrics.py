@@ -139,6 +139,7 @@ class _Chain(Chain):
     def __init__(self):
         self.calls = 0
         self.extra = "backend-specific"
+        self.version_keys = []
 
     def block(self): return 5
     def block_timestamp(self, block): return 100.0 + block
@@ -149,20 +150,23 @@ class _Chain(Chain):
     def commitments(self, block=None): return {}
     def weights(self): return {}
 
-    def set_weights(self, wallet, uids, weights):
+    def set_weights(self, wallet, uids, weights, version_key=None):
         self.calls += 1
+        self.version_keys.append(version_key)
         if self.calls % 2 == 0:
             raise ChainError("rate_limited", "too soon")
 
 
 def test_metered_chain_counts_every_write_and_changes_nothing_else():
     m = NodeMetrics("validator")
-    chain = MeteredChain(_Chain(), m.chain_write)
+    backend = _Chain()
+    chain = MeteredChain(backend, m.chain_write)
     assert chain.register(None) == 0 and chain.block() == 5 and chain.leading_validator().uid == 0
     assert chain.extra == "backend-specific"
     chain.set_weights(None, [1], [1.0])
     with pytest.raises(ChainError, match="too soon"):
-        chain.set_weights(None, [1], [1.0])
+        chain.set_weights(None, [1], [1.0], version_key=7)
+    assert backend.version_keys == [None, 7]  # a caller's version key reaches the backend
     with pytest.raises(RuntimeError):
         chain.commit(None, "x")
     with pytest.raises(ChainError):   # the base class's answer for a backend without a ledger, still counted

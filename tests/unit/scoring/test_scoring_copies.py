@@ -4,9 +4,10 @@ import math
 import torch
 
 from dso.codec import DeMoCodec
+from dso.codecs import NearCopyThresholds
 from dso.rejections import Reason
 from dso.robust import decoded_rows, gram
-from scoring.copies import NearCopyThresholds, cosines, find_copies, pair_groups, positive_fit
+from scoring.copies import cosines, find_copies, pair_groups, positive_fit
 
 R = 1 / math.sqrt(2)
 
@@ -39,9 +40,9 @@ def test_pair_groups_join_near_copies_and_identical_digests():
     assert pair_groups([1, 2, 3, 4, 5], C, digests, 0.99) == [[4, 5]]
 
 
-def _codec():
+def _codec(dct=True):
     # lossless at this size (k = chunk, 32-bit values): the copies below are exactly what they say
-    return DeMoCodec({"w": (8, 16), "b": (16,)}, chunk=16, topk=128, value_bits=32)
+    return DeMoCodec({"w": (8, 16), "b": (16,)}, chunk=16, topk=128, value_bits=32, dct=dct)
 
 
 def _random(codec, seed):
@@ -110,17 +111,22 @@ def test_honest_updates_are_left_alone_and_thresholds_move_the_line():
 
 
 def test_a_mix_is_caught_from_a_lower_cosine_under_inner_steps():
-    """Under inner steps honest mixes stay far below paper mode's (docs/scoring.md): only *mix* changes."""
+    """Under inner steps honest mixes stay far below paper mode's (docs/scoring.md): only *mix* changes.  Each codec
+    carries its own thresholds; the sketch codec's updates are compared for exact copies only."""
     from dataclasses import replace
 
-    from scoring.copies import DEFAULT_THRESHOLDS, thresholds_for
+    from dso.codecs import DEFAULT_THRESHOLDS
+    from dso.sketch import SketchCodec
 
-    steps, gradient = thresholds_for("steps", dct=True), thresholds_for("gradient", dct=True)
-    assert gradient == DEFAULT_THRESHOLDS and steps.mix < gradient.mix
+    dct, raw_codec = _codec(), _codec(dct=False)
+    steps, gradient = dct.near_copy_thresholds(True), dct.near_copy_thresholds(False)
+    assert gradient == DEFAULT_THRESHOLDS and (steps.mix, gradient.mix) == (0.78, 0.9)
     assert replace(steps, mix=gradient.mix) == gradient
-    raw = thresholds_for("steps", dct=False)
-    assert raw.mix < steps.mix and replace(raw, mix=gradient.mix) == gradient
-    assert thresholds_for("gradient", dct=False) == gradient
+    raw = raw_codec.near_copy_thresholds(True)
+    assert raw.mix == 0.5 and replace(raw, mix=gradient.mix) == gradient
+    assert raw_codec.near_copy_thresholds(False) == gradient
+    sketch = SketchCodec(dict(dct.shapes), dim=64)
+    assert sketch.near_copy_thresholds(True) is None and sketch.near_copy_thresholds(False) is None
 
 
 def test_the_mix_bar_rises_with_the_median_row():
@@ -141,14 +147,12 @@ def test_alike_updates_are_left_alone_by_the_relative_bar():
     uid 2, a near-copy of uid 1) is caught; with the bar held at *mix* the honest rows would be mixes."""
     from dataclasses import replace
 
-    from scoring.copies import thresholds_for
-
     codec = _codec()
     base = _random(codec, 100)
     dense = {u: {n: base[n] + 0.8 * _random(codec, u)[n] for n in codec.shapes} for u in range(1, 9)}
     dense[9] = {n: 0.5 * (dense[1][n] + dense[2][n]) + 0.16 * _random(codec, 9)[n] for n in codec.shapes}
     updates = {u: codec.compress(d, 0) for u, d in dense.items()}
-    seen, raw = {u: 0.0 for u in updates}, thresholds_for("steps", dct=False)
+    seen, raw = {u: 0.0 for u in updates}, _codec(dct=False).near_copy_thresholds(True)  # the raw domain's
     relative = find_copies(codec, updates, seen, lambda *a: {}, None, thresholds=raw)
     assert sorted(relative) == [9] and relative[9].detail.startswith("near-copy of uid 1")
     fixed = find_copies(codec, updates, seen, lambda *a: {}, None, thresholds=replace(raw, mix_cap=raw.mix))

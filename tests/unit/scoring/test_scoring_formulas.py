@@ -4,11 +4,13 @@ from __future__ import annotations
 import itertools
 import math
 import statistics
+import typing
 
 import numpy as np
 import pytest
 from scipy.stats import rankdata, ttest_ind
 
+from dso.config import HelpRule, HParams
 from scoring.formulas import (
     MU_MAX,
     MU_MIN,
@@ -18,8 +20,6 @@ from scoring.formulas import (
     cooled_down,
     help_median,
     help_ratio,
-    help_record_score,
-    helped_recently,
     last_update_helped,
     loss_delta,
     normalise_weights,
@@ -30,12 +30,12 @@ from scoring.formulas import (
     poc_statistic,
     poc_update,
     poc_verdict,
-    quality,
     smooth_weights,
     sync_score,
     top_g,
     work_proven,
 )
+from scoring.help_gate import HELP_GATES, BestOfTwo, MeanOfRecord, help_gate
 
 
 # ------------------------------------------------------------- proof of computation
@@ -110,7 +110,7 @@ def test_pay_score_is_declared_work_times_quality():
                                               ([1.0, -1.0, 1.0], 1 / 3), ([-1.0, -1.0], 0.0)])
 def test_quality_is_the_help_record_score_in_zero_one(ratios, expected):
     # mean_of_record: the lower of the last two's mean (−1 as 0) and the record's mean (−1 as −1)
-    assert quality(ratios, "mean_of_record") == pytest.approx(expected)
+    assert MeanOfRecord(0.3).quality(ratios) == pytest.approx(expected)
 
 
 def test_loss_delta():
@@ -264,21 +264,7 @@ def test_only_a_peer_whose_last_update_lowered_the_loss_may_be_paid(loss_score, 
                                           ([-1.0], False),
                                           ([], True)])                   # never evaluated: not held against it
 def test_the_help_gate_reads_the_last_two_ratios_and_the_no_work_count(ratios, paid):
-    assert helped_recently(ratios, share=0.2, rule="best_of_two") is paid
-
-
-@pytest.mark.parametrize("ratios, paid", [([0.9, 0.2], True),
-                                          ([0.0, 0.4], True),            # a mean of exactly the share
-                                          ([0.9, 0.1999, 0.05], False),
-                                          ([0.05, 0.22], False),         # one lucky noise draw: cut (best of two pays)
-                                          ([0.22, 0.25], True),          # two in a row: paid
-                                          ([0.9, -1.0], True),           # no work counts 0: mean 0.45
-                                          ([0.3, -1.0], False),          # mean 0.15
-                                          ([-1.0, 0.9, -1.0], False),    # two of three did no work: cut
-                                          ([0.1], False), ([0.25], True),
-                                          ([], True)])
-def test_the_mean_of_two_gate_cuts_a_single_lucky_draw(ratios, paid):
-    assert helped_recently(ratios, share=0.2, rule="mean_of_two") is paid
+    assert BestOfTwo(0.2).helps(ratios) is paid
 
 
 @pytest.mark.parametrize("ratios, paid", [([-1.0, 0.06, 1.0], False),  # a zoo noise miner's record when the mean
@@ -292,15 +278,18 @@ def test_the_mean_of_two_gate_cuts_a_single_lucky_draw(ratios, paid):
                                           ([-1.0, 1.0, -1.0], False),   # two of three did no work
                                           ([], True)])
 def test_the_mean_of_the_record_counts_no_work_against_a_lucky_draw(ratios, paid):
-    assert helped_recently(ratios, share=0.3, rule="mean_of_record") is paid
+    assert MeanOfRecord(0.3).helps(ratios) is paid
 
 
-def test_an_unknown_help_rule_is_refused_not_read_as_another():
-    message = "help rule must be one of best_of_two, mean_of_two, mean_of_record, got 'mean'"
-    with pytest.raises(ValueError, match=message):
-        helped_recently([0.9, 0.1], share=0.2, rule="mean")
-    with pytest.raises(ValueError, match=message):
-        help_record_score([0.9, 0.1], rule="mean")
+def test_the_run_picks_its_help_gate_by_name_and_refuses_an_unknown_one():
+    hp = HParams()
+    assert isinstance(help_gate(hp), MeanOfRecord) and help_gate(hp).share == hp.help_share  # the default
+    hp.help_rule, hp.help_share = "best_of_two", 0.2
+    assert isinstance(help_gate(hp), BestOfTwo) and help_gate(hp).share == 0.2
+    assert set(HELP_GATES) == set(typing.get_args(HelpRule))  # the config's choices
+    hp.help_rule = "mean"  # type: ignore[assignment]
+    with pytest.raises(ValueError, match="help rule must be one of best_of_two, mean_of_record, got 'mean'"):
+        help_gate(hp)
 
 
 @pytest.mark.parametrize("loss_score, median, ratio", [(0.004, 0.008, 0.5), (0.02, 0.008, 1.0), (0.0, 0.008, -1.0),
@@ -312,16 +301,16 @@ def test_help_ratio_hand_values(loss_score, median, ratio):
     assert help_ratio(loss_score, median) == ratio
 
 
-@pytest.mark.parametrize("rule", ["best_of_two", "mean_of_two", "mean_of_record"])
-def test_an_honest_peer_survives_one_low_draw_and_a_turncoat_is_cut_at_its_second_bad_evaluation(rule):
+@pytest.mark.parametrize("gate", [BestOfTwo(0.2), MeanOfRecord(0.2)], ids=lambda g: g.name)
+def test_an_honest_peer_survives_one_low_draw_and_a_turncoat_is_cut_at_its_second_bad_evaluation(gate):
     low = help_ratio(-0.0001, 0.004)                          # late in a run: an honest LossScore ≤ 0
-    assert low == -1.0 and helped_recently([0.9, 1.0, low], 0.2, rule)
-    assert not helped_recently([1.0, low, help_ratio(0.0006, 0.004)], 0.2, rule)   # then 0.15 × the median: cut
+    assert low == -1.0 and gate.helps([0.9, 1.0, low])
+    assert not gate.helps([1.0, low, help_ratio(0.0006, 0.004)])   # then 0.15 × the median: cut
     noise = help_ratio(0.0002, 0.004)                         # noise scoring 0.05 × the median by chance
     assert noise == pytest.approx(0.05)
-    assert helped_recently([1.0, 1.0, noise], 0.2, rule) and not helped_recently([1.0, noise, noise], 0.2, rule)
+    assert gate.helps([1.0, 1.0, noise]) and not gate.helps([1.0, noise, noise])
     # noise that scores above the share once is still cut if it did no work in two of three evaluations
-    assert not helped_recently([help_ratio(-1e-4, 0.004), help_ratio(-1e-5, 0.004), 0.3], 0.2, rule)
+    assert not gate.helps([help_ratio(-1e-4, 0.004), help_ratio(-1e-5, 0.004), 0.3])
 
 
 # ------------------------------------------------------------- smoothing

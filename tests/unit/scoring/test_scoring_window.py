@@ -14,7 +14,8 @@ from dso.train import learning_rate, sequence_losses
 from mininet import MiniNet, chain_randomness, eval_seed
 from scoring import ValidatorState, WindowAlreadyScored, load, plan_fast_set, score_window
 from scoring.evaluation import ParameterSnapshot, evaluate_peer, random_losses, update_signs
-from scoring.formulas import helped_recently, poc_pays, poc_update, poc_verdict
+from scoring.formulas import poc_pays, poc_update, poc_verdict
+from scoring.help_gate import help_gate
 from scoring.window import Scorer, WindowEvidence
 
 SECRET = "5e" * 16
@@ -153,7 +154,7 @@ def test_penalties_persist_across_windows_and_scores_are_recomputed_from_them(hp
             peer = state.peers[uid]
             gates = poc_pays(peer.poc_record, peer.poc_failed_window, window, peer.mu, hp.poc_cooldown, hp.poc_floor,
                              hp.poc_threshold) and \
-                helped_recently(peer.help_ratios, hp.help_share, hp.help_rule)
+                help_gate(hp).helps(peer.help_ratios)
             assert (report.scores[uid] > 0) is (gates and sum(peer.work) > 0 and bool(peer.help_ratios))
     assert state.peers[1].offences == {"missing": 1} and first.rejections[1].startswith("missing")
 
