@@ -67,23 +67,23 @@ def network(tmp_path_factory, stdlib_corpus, network_hparams):
 
 
 def test_weights_reach_the_chain_and_pay_every_honest_miner(network):
-    """The posted row sums to 1 over the miners, and every honest miner was paid in some window (one whose last
-    proof-of-computation test fell short is unpaid for a window: how often is the simulator's figure)."""
+    """The posted row sums to 1 over the miners, and every honest miner, the 2-rank one too, was paid in some
+    windows (one whose last proof-of-computation test fell short is unpaid for a window: how often is the
+    simulator's figure; the 2-rank miner was paid in 12 of 27 windows, the others in 17 and 20, on 2 cores)."""
     net, _ = network
     validator = next(n for n in net.nodes if n.role == "validator")
     posted = net.chain.weights().get(validator.uid)
     assert posted, "the validator posted no weights"
     assert sum(posted.values()) == pytest.approx(1.0)
     rows = [line["weights"] for line in net.validator_lines()]
-    for miner in (n for n in net.nodes if n.role == "miner" and n.ranks == 1):  # the 2-rank one: see below
+    for miner in (n for n in net.nodes if n.role == "miner"):
         paid = [row.get(str(miner.uid), 0.0) > 0 for row in rows]
         assert sum(paid) >= 2, f"honest {miner.name} was paid in {sum(paid)} windows: {rows}"
 
 
 def test_the_two_rank_miner_runs_in_step_with_the_network(network):
     """The torchrun miner keeps both ranks, trains and holds the validator's model (the next test compares every
-    window). Whether it also uploads in time depends on how often its two ranks are scheduled together on a loaded
-    2-core machine (each collective waits for both: docs/scale.md); that its update equals one process's is
+    window; the one before, that it is paid); that its update equals one process's is
     tests/integration/neurons/test_miner_ranks.py's check."""
     net, _ = network
     ranked = ranked_miner(net)
