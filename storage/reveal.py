@@ -31,7 +31,17 @@ from dso.rejections import Reason, Rejection, unexpected
 from storage import keys, signature
 from storage.client import ObjectInfo, S3Client, StorageError
 from storage.commitment import BucketInfo
-from storage.gather import GatherResult, Judge, ReaderCache, check_time, decode_signed, fetch_payload, gather
+from storage.gather import (
+    DEFAULT_READERS,
+    GatherOptions,
+    GatherResult,
+    Judge,
+    ReaderCache,
+    check_time,
+    decode_signed,
+    fetch_payload,
+    gather,
+)
 from storage.jsonobj import encode_json, parse_json_object, rejection_for
 from storage.look import Look
 from storage.peer_client import PeerClient
@@ -237,7 +247,7 @@ def gather_window(window: int, peers: dict[int, BucketInfo | str | None], codec:
                   hotkeys: Mapping[int, str] | None = None) -> GatherResult:
     """Gather window ``window``'s updates the way the run's settings say: plain (payload in the put window)
     or commit-reveal (commitment in the put window, payload + nonce in the reveal window that follows).
-    ``priority``: uids to start first (see :func:`storage.gather.gather`).  ``peer_seconds``, when given,
+    ``priority``: uids to start first (see :class:`storage.gather.GatherOptions`).  ``peer_seconds``, when given,
     receives uid → seconds spent fetching that peer (a peer cut off by the deadline: the whole gather's
     time; a peer never fetched, e.g. without a commitment: absent).  ``judge``: the validator's look at the close of
     the uploads (storage/look.py: the put window's close, or the reveal window's under commit-reveal);
@@ -257,9 +267,10 @@ def gather_window(window: int, peers: dict[int, BucketInfo | str | None], codec:
                 if expect.uid is not None:  # always set by gather (expect.for_uid)
                     timed[expect.uid] = time.monotonic() - started
 
-    result = gather(window, peers, codec, expect, reveal_window_after(put) if commit_reveal else put,
-                    deadline_seconds, readers=readers, fetch=fetch_timed if peer_seconds is not None else fetch,
-                    priority=priority, judge=judge, hotkeys=hotkeys)
+    options = GatherOptions(readers=readers or DEFAULT_READERS, fetch=fetch if peer_seconds is None else fetch_timed,
+                            priority=priority, judge=judge, hotkeys=hotkeys)
+    result = gather(window, peers, codec, expect, reveal_window_after(put) if commit_reveal else put, deadline_seconds,
+                    options)
     if peer_seconds is not None:
         with lock:  # workers cut off by the deadline may still finish (and write) after gather returned
             peer_seconds.update(timed)
