@@ -239,6 +239,15 @@ def find_copies(codec: Codec, updates: Mapping[int, Update], times: Mapping[int,
         out.update({u: r for u, r in _resolve_group(group, updates, times, author_gain).items() if u not in out})
     in_pair = {u for g in groups for u in g}
     pending = [a for a, uid in enumerate(uids) if uid not in out and uid not in in_pair]
+    _reject_mixes(codec, rows, G, C, uids, pending, prev, thresholds, window, device, out)
+    return out
+
+
+def _reject_mixes(codec: Codec, rows: torch.Tensor, G: torch.Tensor, C: torch.Tensor, uids: Sequence[int],
+                  pending: list[int], prev: int | None, thresholds: NearCopyThresholds, window: int,
+                  device: str | torch.device, out: dict[int, Rejection]) -> None:
+    """Add to ``out`` a DUPLICATE for each ``pending`` row that a mix of the rows still standing (and the previous
+    aggregate, row ``prev``) explains at least as well as the mix bar, the best-explained first."""
     fits: dict[int, tuple[float, list[int]]] = {}  # row → (recompressed cosine, sources), while its sources stand
     bar: float | None = None  # from every row's first fit (0: no mix explains it), the row tested included
     while pending:
@@ -260,7 +269,6 @@ def find_copies(codec: Codec, updates: Mapping[int, Update], times: Mapping[int,
         out[uids[a]] = Rejection(Reason.DUPLICATE, f"mix of {names} (cosine {cos:.3f})")
         pending.remove(a)
         fits = {row: fit for row, fit in fits.items() if a not in fit[1]}  # refit those that used it
-    return out
 
 
 def _step_losses(model: Decoder, signs: dict[str, torch.Tensor] | None, step: float, batches: dict[int, torch.Tensor],
