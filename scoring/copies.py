@@ -238,29 +238,29 @@ def find_copies(codec: Codec, updates: Mapping[int, Update], times: Mapping[int,
     for group in groups:
         out.update({u: r for u, r in _resolve_group(group, updates, times, author_gain).items() if u not in out})
     in_pair = {u for g in groups for u in g}
-    pending = [a for a, uid in enumerate(uids) if uid not in out and uid not in in_pair]
-    _reject_mixes(codec, rows, G, C, uids, pending, prev, thresholds, window, device, out)
+    out.update(_mixes(codec, rows, G, C, uids, out, in_pair, prev, thresholds, window, device))
     return out
 
 
-def _reject_mixes(codec: Codec, rows: torch.Tensor, G: torch.Tensor, C: torch.Tensor, uids: Sequence[int],
-                  pending: list[int], prev: int | None, thresholds: NearCopyThresholds, window: int,
-                  device: str | torch.device, out: dict[int, Rejection]) -> None:
-    """Add to ``out`` a DUPLICATE for each ``pending`` row that a mix of the rows still standing (and the previous
-    aggregate, row ``prev``) explains at least as well as the mix bar, the best-explained first."""
+def _mixes(codec: Codec, rows: torch.Tensor, G: torch.Tensor, C: torch.Tensor, uids: list[int],
+           caught: Mapping[int, Rejection], in_pair: set[int], prev: int | None, thresholds: NearCopyThresholds,
+           window: int, device: str | torch.device) -> dict[int, Rejection]:
+    """uid → DUPLICATE for every row (not caught nor in a pair) that a mix of the others explains, the
+    best-explained first: a mixer explains its sources better than they explain themselves through it (early in
+    a run, when honest updates are alike, an honest peer can fit a mix that uses its own mixer)."""
+    out: dict[int, Rejection] = {}
+    pending = [a for a, uid in enumerate(uids) if uid not in caught and uid not in in_pair]
     fits: dict[int, tuple[float, list[int]]] = {}  # row → (recompressed cosine, sources), while its sources stand
     bar: float | None = None  # from every row's first fit (0: no mix explains it), the row tested included
     while pending:
         for a in pending:
             if a not in fits:
-                peers = [b for b, other in enumerate(uids) if b != a and other not in out]  # caught: no source
+                peers = [b for b, other in enumerate(uids) if b != a and other not in caught and other not in out]
                 r2, sources, _ = best_mix(G, C, a, peers, thresholds.nearest, [prev] if prev is not None else [])
                 fits[a] = ((recompressed_cosine(codec, rows, a, sources, window, device), sources)
                            if r2 >= thresholds.mix_r2 else (0.0, sources))
         if bar is None:
             bar = mix_bar([fits[row][0] for row in pending], thresholds)
-        # the best-explained first: a mixer explains its sources better than they explain themselves through it
-        # (early in a run, when honest updates are alike, an honest peer can fit a mix that uses its own mixer)
         a = max(pending, key=lambda row: (fits[row][0], -row))
         cos, sources = fits[a]
         if cos < bar:
@@ -269,6 +269,7 @@ def _reject_mixes(codec: Codec, rows: torch.Tensor, G: torch.Tensor, C: torch.Te
         out[uids[a]] = Rejection(Reason.DUPLICATE, f"mix of {names} (cosine {cos:.3f})")
         pending.remove(a)
         fits = {row: fit for row, fit in fits.items() if a not in fit[1]}  # refit those that used it
+    return out
 
 
 def _step_losses(model: Decoder, signs: dict[str, torch.Tensor] | None, step: float, batches: dict[int, torch.Tensor],
