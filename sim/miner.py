@@ -41,7 +41,7 @@ from storage import keys, signature
 from storage.aggregate import Bundle
 from storage.client import StorageError
 from storage.commitment import BucketInfo
-from storage.gather import gather
+from storage.gather import GatherOptions, gather
 from storage.reveal import seal
 from storage.wire import Expect, decode_payload, encode_payload
 
@@ -175,7 +175,7 @@ class AdversarialMiner(Miner):
         wanted = self.acts.peers_wanted
         while True:
             result = gather(t, others, ctx.codec, Expect.from_hparams(ctx.hp, t, run=ctx.run), None,
-                            max(0.5, until - time.time() - 0.5), readers=ctx.readers)
+                            max(0.5, until - time.time() - 0.5), GatherOptions(readers=ctx.readers))
             self.follower.bytes += result.bytes_down
             if len(result.payloads) >= wanted or time.time() + READ_EVERY > until - COPY_UPLOAD_SECONDS or ctx.stop():
                 break

@@ -121,8 +121,10 @@ JOIN_GRACE_SECONDS = 2.0
 # at once, 1.9 s with one; see docs/benchmarks.md).  Requests still overlap.
 _DECODE_SLOTS = threading.BoundedSemaphore(1)
 
+# one peer's outcome and the bytes downloaded for it
+Outcome = tuple[Payload | Rejection, int]
 # one peer's fetch: (client, bucket, key, codec, expect, put window, deadline) -> (outcome, bytes downloaded)
-Fetch = Callable[[PeerClient, str, str, Codec, Expect, PutWindow | None, float], tuple[Payload | Rejection, int]]
+Fetch = Callable[[PeerClient, str, str, Codec, Expect, PutWindow | None, float], Outcome]
 # a last say on one peer's outcome: (uid, outcome) -> outcome
 Judge = Callable[[int, Payload | Rejection], Payload | Rejection]
 
@@ -193,62 +195,93 @@ def host_of(info: BucketInfo) -> tuple[str, str, int | None]:
     return parts.scheme, (parts.hostname or "").lower(), parts.port
 
 
-def gather(window: int, peers: dict[int, BucketInfo | str | None], codec: Codec, expect: Expect,
-           put_window: PutWindow | None, deadline_seconds: float, max_workers: int | None = None,
-           readers: ReaderCache | None = None, fetch: Fetch | None = None, *, priority: Sequence[int] | None = None,
-           max_per_host: int | None = None, min_peer_seconds: float = MIN_PEER_SECONDS,
-           judge: Judge | None = None, hotkeys: Mapping[int, str] | None = None) -> GatherResult:
-    """Gather window ``window``'s payloads of ``peers`` (uid → BucketInfo, or the raw commitment string,
-    or None when the peer has no commitment).  ``put_window=None`` skips the timing check.  ``fetch``
-    replaces :func:`fetch_payload` per peer (same signature; commit-reveal uses storage.reveal's).
+@dataclass(frozen=True)
+class GatherOptions:
+    """How :func:`gather` reads, schedules and judges the peers; the defaults are a node's.
 
-    ``priority``: uids to start first, in this order (the validator passes its peers by last-window
-    standing); ``max_per_host``: requests at once per endpoint host; ``min_peer_seconds``: the least
-    time a started peer is given (see :func:`storage.schedule.peer_share`); ``judge(uid, outcome)``: a last say on
-    each peer's outcome (the validator's look at the close, :meth:`storage.look.Look.judge`); ``hotkeys``: uid →
-    hotkey on chain, whose signature every payload must carry (None: signatures are not checked)."""
+    How to read: ``readers`` builds each peer's client; ``fetch`` reads one peer (same signature as
+    :func:`fetch_payload`, which it defaults to; commit-reveal passes storage.reveal's).
+    The schedule: ``priority`` are uids to start first, in this order (the validator passes its peers by
+    last-window standing); ``max_workers`` fetches at once; ``max_per_host`` requests at once per endpoint host;
+    ``min_peer_seconds`` the least time a started peer is given (see :func:`storage.schedule.peer_share`).
+    What is accepted: ``hotkeys`` is uid → hotkey on chain, whose signature every payload must carry (None:
+    signatures are not checked); ``judge(uid, outcome)`` has a last say on each peer's outcome (the validator's
+    look at the close, :meth:`storage.look.Look.judge`)."""
+
+    readers: ReaderCache = DEFAULT_READERS
+    fetch: Fetch = fetch_payload
+    priority: Sequence[int] | None = None
+    max_workers: int = DEFAULT_WORKERS
+    max_per_host: int = DEFAULT_PER_HOST
+    min_peer_seconds: float = MIN_PEER_SECONDS
+    hotkeys: Mapping[int, str] | None = None
+    judge: Judge | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_workers < 1 or self.max_per_host < 1 or self.min_peer_seconds < 0:
+            raise ValueError(f"max_workers={self.max_workers} and max_per_host={self.max_per_host} must be >= 1, "
+                             f"min_peer_seconds={self.min_peer_seconds} >= 0")
+
+
+DEFAULT_OPTIONS = GatherOptions()
+
+
+def gather(window: int, peers: dict[int, BucketInfo | str | None], codec: Codec, expect: Expect,
+           put_window: PutWindow | None, deadline_seconds: float,
+           options: GatherOptions = DEFAULT_OPTIONS) -> GatherResult:
+    """Gather window ``window``'s payloads of ``peers`` (uid → BucketInfo, or the raw commitment string,
+    or None when the peer has no commitment) within ``deadline_seconds``.  ``put_window=None`` skips the
+    timing check.  ``options``: how to read, schedule and judge (:class:`GatherOptions`)."""
     if expect.window != window:
         raise ValueError(f"expect.window={expect.window} but gathering window {window}")
     started = time.monotonic()
-    deadline = started + deadline_seconds
-    readers = readers or DEFAULT_READERS
-    fetch = fetch or fetch_payload
     result = GatherResult()
+    jobs = _jobs(peers, options, result.rejections)
+    finished = _fetch_all(window, jobs, codec, expect, put_window, options, started, started + deadline_seconds)
+    result.finished = {uid: seconds for uid, (_, seconds) in finished.items()}
+    _collect(result, peers, {uid: outcome for uid, (outcome, _) in finished.items()}, deadline_seconds)
+    result.seconds = time.monotonic() - started
+    return result
+
+
+def _jobs(peers: dict[int, BucketInfo | str | None], options: GatherOptions,
+          rejections: dict[int, Rejection]) -> list[Job[BucketInfo]]:
+    """One job per peer with a readable commitment and an endpoint the policy allows, in the order they
+    start; every other peer's rejection goes into ``rejections``."""
     jobs: list[Job[BucketInfo]] = []
-    for uid in ordered(peers, priority):
+    for uid in ordered(peers, options.priority):
         peer = peers[uid]
         info = parse_commitment(peer) if isinstance(peer, str) else peer
         if info is None:
-            result.rejections[uid] = Rejection(Reason.MISSING, "no commitment on chain")
+            rejections[uid] = Rejection(Reason.MISSING, "no commitment on chain")
         elif isinstance(info, Rejection):
-            result.rejections[uid] = info
-        elif (refused := readers.refusal(info)) is not None:
-            result.rejections[uid] = refused
+            rejections[uid] = info
+        elif (refused := options.readers.refusal(info)) is not None:
+            rejections[uid] = refused
         else:
             jobs.append(Job(uid, host_of(info), info))
-    n_workers = max(1, min(len(jobs), max_workers or DEFAULT_WORKERS))
-    schedule = FairSchedule(jobs, n_workers, deadline, max_per_host or DEFAULT_PER_HOST, min_peer_seconds)
-    done: dict[int, tuple[Payload | Rejection, int]] = {}
-    times: dict[int, float] = {}
+    return jobs
+
+
+def _fetch_all(window: int, jobs: list[Job[BucketInfo]], codec: Codec, expect: Expect, put_window: PutWindow | None,
+               options: GatherOptions, started: float, deadline: float) -> dict[int, tuple[Outcome, float]]:
+    """Run ``jobs`` on a pool of workers under the fair schedule until all are done or ``deadline`` passes:
+    uid → (outcome, seconds from ``started``) of the peers finished in time.  The workers are joined
+    before it returns."""
+    n_workers = max(1, min(len(jobs), options.max_workers))
+    schedule = FairSchedule(jobs, n_workers, deadline, options.max_per_host, options.min_peer_seconds)
+    done: dict[int, tuple[Outcome, float]] = {}
     cond = threading.Condition()
 
     def worker() -> None:
         while (taken := schedule.take()) is not None:
             job, peer_deadline = taken
             try:
-                client = readers.get(job.payload)
-                key = keys.gradient(window, job.uid, expect.protocol_version, expect.run)
-                outcome = fetch(client, job.payload.bucket, key, codec, expect.for_peer(job.uid, hotkeys), put_window,
-                                peer_deadline)
-                if judge is not None:
-                    outcome = (judge(job.uid, outcome[0]), outcome[1])
-            except Exception as e:  # noqa: BLE001
-                outcome = (unexpected(Reason.UNREACHABLE, e), 0)
+                outcome = _fetch_one(window, job, codec, expect, put_window, options, peer_deadline)
             finally:
                 schedule.done(job)
             with cond:
-                done[job.uid] = outcome
-                times[job.uid] = time.monotonic() - started
+                done[job.uid] = (outcome, time.monotonic() - started)
                 cond.notify_all()
 
     threads = [threading.Thread(target=worker, daemon=True, name=f"dso-gather-{window}-{i}")
@@ -258,13 +291,34 @@ def gather(window: int, peers: dict[int, BucketInfo | str | None], codec: Codec,
     with cond:
         cond.wait_for(lambda: len(done) >= len(jobs), timeout=max(0.0, deadline - time.monotonic()))
         finished = dict(done)  # what ends after the budget counts as a timeout
-        result.finished = {uid: times[uid] for uid in finished}
     for thread in threads:  # each in-flight request ends at its own deadline, at the latest the budget's
         thread.join(max(0.0, deadline + JOIN_GRACE_SECONDS - time.monotonic()))
     stuck = sum(t.is_alive() for t in threads)
     if stuck:
         log.warning("window %d: %d gather workers still busy %.1f s after the budget (a slow DNS lookup?)",
                     window, stuck, JOIN_GRACE_SECONDS)
+    return finished
+
+
+def _fetch_one(window: int, job: Job[BucketInfo], codec: Codec, expect: Expect, put_window: PutWindow | None,
+               options: GatherOptions, peer_deadline: float) -> Outcome:
+    """One peer's fetch and the judge's last say on it.  Never raises."""
+    try:
+        client = options.readers.get(job.payload)
+        key = keys.gradient(window, job.uid, expect.protocol_version, expect.run)
+        outcome = options.fetch(client, job.payload.bucket, key, codec, expect.for_peer(job.uid, options.hotkeys),
+                                put_window, peer_deadline)
+        if options.judge is not None:
+            outcome = (options.judge(job.uid, outcome[0]), outcome[1])
+    except Exception as e:  # noqa: BLE001 — a hostile server must not crash the caller
+        outcome = (unexpected(Reason.UNREACHABLE, e), 0)
+    return outcome
+
+
+def _collect(result: GatherResult, peers: dict[int, BucketInfo | str | None], finished: dict[int, Outcome],
+             deadline_seconds: float) -> None:
+    """Every peer not already rejected ends in ``result``: its payload or rejection, or TIMEOUT when it did not
+    finish within the budget; ``bytes_down`` adds up what the finished peers downloaded."""
     for uid in peers:
         if uid in result.rejections:
             continue
@@ -277,5 +331,3 @@ def gather(window: int, peers: dict[int, BucketInfo | str | None], codec: Codec,
             result.payloads[uid] = outcome
         else:
             result.rejections[uid] = outcome
-    result.seconds = time.monotonic() - started
-    return result

@@ -18,7 +18,7 @@ import hashlib
 import threading
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, cast
 
@@ -31,7 +31,17 @@ from dso.rejections import Reason, Rejection, unexpected
 from storage import keys, signature
 from storage.client import ObjectInfo, S3Client, StorageError
 from storage.commitment import BucketInfo
-from storage.gather import GatherResult, Judge, ReaderCache, check_time, decode_signed, fetch_payload, gather
+from storage.gather import (
+    DEFAULT_READERS,
+    GatherOptions,
+    GatherResult,
+    Judge,
+    ReaderCache,
+    check_time,
+    decode_signed,
+    fetch_payload,
+    gather,
+)
 from storage.jsonobj import encode_json, parse_json_object, rejection_for
 from storage.look import Look
 from storage.peer_client import PeerClient
@@ -149,10 +159,66 @@ def fetch_revealed(client: S3Client | PeerClient, bucket: str, key: str, codec: 
 def _fetch_revealed(client: S3Client | PeerClient, bucket: str, key: str, codec: Codec, expect: Expect,
                     reveal: PutWindow | None, deadline: float, put: PutWindow,
                     counted: list[int], commitments_look: Look | None) -> Payload | Rejection:
-    window, uid, version = expect.window, expect.uid, expect.protocol_version
+    """The commitment, the payload's HEAD, the nonce, then (committed in time and revealed) the payload itself,
+    and the verdict on them.  ``counted[0]`` adds up the bytes read, also when this raises."""
+    window, uid = expect.window, expect.uid
     if uid is None:  # gather passes expect.for_uid(uid); without it the keys below would name uid 'None'
         raise ValueError("commit-reveal fetch needs an Expect for one uid (Expect.for_uid)")
-    obj, commit_info, raw = _small_json(client, bucket, keys.commit(window, uid, version, expect.run), deadline)
+    committed = _read_commitment(client, bucket, expect, uid, deadline, counted, commitments_look)
+    if isinstance(committed, Rejection):
+        return committed
+    commitment, commit_time = committed
+    committed_in_time = commitment is not None and put.classify(commit_time) == "ok"
+    clock = _RevealClock(reveal)
+    cap = payload_size_cap(codec, expect.sync_samples)
+    head = _head_payload(client, bucket, key, cap, clock, deadline)
+    if isinstance(head, Rejection):
+        return head
+    nonce = _read_nonce(client, bucket, expect, uid, clock, deadline, counted)
+    if isinstance(nonce, Rejection):
+        return nonce
+    revealed = head is not None and nonce is not None and not clock.late
+    data, signed = b"", None  # without a download judge_reveal decides NO_COMMIT / NO_REVEAL / MISSING
+    if revealed and committed_in_time:
+        downloaded = _download(client, bucket, key, cap, expect, clock, deadline, counted)
+        if isinstance(downloaded, Rejection):
+            return downloaded
+        data, signed = downloaded
+        revealed = not clock.late
+    if clock.late and not committed_in_time:
+        return Rejection(Reason.TOO_LATE, "; ".join(clock.late))
+    verdict = judge_reveal(commitment, committed_in_time, data if revealed else None,
+                           nonce if revealed else None, window, uid)
+    if verdict is not None:
+        return Rejection(verdict.reason, f"{verdict.detail} ({'; '.join(clock.late)})") if clock.late else verdict
+    # the accepted payload's time is its commitment's: who committed first is what copy detection compares
+    return decode_signed(data, signed, codec, expect, commit_time)
+
+
+@dataclass
+class _RevealClock:
+    """The reveal window's check on the objects revealed: one that landed after the window is noted in ``late``
+    (not revealed in time, the verdict says so); one readable before it is TOO_EARLY."""
+
+    reveal: PutWindow | None
+    late: list[str] = field(default_factory=list)
+
+    def check(self, what: str, last_modified: float) -> Rejection | None:
+        bad = check_time(self.reveal, last_modified)
+        if bad is not None and bad.reason == Reason.TOO_LATE:
+            self.late.append(f"{what} {bad.detail}")
+            return None
+        if bad is not None:  # readable before commitments closed: exactly what commit-reveal forbids
+            return Rejection(Reason.TOO_EARLY, f"{what} revealed before the reveal window: {bad.detail}")
+        return None
+
+
+def _read_commitment(client: S3Client | PeerClient, bucket: str, expect: Expect, uid: int, deadline: float,
+                     counted: list[int], commitments_look: Look | None) -> tuple[str | None, float] | Rejection:
+    """(the peer's commitment, None when it has none; its LastModified), or why the commit object is refused."""
+    window = expect.window
+    obj, commit_info, raw = _small_json(client, bucket, keys.commit(window, uid, expect.protocol_version, expect.run),
+                                        deadline)
     counted[0] += len(raw)
     if isinstance(obj, Rejection):
         return obj if obj.reason != Reason.MALFORMED else Rejection(Reason.BAD_COMMITMENT, f"commit object: {obj}")
@@ -163,70 +229,51 @@ def _fetch_revealed(client: S3Client | PeerClient, bucket: str, key: str, codec:
         contradicted = commitments_look.judge_commitment(uid, hashlib.sha256(raw).hexdigest())
         if contradicted is not None:
             return contradicted
-    commit_time = commit_info.last_modified
-    committed_in_time = commitment is not None and put.classify(commit_time) == "ok"
+    return commitment, commit_info.last_modified
 
-    late: list[str] = []  # reveal objects that landed after the reveal window: not revealed in time
 
-    def timed(what: str, last_modified: float) -> Rejection | None:
-        bad = check_time(reveal, last_modified)
-        if bad is not None and bad.reason == Reason.TOO_LATE:
-            late.append(f"{what} {bad.detail}")
-            return None
-        if bad is not None:  # readable before commitments closed: exactly what commit-reveal forbids
-            return Rejection(Reason.TOO_EARLY, f"{what} revealed before the reveal window: {bad.detail}")
-        return None
-
-    cap = payload_size_cap(codec, expect.sync_samples)
+def _head_payload(client: S3Client | PeerClient, bucket: str, key: str, cap: int, clock: _RevealClock,
+                  deadline: float) -> ObjectInfo | Rejection | None:
+    """The payload's HEAD (None when absent), or TOO_LARGE / TOO_EARLY."""
     try:
         head = client.head(bucket, key, deadline=deadline)
     except StorageError as e:
         if e.kind != "missing":
             raise
-        head = None
-    if head is not None:
-        if head.size > cap:
-            return Rejection(Reason.TOO_LARGE, f"HEAD says {head.size} bytes, cap {cap}")
-        bad = timed("payload", head.last_modified)
-        if bad:
-            return bad
-    obj, reveal_info, raw = _small_json(client, bucket, keys.reveal(window, uid, version, expect.run), deadline)
+        return None
+    if head.size > cap:
+        return Rejection(Reason.TOO_LARGE, f"HEAD says {head.size} bytes, cap {cap}")
+    return clock.check("payload", head.last_modified) or head
+
+
+def _read_nonce(client: S3Client | PeerClient, bucket: str, expect: Expect, uid: int, clock: _RevealClock,
+                deadline: float, counted: list[int]) -> bytes | Rejection | None:
+    """The revealed nonce (None when not revealed), or why the reveal object is refused."""
+    key = keys.reveal(expect.window, uid, expect.protocol_version, expect.run)
+    obj, reveal_info, raw = _small_json(client, bucket, key, deadline)
     counted[0] += len(raw)
     if isinstance(obj, Rejection):
         return obj
-    nonce = None if obj is None else parse_reveal(obj, window, uid)
-    if isinstance(nonce, Rejection):
+    nonce = None if obj is None else parse_reveal(obj, expect.window, uid)
+    if nonce is None or isinstance(nonce, Rejection):
         return nonce
-    if nonce is not None:
-        bad = timed("nonce", reveal_info.last_modified)
-        if bad:
-            return bad
-    revealed = head is not None and nonce is not None and not late
+    return clock.check("nonce", reveal_info.last_modified) or nonce
+
+
+def _download(client: S3Client | PeerClient, bucket: str, key: str, cap: int, expect: Expect, clock: _RevealClock,
+              deadline: float, counted: list[int]) -> tuple[bytes, signature.Signed | None] | Rejection:
+    """The signature (when ``expect.signer``; it goes up with the reveal, before the payload), then the payload."""
     signed: signature.Signed | None = None
-    if revealed and committed_in_time:
-        if expect.signer is not None:  # the signature goes up with the reveal, before the payload
-            read = signature.read(client, bucket, expect, deadline)
-            if isinstance(read, Rejection):
-                return read
-            signed = read
-        if time.monotonic() > deadline:
-            return Rejection(Reason.TIMEOUT, "deadline passed before download")
-        data, info = client.get_with_info(bucket, key, max_bytes=cap, deadline=deadline)
-        counted[0] += len(data)
-        bad = timed("payload", info.last_modified)
-        if bad:
-            return bad
-        revealed = not late
-    else:
-        data = b""  # judge_reveal decides NO_COMMIT / NO_REVEAL / MISSING without looking at the bytes
-    if late and not committed_in_time:
-        return Rejection(Reason.TOO_LATE, "; ".join(late))
-    verdict = judge_reveal(commitment, committed_in_time, data if revealed else None,
-                           nonce if revealed else None, window, uid)
-    if verdict is not None:
-        return Rejection(verdict.reason, f"{verdict.detail} ({'; '.join(late)})") if late else verdict
-    # the accepted payload's time is its commitment's: who committed first is what copy detection compares
-    return decode_signed(data, signed, codec, expect, commit_time)
+    if expect.signer is not None:
+        read = signature.read(client, bucket, expect, deadline)
+        if isinstance(read, Rejection):
+            return read
+        signed = read
+    if time.monotonic() > deadline:
+        return Rejection(Reason.TIMEOUT, "deadline passed before download")
+    data, info = client.get_with_info(bucket, key, max_bytes=cap, deadline=deadline)
+    counted[0] += len(data)
+    return clock.check("payload", info.last_modified) or (data, signed)
 
 
 def gather_window(window: int, peers: dict[int, BucketInfo | str | None], codec: Codec, expect: Expect, put: PutWindow,
@@ -237,7 +284,7 @@ def gather_window(window: int, peers: dict[int, BucketInfo | str | None], codec:
                   hotkeys: Mapping[int, str] | None = None) -> GatherResult:
     """Gather window ``window``'s updates the way the run's settings say: plain (payload in the put window)
     or commit-reveal (commitment in the put window, payload + nonce in the reveal window that follows).
-    ``priority``: uids to start first (see :func:`storage.gather.gather`).  ``peer_seconds``, when given,
+    ``priority``: uids to start first (see :class:`storage.gather.GatherOptions`).  ``peer_seconds``, when given,
     receives uid → seconds spent fetching that peer (a peer cut off by the deadline: the whole gather's
     time; a peer never fetched, e.g. without a commitment: absent).  ``judge``: the validator's look at the close of
     the uploads (storage/look.py: the put window's close, or the reveal window's under commit-reveal);
@@ -257,9 +304,10 @@ def gather_window(window: int, peers: dict[int, BucketInfo | str | None], codec:
                 if expect.uid is not None:  # always set by gather (expect.for_uid)
                     timed[expect.uid] = time.monotonic() - started
 
-    result = gather(window, peers, codec, expect, reveal_window_after(put) if commit_reveal else put,
-                    deadline_seconds, readers=readers, fetch=fetch_timed if peer_seconds is not None else fetch,
-                    priority=priority, judge=judge, hotkeys=hotkeys)
+    options = GatherOptions(readers=readers or DEFAULT_READERS, fetch=fetch if peer_seconds is None else fetch_timed,
+                            priority=priority, judge=judge, hotkeys=hotkeys)
+    result = gather(window, peers, codec, expect, reveal_window_after(put) if commit_reveal else put, deadline_seconds,
+                    options)
     if peer_seconds is not None:
         with lock:  # workers cut off by the deadline may still finish (and write) after gather returned
             peer_seconds.update(timed)

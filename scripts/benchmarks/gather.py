@@ -46,7 +46,7 @@ from dso.model import build_model, parameter_shapes, sync_sample_count  # noqa: 
 from dso.payload import PayloadMeta
 from storage import keys, signature  # noqa: E402
 from storage.commitment import BucketInfo  # noqa: E402
-from storage.gather import ReaderCache, gather  # noqa: E402
+from storage.gather import GatherOptions, ReaderCache, gather  # noqa: E402
 from storage.look import look, speakers_first, watch  # noqa: E402
 from storage.server import EmbeddedS3  # noqa: E402
 from storage.wire import Expect, decode_payload, encode_payload  # noqa: E402
@@ -96,7 +96,7 @@ def bench_gather(ks=(8, 32, 128), repeats: int = 3, deadline_seconds: float = 12
             times, client_cpu, server_cpu = [], [], []
             for attempt in range(repeats + 1):  # the first run builds the read clients: not counted
                 cpu_before, server_before = time.process_time(), _server_cpu(server)
-                result = gather(WINDOW, peers, codec, expect, None, deadline_seconds, readers=readers)
+                result = gather(WINDOW, peers, codec, expect, None, deadline_seconds, GatherOptions(readers=readers))
                 cpu_after, server_after = time.process_time(), _server_cpu(server)
                 if len(result.payloads) != k:
                     raise RuntimeError(f"bench gather lost peers: {dict(list(result.rejections.items())[:3])}")
@@ -129,8 +129,8 @@ def _hostile_row(readers, codec, expect, honest: dict, clean: dict | None, hosti
     try:
         impostors = {uid: BucketInfo(f"http://127.0.0.1:{port}", "us-east-1", "dso-evil", "AKIAEVIL", "s" * 40)
                      for uid, port in enumerate(ports)}
-        result = gather(WINDOW, {**impostors, **honest}, codec, expect, None, deadline_seconds, readers=readers,
-                        priority=list(honest) if priority else None)
+        result = gather(WINDOW, {**impostors, **honest}, codec, expect, None, deadline_seconds,
+                        GatherOptions(readers=readers, priority=list(honest) if priority else None))
     finally:
         if process is not None:
             hostile_server.stop(process)

@@ -33,7 +33,7 @@ from neurons.publish import publish_payload
 from sim import behaviours
 from storage import keys
 from storage.aggregate import Bundle, encode_bundle, get_bundle, put_bundle, unsigned
-from storage.gather import gather
+from storage.gather import GatherOptions, gather
 from storage.peers import PeersList, put_peers
 from storage.server import EmbeddedS3
 from storage.wire import Expect, encode_payload
@@ -97,8 +97,8 @@ def test_validators_refuse_a_lying_leader_and_every_honest_node_ends_on_one_mode
     publish_all(nodes, t, seed=5)
     expect = Expect.from_hparams(v1.hp, t, run=RUN, data_hash=v1.dataset.data_hash)
     commitments = v1.peers.commitments()
-    read = gather(t, {u: commitments[u] for u in uids.values()}, v1.codec, expect, None, 30, readers=v1.readers,
-                  hotkeys=v1.peers.hotkeys())
+    read = gather(t, {u: commitments[u] for u in uids.values()}, v1.codec, expect, None, 30,
+                  GatherOptions(readers=v1.readers, hotkeys=v1.peers.hotkeys()))
     assert sorted(read.payloads) == sorted(uids.values()), read.rejections
     # the honest validators' view: m3's upload came too late; their list is m0 (the best), m1, m2, m3
     ours = {u: p for u, p in read.payloads.items() if u != uids["m3"]}
@@ -161,8 +161,8 @@ def test_a_follower_with_no_valid_bundle_gathers_the_signed_payloads_itself(net)
     uids = [nodes[m].uid for m in MINERS]
     publish_all(nodes, t, seed=9)
     read = gather(t, {u: v0.peers.commitments()[u] for u in uids}, v0.codec,
-                  Expect.from_hparams(v0.hp, t, run=RUN, data_hash=v0.dataset.data_hash), None, 30, readers=v0.readers,
-                  hotkeys=v0.peers.hotkeys())
+                  Expect.from_hparams(v0.hp, t, run=RUN, data_hash=v0.dataset.data_hash), None, 30,
+                  GatherOptions(readers=v0.readers, hotkeys=v0.peers.hotkeys()))
     payloads = dict(read.payloads)
     forged = {**payloads, uids[0]: behaviours.forged_payload(v0.codec, payloads[uids[0]])}
     before = model_hash(miner.model)
@@ -196,8 +196,8 @@ def test_a_bundle_payload_keeps_its_bytes_and_signature_and_each_forgery_is_name
     publish_all(nodes, t, seed=3)
     hotkeys = v0.peers.hotkeys()
     read = gather(t, {u: v0.peers.commitments()[u] for u in uids}, v0.codec,
-                  Expect.from_hparams(v0.hp, t, run=RUN, data_hash=v0.dataset.data_hash), None, 30, readers=v0.readers,
-                  hotkeys=hotkeys)
+                  Expect.from_hparams(v0.hp, t, run=RUN, data_hash=v0.dataset.data_hash), None, 30,
+                  GatherOptions(readers=v0.readers, hotkeys=hotkeys))
     payloads = dict(read.payloads)
     payloads[uids[0]] = behaviours.forged_payload(v0.codec, payloads[uids[0]])
     payloads[uids[1]].signature = ""

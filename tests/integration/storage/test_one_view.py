@@ -21,7 +21,7 @@ from neurons.engine import aggregate_window
 from st_craft import honest
 from storage import keys
 from storage.aggregate import encode_bundle, get_bundle, put_bundle
-from storage.gather import ReaderCache, gather
+from storage.gather import GatherOptions, ReaderCache, gather
 from storage.wire import Expect
 
 WINDOW, RUN = 9, "0a1b2c3d4e5f6789"
@@ -47,7 +47,7 @@ def test_rewriting_after_the_put_window_splits_gatherers_but_not_bundle_follower
 
     # the validator: gather, aggregate θ_t → θ_{t+1}, publish the bundle
     validator_model = build_model(hp.model, hp.seed)
-    seen = gather(WINDOW, commitments, codec, expect, put, 10.0, readers=LOOPBACK)
+    seen = gather(WINDOW, commitments, codec, expect, put, 10.0, GatherOptions(readers=LOOPBACK))
     assert sorted(seen.payloads) == [1, 2, 3]
     agg = aggregate_window(validator_model, codec, hp, WINDOW, seen.payloads, order, OuterState.fresh(codec.shapes, hp))
     leader = s3.provision("view-leader")
@@ -62,7 +62,7 @@ def test_rewriting_after_the_put_window_splits_gatherers_but_not_bundle_follower
 
     # a node that gathers for itself now sees another window
     gatherer = build_model(hp.model, hp.seed)
-    later = gather(WINDOW, commitments, codec, expect, put, 10.0, readers=LOOPBACK)
+    later = gather(WINDOW, commitments, codec, expect, put, 10.0, GatherOptions(readers=LOOPBACK))
     assert sorted(later.payloads) == [1, 2]
     aggregate_window(gatherer, codec, hp, WINDOW, later.payloads, order, OuterState.fresh(codec.shapes, hp))
     assert model_hash(gatherer) != model_hash(validator_model)  # the split

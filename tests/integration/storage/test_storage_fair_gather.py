@@ -19,7 +19,7 @@ from dso.rejections import Reason  # noqa: E402
 from st_craft import honest  # noqa: E402
 from storage import keys  # noqa: E402
 from storage.commitment import BucketInfo  # noqa: E402
-from storage.gather import ReaderCache, gather  # noqa: E402
+from storage.gather import GatherOptions, ReaderCache, gather  # noqa: E402
 from storage.peer_client import PeerClient  # noqa: E402
 from storage.schedule import ordered, peer_share  # noqa: E402
 from storage.wire import Expect  # noqa: E402
@@ -69,7 +69,8 @@ def test_sixteen_stalled_endpoints_do_not_starve_honest_peers(honest_peers, code
     process, stalled = _impostors("stall", 16)
     try:
         result = gather(WINDOW, {**stalled, **honest_peers}, codec, Expect.from_hparams(hp, WINDOW), None,
-                        deadline_seconds=8, max_workers=16, readers=ReaderCache(allow_loopback=True))
+                        deadline_seconds=8,
+                        options=GatherOptions(max_workers=16, readers=ReaderCache(allow_loopback=True)))
     finally:
         hostile_server.stop(process)
     assert sorted(result.payloads) == sorted(honest_peers)
@@ -86,8 +87,8 @@ def test_slow_drip_endpoints_are_cut_at_their_deadline_and_release_everything(ho
     try:
         started = time.monotonic()
         result = gather(WINDOW, {**drips, **honest_peers}, codec, Expect.from_hparams(hp, WINDOW), None,
-                        deadline_seconds=6, max_workers=8, readers=ReaderCache(allow_loopback=True),
-                        priority=sorted(honest_peers))
+                        deadline_seconds=6, options=GatherOptions(max_workers=8, priority=sorted(honest_peers),
+                                                                  readers=ReaderCache(allow_loopback=True)))
         elapsed = time.monotonic() - started
         sockets_after, threads_after, gather_threads = _sockets(), threading.active_count(), _gather_threads()
     finally:

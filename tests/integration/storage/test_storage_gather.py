@@ -16,7 +16,7 @@ from dso.rejections import Reason
 from st_craft import honest, hostile
 from storage import keys
 from storage.commitment import BucketInfo
-from storage.gather import ReaderCache, gather
+from storage.gather import GatherOptions, ReaderCache, gather
 from storage.wire import Expect, payload_size_cap
 
 WINDOW = 6
@@ -70,7 +70,7 @@ def test_gather_32_peers_returns_exactly_the_honest_ones(s3, codec, make_update,
     commitments[32] = None
     put_window = PutWindow(WINDOW, open=lm_start, close=lm_end + 0.5)
     result = gather(WINDOW, commitments, codec, Expect.from_hparams(hp, WINDOW), put_window, deadline_seconds=60,
-                    max_workers=16, readers=ReaderCache(timeout=20, allow_loopback=True))
+                    options=GatherOptions(max_workers=16, readers=ReaderCache(timeout=20, allow_loopback=True)))
 
     assert sorted(result.payloads) == honest_uids
     want = {uid: reason for uid, reason in plan.items()}
@@ -156,7 +156,7 @@ def test_hostile_servers_are_rejections_and_a_hanging_one_only_costs_the_deadlin
     try:
         started = time.monotonic()
         result = gather(WINDOW, peers, codec, Expect.from_hparams(hp, WINDOW), None, deadline_seconds=8,
-                        readers=readers)
+                        options=GatherOptions(readers=readers))
         elapsed = time.monotonic() - started
     finally:
         hang.close()

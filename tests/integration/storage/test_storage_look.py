@@ -14,7 +14,7 @@ from dso.rejections import Reason, Rejection
 from signing import hotkeys_of, put_signed
 from st_craft import honest
 from storage.commitment import BucketInfo
-from storage.gather import ReaderCache, gather
+from storage.gather import GatherOptions, ReaderCache, gather
 from storage.look import LOOK_MARGIN_SECONDS, Look, Seen, certain_after, look
 from storage.wire import Expect
 
@@ -92,7 +92,7 @@ def test_look_then_gather_on_a_real_server(s3, codec, make_update, hp):
     put(3, data[3])                                           # after the look
     put(2, honest(codec, make_update(999), hp, 2, WINDOW))   # rewritten after the look: a new signature
     result = gather(WINDOW, commitments, codec, Expect.from_hparams(hp, WINDOW), None, deadline_seconds=60,
-                    readers=readers, judge=found.judge, hotkeys=hotkeys_of(range(5)))
+                    options=GatherOptions(readers=readers, judge=found.judge, hotkeys=hotkeys_of(range(5))))
     assert sorted(result.payloads) == [0, 1, 4]
     assert {u: r.reason for u, r in result.rejections.items()} == {2: Reason.CHANGED, 3: Reason.TOO_LATE}
     assert {p.seen for p in result.payloads.values()} == {found.started}   # seen together: no order among them
@@ -130,8 +130,8 @@ def test_watch_orders_uploads_by_first_sight_and_a_rewrite_loses_its_place(s3, c
     assert sorted(first) == [0, 1, 2] and first[0].asked < first[1].asked
     found = look(WINDOW, commitments, expect, time.time() - 2.0, budget=10.0, peer_seconds=10.0, readers=readers)
     found.first = first
-    result = gather(WINDOW, commitments, codec, expect, None, deadline_seconds=60, readers=readers, judge=found.judge,
-                    hotkeys=hotkeys_of(range(3)))
+    result = gather(WINDOW, commitments, codec, expect, None, deadline_seconds=60,
+                    options=GatherOptions(readers=readers, judge=found.judge, hotkeys=hotkeys_of(range(3))))
     assert sorted(result.payloads) == [0, 1, 2], result.rejections
     seen = {u: p.seen for u, p in result.payloads.items()}
     assert seen[0] == first[0].asked < seen[1] == first[1].asked < found.started

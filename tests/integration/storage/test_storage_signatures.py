@@ -13,7 +13,7 @@ from dso.rejections import Reason
 from signing import hotkeys_of, put_signed, wallet_of
 from st_craft import honest
 from storage import keys, signature
-from storage.gather import ReaderCache, gather
+from storage.gather import GatherOptions, ReaderCache, gather
 from storage.wire import Expect
 
 WINDOW = 12
@@ -54,8 +54,8 @@ def test_gather_refuses_unsigned_and_wrongly_signed_payloads_with_a_reason(s3, c
     hotkeys = {u: h for u, h in hotkeys_of(uids).items() if u != 6}
     commitments = {uid: c.commitment() for uid, c in creds.items()}
     readers = ReaderCache(allow_loopback=True)
-    result = gather(WINDOW, commitments, codec, Expect.from_hparams(hp, WINDOW, run=RUN), None, 60, readers=readers,
-                    hotkeys=hotkeys)
+    result = gather(WINDOW, commitments, codec, Expect.from_hparams(hp, WINDOW, run=RUN), None, 60,
+                    GatherOptions(readers=readers, hotkeys=hotkeys))
     assert sorted(result.payloads) == [0, 9], result.rejections
     got = {u: (r.reason, r.detail) for u, r in result.rejections.items()}
     assert got[1][0] == Reason.UNSIGNED
@@ -71,5 +71,5 @@ def test_gather_refuses_unsigned_and_wrongly_signed_payloads_with_a_reason(s3, c
     assert honest_payload.sha256 == hashlib.sha256(data[0]).hexdigest() and signatures.is_signature(
         honest_payload.signature)
     unchecked = gather(WINDOW, commitments, codec, Expect.from_hparams(hp, WINDOW, run=RUN), None, 60,
-                       readers=readers)
+                       GatherOptions(readers=readers))
     assert {1, 2, 3, 4, 5, 6, 7, 8} <= set(unchecked.payloads)   # the bytes themselves are all well formed

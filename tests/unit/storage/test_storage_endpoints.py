@@ -13,7 +13,7 @@ from dso.config import Config
 from dso.rejections import Reason
 from storage.commitment import BucketInfo
 from storage.endpoints import LOCAL, STRICT, address_problem
-from storage.gather import ReaderCache, gather
+from storage.gather import GatherOptions, ReaderCache, gather
 from storage.peer_client import PeerClient
 from storage.wire import Expect
 
@@ -108,7 +108,7 @@ def test_refused_commitments_are_rejections_before_any_connection(endpoint, code
     monkeypatch.setattr(socket, "getaddrinfo", no_network)
     monkeypatch.setattr(socket.socket, "connect", no_network)
     result = gather(WINDOW, {3: _info(endpoint)}, codec, Expect.from_hparams(hp, WINDOW), None, 5,
-                    readers=ReaderCache())
+                    GatherOptions(readers=ReaderCache()))
     assert not result.payloads and result.rejections[3].reason is Reason.BAD_COMMITMENT
     assert endpoint[:20] in result.rejections[3].detail
 
@@ -178,7 +178,8 @@ def test_a_name_resolving_to_a_private_address_is_refused_and_never_contacted(se
     srv = server()
     _resolving(monkeypatch, {"metadata.example": ["127.0.0.1"]}, [])
     info = _info(f"https://metadata.example:{srv.server_address[1]}")
-    result = gather(WINDOW, {7: info}, codec, Expect.from_hparams(hp, WINDOW), None, 5, readers=ReaderCache())
+    result = gather(WINDOW, {7: info}, codec, Expect.from_hparams(hp, WINDOW), None, 5,
+                    GatherOptions(readers=ReaderCache()))
     assert result.rejections[7].reason is Reason.BAD_COMMITMENT
     assert "resolves to 127.0.0.1" in result.rejections[7].detail
     assert srv.requests == 0
@@ -204,6 +205,6 @@ def test_redirects_are_not_followed(server, codec, hp):
     bouncer = server(redirect_to=f"http://127.0.0.1:{target.server_address[1]}")
     info = _info(f"http://127.0.0.1:{bouncer.server_address[1]}")
     result = gather(WINDOW, {2: info}, codec, Expect.from_hparams(hp, WINDOW), None, 5,
-                    readers=ReaderCache(allow_loopback=True))
+                    GatherOptions(readers=ReaderCache(allow_loopback=True)))
     assert result.rejections[2].reason is Reason.UNREACHABLE and "redirect" in result.rejections[2].detail
     assert bouncer.requests == 1 and target.requests == 0
