@@ -222,12 +222,14 @@ class Dataset:
         ``batch_size``, a diligent one on more)."""
         return self._batch(self.assigned_rows(uid, window, assigned)[:n])
 
-    def assignment(self, uid: int, window: int, assigned: int, n: int, ahead: int) -> Assignment:
+    def assignment(self, uid: int, window: int, assigned: int, n: int, ahead: int,
+                   next_ahead: int | None = None) -> Assignment:
         """What a miner trains on: the first ``n`` of its ``assigned`` sequences, read as training reaches them
-        (the clock may stop it long before ``n``).  From a remote corpus the first ``ahead`` sequences of the
-        same peer's next window start fetching now, and each batch read starts fetching the next ``ahead``."""
+        (the clock may stop it long before ``n``).  From a remote corpus each batch read starts fetching the
+        next ``ahead``, and the first ``next_ahead`` (default ``ahead``; a miner gives as many as it got through
+        last window) of the same peer's next window start fetching now."""
         if self.remote:
-            self.prefetch(self.assigned_rows(uid, window + 1, assigned)[:ahead])
+            self.prefetch(self.assigned_rows(uid, window + 1, assigned)[:max(ahead, next_ahead or 0)])
         return Assignment(self._batch, self.assigned_rows(uid, window, assigned)[:n], self.seq_len + 1, ahead,
                           self.prefetch if self.remote else None)
 

@@ -81,6 +81,7 @@ class Miner(MinerUploads, MinerState):
         self.restore_state()
         self.encode_seconds = ENCODE_SECONDS
         self.trained_at = 0.0    # when the last window's inner training ended (time.time())
+        self.last_sequences = 0  # sequences the last window trained on: how much of the next to fetch ahead
         self.margin_from = 0.0   # ... or its deadline, if earlier: the next deadline leaves the time from here
         self.report, self.ahead_steps = InnerReport(), 0
         self.timings: dict[str, float] = {}  # the window's steps other than training (its JSON record)
@@ -247,6 +248,7 @@ class Miner(MinerUploads, MinerState):
         update, loss = self.compress(t), self.report.mean_loss
         self.inner.restore_anchor()  # back to θ_t: sync samples, the payload's model hash and the bundle start there
         done = data[:self.report.sequences]
+        self.last_sequences = self.report.sequences
         self.trained = (done.shape[0] * (done.shape[1] - 1), max(1, ctx.dataset.target_bytes(done)))  # tokens, bytes
         return update, loss
 
@@ -254,8 +256,9 @@ class Miner(MinerUploads, MinerState):
         """The sequences it trains on in window t, in order: the first ``self.sequences`` of its assignment, read
         as training reaches them (the payload declares how many of them it got through)."""
         ctx = self.ctx
-        return ctx.dataset.assignment(ctx.uid, t, ctx.hp.assigned_sequences, self.sequences,
-                                      ahead=PREFETCH_STEPS * self.step_batch)
+        ahead = PREFETCH_STEPS * self.step_batch
+        return ctx.dataset.assignment(ctx.uid, t, ctx.hp.assigned_sequences, self.sequences, ahead=ahead,
+                                      next_ahead=max(ahead, self.last_sequences))
 
     def finishes_previous(self, t: int) -> bool:
         """Whether to work on window t-1 although window t has begun: θ_{t-1} came late (its bundle landed, or a

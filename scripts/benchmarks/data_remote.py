@@ -5,8 +5,8 @@ is written as shards with chunk digests (:class:`dso.shard_writer.ShardWriter`),
 bucket on an S3 server on loopback (SeaweedFS when its binary is there, else moto) with the code of
 ``prepare_data.py --upload``, and a fresh process does a miner's work for several windows: AdamW steps of 16
 sequences of 129 ids on the default model shape (byte vocabulary) through its assignment, read as the miner
-reads it (``Dataset.assignment``: each batch when it is trained on, the next two batches and the first two of
-the next window fetched in the background).
+reads it (``Dataset.assignment``: each batch when it is trained on, the next two batches and as much of the
+next window as this one trained on fetched in the background).
 
 * ``remote_vs_local``: the miner's tokens/s reading from the bucket ÷ from the local shards (the same
   shards), windows after the first (the first fetches cold in both; ``first_window_s`` has it): the
@@ -108,7 +108,8 @@ def miner_work(corpus: str, endpoint: str, keys: tuple[str, str], cache_dir: str
     for window in range(cfg["windows"]):
         fetched0 = (remote.fetched_bytes, remote.fetched_chunks) if remote else (0, 0)
         started, waited = time.perf_counter(), 0.0
-        data = ds.assignment(0, window, cfg["assigned"], cfg["steps"] * BATCH, ahead=PREFETCH_STEPS * BATCH)
+        data = ds.assignment(0, window, cfg["assigned"], cfg["steps"] * BATCH, ahead=PREFETCH_STEPS * BATCH,
+                             next_ahead=cfg["steps"] * BATCH)  # as a miner: what it trained this window
         for at in range(0, len(data), BATCH):
             asked = time.perf_counter()
             part = data[at:at + BATCH]

@@ -134,13 +134,13 @@ def test_an_assignment_is_read_as_training_reaches_it(published, local, tmp_path
     ds, shards = remote(url, creds, tmp_path / "cache", stop)
     corpus = shards.arrays[0].corpus
     rows, nxt = ds.assigned_rows(2, 10, 24), ds.assigned_rows(2, 11, 24)
-    data = ds.assignment(2, 10, 24, 24, ahead=4)
+    data = ds.assignment(2, 10, 24, 24, ahead=4, next_ahead=6)
     assert np.array_equal(data[0:4].numpy(), local.rows(rows[:4]))
     settle(corpus)
     fetched = corpus.fetched_chunks
-    # the next 4 sequences of this window and the first 4 of the next were fetched in the background
+    # the next 4 sequences of this window and the first 6 of the next were fetched in the background
     assert np.array_equal(ds.rows(rows[4:8]), local.rows(rows[4:8]))
-    assert np.array_equal(ds.rows(nxt[:4]), local.rows(nxt[:4]))
+    assert np.array_equal(ds.rows(nxt[:6]), local.rows(nxt[:6]))
     assert corpus.fetched_chunks == fetched
     # the rest of the window was not: training had not reached it
     assert np.array_equal(ds.rows(rows[8:]), local.rows(rows[8:]))

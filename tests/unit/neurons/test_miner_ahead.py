@@ -60,7 +60,7 @@ class Dataset:
         g = torch.Generator().manual_seed(1000 + t)
         return torch.randint(0, 256, (min(assigned, n), 17), generator=g)
 
-    def assignment(self, uid: int, t: int, assigned: int, n: int, ahead: int) -> Assignment:
+    def assignment(self, uid: int, t: int, assigned: int, n: int, ahead: int, next_ahead: int = 0) -> Assignment:
         return Assignment.of(self.training_batch(uid, t, assigned, n))
 
     def target_bytes(self, batch: torch.Tensor) -> int:
