@@ -223,13 +223,13 @@ class Dataset:
         return self._batch(self.assigned_rows(uid, window, assigned)[:n])
 
     def assignment(self, uid: int, window: int, assigned: int, n: int, ahead: int,
-                   next_ahead: int | None = None) -> Assignment:
+                   next_ahead: int = 0) -> Assignment:
         """What a miner trains on: the first ``n`` of its ``assigned`` sequences, read as training reaches them
         (the clock may stop it long before ``n``).  From a remote corpus each batch read starts fetching the
-        next ``ahead``, and the first ``next_ahead`` (default ``ahead``; a miner gives as many as it got through
-        last window) of the same peer's next window start fetching now."""
+        next ``ahead``, and the first ``max(ahead, next_ahead)`` of the same peer's next window start fetching now
+        (a miner gives as ``next_ahead`` how many it got through last window)."""
         if self.remote:
-            self.prefetch(self.assigned_rows(uid, window + 1, assigned)[:max(ahead, next_ahead or 0)])
+            self.prefetch(self.assigned_rows(uid, window + 1, assigned)[:max(ahead, next_ahead)])
         return Assignment(self._batch, self.assigned_rows(uid, window, assigned)[:n], self.seq_len + 1, ahead,
                           self.prefetch if self.remote else None)
 

@@ -256,9 +256,8 @@ class Miner(MinerUploads, MinerState):
         """The sequences it trains on in window t, in order: the first ``self.sequences`` of its assignment, read
         as training reaches them (the payload declares how many of them it got through)."""
         ctx = self.ctx
-        ahead = PREFETCH_STEPS * self.step_batch
-        return ctx.dataset.assignment(ctx.uid, t, ctx.hp.assigned_sequences, self.sequences, ahead=ahead,
-                                      next_ahead=max(ahead, self.last_sequences))
+        return ctx.dataset.assignment(ctx.uid, t, ctx.hp.assigned_sequences, self.sequences,
+                                      ahead=PREFETCH_STEPS * self.step_batch, next_ahead=self.last_sequences)
 
     def finishes_previous(self, t: int) -> bool:
         """Whether to work on window t-1 although window t has begun: θ_{t-1} came late (its bundle landed, or a
