@@ -140,7 +140,8 @@ class OuterConfig:
 
     rule: OuterRuleName = _doc(
         "signed: Gauntlet theta -= alpha*sign(mean), alpha = learning_rate; sgd / nesterov: theta -= lr * "
-        "(decoded mean, each peer rescaled to the median norm), nesterov with momentum", default="sgd")
+        "(decoded mean, each peer rescaled to the median norm), nesterov with momentum (DiLoCo's outer step; "
+        "measured worse at this scale, docs/decisions/0042)", default="sgd")
     lr: float = _doc("outer learning rate of the sgd and nesterov rules (2 with the DCT codec; docs/training.md, "
                      "eleventh pass)", default=2.5)
     momentum: float = _doc("nesterov: momentum of the outer optimiser", default=0.9)
@@ -242,11 +243,7 @@ class HParams:
         "bpe with 4096 ids is the default: lowest bits per byte at equal compute (docs/data.md)",
         default="bpe")
     # --- evaluation nobody can predict, SyncScore on every tensor
-    eval_schedule: Literal["random", "round_robin"] = _doc(
-        "how F_t and S_t are drawn: 'random' from the chain randomness of a block after the uploads close, weighted "
-        "toward peers not checked recently; 'round_robin' is the old least-recently-evaluated order (predictable: "
-        "kept as the measured baseline, docs/scoring.md)", default="random")
-    eval_max_gap_factor: float = _doc("random schedule: a passing peer waits at most ceil(factor * passing peers / "
+    eval_max_gap_factor: float = _doc("a passing peer waits at most ceil(factor * passing peers / "
                                       "|S_t|) windows between evaluations (the same for fast checks)", default=2.0)
     sync_samples_per_tensor: int = _doc("SyncScore samples per parameter tensor, so every tensor is checked each "
                                         "window at any model size; sync_samples is the floor of the total",

@@ -48,6 +48,7 @@ from dso.train import learning_rate
 from scoring.copies import assigned_gains, find_copies
 from scoring.evaluation import ParameterSnapshot, PeerEvaluator
 from scoring.history import find_replays
+from scoring.schedules import DRAWN, EvalSchedule
 from scoring.state import ValidatorState
 from scoring.window import Scorer, WindowEvidence, WindowReport, score_window
 
@@ -123,10 +124,11 @@ def run_window(state: ValidatorState, model: Decoder, codec: Codec, dataset: Dat
                inputs: WindowInputs, *, outer: OuterState, ledger_prev_hash: str, validator: str,
                device: str | torch.device = "cpu",
                on_aggregate: Callable[[Aggregation], None] | None = None,
-               evaluator: PeerEvaluator | None = None) -> WindowOutcome:
+               evaluator: PeerEvaluator | None = None, schedule: EvalSchedule = DRAWN) -> WindowOutcome:
     """One window.  ``model`` and ``outer`` hold θ_t and the outer state on entry, θ_{t+1} and the next state on
     return; ``state`` is updated all-or-nothing.  ``evaluator``: who computes the evaluated peers' losses
-    (default: this process; a torchrun validator's ranks, neurons/validator_ranks.py)."""
+    (default: this process; a torchrun validator's ranks, neurons/validator_ranks.py).  ``schedule``: how F_t, S_t
+    and the evaluation data are drawn (experiments alone pass another than the drawn one, scoring/schedules.py)."""
     t, payloads = inputs.window, inputs.payloads
     updates = {u: p.update for u, p in payloads.items()}
     uids = sorted(updates)
@@ -162,7 +164,7 @@ def run_window(state: ValidatorState, model: Decoder, codec: Codec, dataset: Dat
                                   inputs.active, inputs.randomness, inputs.eval_seed,
                                   aggregation.reference_norms if aggregation.used else None,
                                   None if outer_rule(hp).signs else aggregation.moved, control)
-        report = score_window(state, Scorer(model, codec, dataset, hp, evaluator), evidence)
+        report = score_window(state, Scorer(model, codec, dataset, hp, evaluator, schedule), evidence)
     finally:
         theta_next.restore()
     del theta_t, theta_next, control

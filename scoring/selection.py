@@ -3,15 +3,15 @@
 * F_t (fast checks): the top-G list in effect, then other active peers until
   ``fast_peers`` are chosen.
 * S_t (primary evaluation): ``eval_peers`` of the F_t peers that passed the fast checks.
-* How the "other" peers are picked (``hparams.eval_schedule``):
-  - ``random`` (default): drawn from the chain randomness of a block produced after
+* How the "other" peers are picked (the schedules of scoring/schedules.py):
+  - drawn (every node): drawn from the chain randomness of a block produced after
     the window's uploads closed (the *eval seed*), so no miner knows at upload time
     whether it will be checked.  The draw is weighted by the windows a peer has waited
     (weight = gap since it was last picked), and a peer that has waited
     ``ceil(factor · candidates / slots)`` windows is taken before any draw: every
     passing peer is evaluated within that bound.  The seed is public, so validators
     with the same history pick the same peers (their scores become comparable).
-  - ``round_robin``: the least recently picked first, ties broken by the validator's
+  - least recent (experiments only): the least recently picked first, ties broken by the validator's
     private randomness.  With 30 passing peers and 6 slots a peer is evaluated exactly
     every 5 windows, so a miner can train only in those: kept as the measured baseline
     (docs/scoring.md), not for production.

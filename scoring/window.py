@@ -51,6 +51,7 @@ from scoring import formulas, selection
 from scoring.evaluation import ParameterSnapshot, PeerEvaluator, PeerLosses, SharedInputs, evaluate_peers, random_losses
 from scoring.pay import Evaluation, pay, record_evaluation
 from scoring.rating import rate_match
+from scoring.schedules import DRAWN, PURPOSE_EVAL, PURPOSE_FAST, EvalSchedule
 from scoring.state import PeerState, ValidatorState
 from scoring.sync import check_sync_vector, sample_parameters, sync_positions
 
@@ -58,7 +59,6 @@ if TYPE_CHECKING:
     from dso.data import Dataset
 
 # Purposes of the validator's private per-window randomness (never reuse a number).
-PURPOSE_FAST, PURPOSE_EVAL, PURPOSE_DATA = 1, 2, 3
 
 
 @dataclass(frozen=True)
@@ -72,6 +72,7 @@ class Scorer:
     dataset: Dataset
     hp: HParams
     evaluator: PeerEvaluator | None = None
+    schedule: EvalSchedule = DRAWN        # how F_t, S_t and the evaluation data are drawn (scoring/schedules.py)
 
 
 @dataclass(frozen=True)
@@ -126,30 +127,13 @@ class WindowReport:
         return cleaned
 
 
-def picker(state: ValidatorState, hp: HParams, window: int, eval_seed: bytes, purpose: int) -> selection.Picker:
-    """How F_t (purpose PURPOSE_FAST) or S_t (PURPOSE_EVAL) fills its slots under ``hp.eval_schedule``."""
-    if hp.eval_schedule == "round_robin":
-        return selection.least_recent_picker(state.rng(window, purpose))
-    return selection.drawn_picker(window, eval_seed, b"fast" if purpose == PURPOSE_FAST else b"eval",
-                                  hp.eval_max_gap_factor)
-
-
-def data_rng(state: ValidatorState, hp: HParams, window: int, eval_seed: bytes) -> np.random.Generator:
-    """Which assigned sequences and which D_rand the evaluation uses: drawn from the public eval seed under the
-    random schedule (every validator scores on the same data, so their ratings agree), from the
-    validator's private secret under the round-robin baseline (whose schedule is predictable anyway)."""
-    if hp.eval_schedule == "random":
-        return selection.public_rng(window, eval_seed, b"data")
-    return state.rng(window, PURPOSE_DATA)
-
-
 def plan_fast_set(state: ValidatorState, hp: HParams, window: int, active: Iterable[int],
-                  eval_seed: bytes) -> list[int]:
+                  eval_seed: bytes, schedule: EvalSchedule = DRAWN) -> list[int]:
     """F_t, for a validator that wants to download only those payloads.  Same answer as inside
     :func:`score_window` as long as ``state`` has not changed in between."""
     active = sorted(set(active))
     return selection.fast_set(state.top_g, active, lambda uid: _peer_or_new(state, uid).last_fast_window,
-                              hp.fast_peers, picker(state, hp, window, eval_seed, PURPOSE_FAST))
+                              hp.fast_peers, schedule.picker(state, hp, window, eval_seed, PURPOSE_FAST))
 
 
 def score_window(state: ValidatorState, scorer: Scorer, evidence: WindowEvidence) -> WindowReport:
@@ -163,7 +147,7 @@ def score_window(state: ValidatorState, scorer: Scorer, evidence: WindowEvidence
     notes: list[str] = []
 
     # --- 1. fast checks on F_t
-    fast = plan_fast_set(state, hp, window, active_uids, evidence.eval_seed)
+    fast = plan_fast_set(state, hp, window, active_uids, evidence.eval_seed, scorer.schedule)
     failures, sync_scores, passed = _fast_checks(state, scorer, evidence, fast)
     for uid, failure in failures.items():
         _penalise(state.peers[uid], failure, hp, window)
@@ -172,7 +156,7 @@ def score_window(state: ValidatorState, scorer: Scorer, evidence: WindowEvidence
     # --- 2. primary evaluation on S_t (a banned peer's slot would be wasted)
     chosen = selection.eval_set([uid for uid in passed if uid not in banned],
                                 lambda uid: state.peers[uid].last_eval_window, hp.eval_peers,
-                                picker(state, hp, window, evidence.eval_seed, PURPOSE_EVAL))
+                                scorer.schedule.picker(state, hp, window, evidence.eval_seed, PURPOSE_EVAL))
     reference = _reference(scorer.codec, hp, evidence.payloads, evidence.reference_norms)
     losses, base_rand = _evaluate(state, scorer, evidence, chosen, reference, failures, notes)
     median = formulas.help_median(pl.delta_rand for pl in losses.values())
@@ -318,12 +302,12 @@ def _evaluate(state: ValidatorState, scorer: Scorer, evidence: WindowEvidence, c
               reference: dict[str, float], failures: dict[int, Rejection],
               notes: list[str]) -> tuple[dict[int, PeerLosses], float | None]:
     """Losses of every peer in ``chosen`` whose update decodes (the others are penalised here), and the mean loss of
-    the random sequences at θ_t.  The public eval seed (or the validator's secret, :func:`data_rng`) draws which of
+    the random sequences at θ_t.  The public eval seed (under the drawn schedule; scoring/schedules.py) draws which of
     each peer's trained sequences are tested, and the random ones."""
     if not chosen:
         return {}, None
     model, hp, window = scorer.model, scorer.hp, evidence.window
-    rng = data_rng(state, hp, window, evidence.eval_seed)
+    rng = scorer.schedule.data_rng(state, window, evidence.eval_seed)
     trained = {uid: _trained_sample(scorer, evidence, uid, rng) for uid in chosen}  # uid order: rng draws in order
     exclude = np.concatenate([scorer.dataset.assigned_rows(uid, window, hp.assigned_sequences) for uid in chosen])
     rand = scorer.dataset.unassigned(rng, exclude, hp.eval_sequences)

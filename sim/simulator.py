@@ -37,6 +37,7 @@ from dso.privacy import RdpAccountant, clip_and_noise, dp_settings
 from dso.rejections import Reason, Rejection
 from dso.train import evaluate
 from neurons.engine import WindowInputs, WindowOutcome, announce_list, genesis_lists, run_window
+from scoring.schedules import DRAWN, EvalSchedule
 from scoring.state import ValidatorState
 from scoring.sync import sample_parameters, sync_positions
 from sim import behaviours
@@ -88,6 +89,7 @@ class SimNet:
     desync_windows: set[int] | None = None   # override the desync schedule (Figure 2: one 3-window stretch)
     desync_stays_behind: bool = False        # after the stretch, keep applying aggregates to the stale copy
     inner_steps: int = 2                     # an honest peer's inner steps per window (a diligent one: × its batches)
+    schedule: EvalSchedule = DRAWN           # the validator's evaluation schedule (scoring/schedules.py)
     peers: list[SimPeer] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -171,7 +173,8 @@ class SimNet:
     def plan(self, peer: SimPeer, t: int) -> behaviours.Plan:
         """What the peer does in window t; the gamer decides from what it can foresee of the schedule."""
         if peer.behaviour.name == "gamer":
-            return behaviours.gamer_plan(evaluation_chance(self.state, self.hp, t, peer.uid, self.active))
+            chance = evaluation_chance(self.state, self.hp, self.schedule, t, peer.uid, self.active)
+            return behaviours.gamer_plan(chance)
         return peer.behaviour.plan(t)
 
     def honest_sequences(self) -> int:
@@ -252,7 +255,8 @@ class SimNet:
         inputs = WindowInputs(t, payloads, rejections, self.active, self.lists.get(t, []), self.randomness(t),
                               self.eval_seed(t), previous_aggregate=self.previous_aggregate())
         outcome = run_window(self.state, self.model, self.codec, self.dataset, hp, inputs, outer=self.outer,
-                             ledger_prev_hash=self.ledger_hash, validator="simulator", device=self.device)
+                             ledger_prev_hash=self.ledger_hash, validator="simulator", device=self.device,
+                             schedule=self.schedule)
         self.ledger_hash = outcome.record["record_hash"]
         agg = outcome.aggregation
         for peer in self.peers:  # a peer that stays behind follows the network from its stale state

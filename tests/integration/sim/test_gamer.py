@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from scoring.schedules import DRAWN, EvalSchedule, LeastRecentSchedule
 from sim import behaviours
 from sim.simulator import SimNet, behaviour_shares
 
@@ -12,14 +13,13 @@ ROLES = ["honest"] * 6 + ["gamer"]
 GAMER = len(ROLES)
 
 
-def _run(hp, sim_dataset, schedule: str, windows: int):
-    hp.eval_peers, hp.learning_rate = 2, 5e-3
-    hp.eval_schedule, hp.seed = schedule, 3
-    return SimNet(hp, sim_dataset(hp), ROLES).run(windows)
+def _run(hp, sim_dataset, schedule: EvalSchedule, windows: int):
+    hp.eval_peers, hp.learning_rate, hp.seed = 2, 5e-3, 3
+    return SimNet(hp, sim_dataset(hp), ROLES, schedule=schedule).run(windows)
 
 
 def test_under_round_robin_the_gamer_is_only_ever_evaluated_when_it_trained(sim_dataset, simnet_hparams):
-    records = _run(simnet_hparams(), sim_dataset, "round_robin", 15)
+    records = _run(simnet_hparams(), sim_dataset, LeastRecentSchedule(), 15)
     evaluated = [r.window for r in records if GAMER in r.evaluated]
     trained = [r.window for r in records if GAMER in r.trained]
     assert len(evaluated) >= 3 and evaluated == trained          # it foresaw every evaluation, and trained then only
@@ -27,7 +27,7 @@ def test_under_round_robin_the_gamer_is_only_ever_evaluated_when_it_trained(sim_
 
 
 def test_under_the_drawn_schedule_the_gamer_gets_no_weight(sim_dataset, simnet_hparams):
-    records = _run(simnet_hparams(), sim_dataset, "random", 30)
+    records = _run(simnet_hparams(), sim_dataset, DRAWN, 30)
     guessed = [r.window for r in records if GAMER in r.trained]
     empty = [r.window for r in records if r.rejections.get(GAMER) == "empty"]
     assert len(guessed) >= 3 and empty == [r.window for r in records if GAMER not in r.trained]

@@ -66,7 +66,7 @@ def test_next_top_g_positive_scores_then_neutral_else_cold_start():
     assert next_top_g({1: -0.9, 2: -0.002, 3: -4.0, 4: -0.002}, passed=[1, 2, 3, 4], g=3) == [2, 4, 1]
 
 
-# ------------------------------------------------- the drawn schedule (hparams.eval_schedule = "random")
+# ------------------------------------------------- the drawn schedule (scoring/schedules.py DRAWN)
 def _run_schedule(pick_for_window, peers: int, slots: int, windows: int):
     """Evaluate ``slots`` of ``peers`` each window; returns (gaps between evaluations, P(picked | wait))."""
     last = {u: -1 for u in range(peers)}

@@ -16,21 +16,24 @@ from scoring import ValidatorState, WindowAlreadyScored, load, plan_fast_set, sc
 from scoring.evaluation import ParameterSnapshot, evaluate_peer, random_losses, update_signs
 from scoring.formulas import poc_pays, poc_update, poc_verdict
 from scoring.help_gate import help_gate
+from scoring.schedules import DRAWN, EvalSchedule, LeastRecentSchedule
 from scoring.window import Scorer, WindowEvidence
 
 SECRET = "5e" * 16
 
 
-def score(net: MiniNet, state: ValidatorState, window: int, payloads, rejections=None, active=None, dataset=None):
+def score(net: MiniNet, state: ValidatorState, window: int, payloads, rejections=None, active=None, dataset=None,
+          schedule: EvalSchedule = DRAWN):
     evidence = WindowEvidence(window, payloads, rejections or {}, sorted(net.behaviours) if active is None else active,
                               chain_randomness(window), eval_seed(window))
-    return score_window(state, Scorer(net.model, net.codec, net.dataset if dataset is None else dataset, net.hp),
-                        evidence)
+    return score_window(state, Scorer(net.model, net.codec, net.dataset if dataset is None else dataset, net.hp,
+                                      schedule=schedule), evidence)
 
 
-def run(net: MiniNet, state: ValidatorState, window: int, payloads=None, rejections=None, active=None):
+def run(net: MiniNet, state: ValidatorState, window: int, payloads=None, rejections=None, active=None,
+        schedule: EvalSchedule = DRAWN):
     payloads = net.payloads(window) if payloads is None else payloads
-    report = score(net, state, window, payloads, rejections, active)
+    report = score(net, state, window, payloads, rejections, active, schedule=schedule)
     net.apply_aggregate(window, state.top_g, payloads)
     return report
 
@@ -278,12 +281,11 @@ def test_validators_with_different_secrets_evaluate_the_same_peers(hp, dataset):
     (the old round-robin broke its ties with each validator's private secret)."""
     hp.eval_peers, hp.fast_peers = 2, 8
     picks = {}
-    for schedule in ("random", "round_robin"):
-        hp.eval_schedule = schedule
+    for name, schedule in (("random", DRAWN), ("round_robin", LeastRecentSchedule())):
         for secret in ("11" * 16, "22" * 16):
             net = MiniNet(hp, dataset, {u: "honest" for u in range(6)})
             state = ValidatorState.new(secret=secret)
-            picks[schedule, secret] = [run(net, state, w).evaluated for w in range(4)]
+            picks[name, secret] = [run(net, state, w, schedule=schedule).evaluated for w in range(4)]
     assert picks["random", "11" * 16] == picks["random", "22" * 16]
     assert picks["round_robin", "11" * 16] != picks["round_robin", "22" * 16]
     assert all(len(s) == 2 for s in picks["random", "11" * 16])
@@ -294,12 +296,11 @@ def test_validators_with_different_secrets_score_and_weight_alike_under_the_rand
     the same uploads produce the same LossScores and weights; under round-robin they do not."""
     hp.eval_peers, hp.fast_peers = 3, 8
     reports = {}
-    for schedule in ("random", "round_robin"):
-        hp.eval_schedule = schedule
+    for name, schedule in (("random", DRAWN), ("round_robin", LeastRecentSchedule())):
         for secret in ("11" * 16, "22" * 16):
             net = MiniNet(hp, dataset, {u: "honest" for u in range(5)})
             state = ValidatorState.new(secret=secret)
-            reports[schedule, secret] = [run(net, state, w) for w in range(3)]
+            reports[name, secret] = [run(net, state, w, schedule=schedule) for w in range(3)]
     same = [(a.loss_scores, a.weights) for a in reports["random", "11" * 16]]
     assert same == [(b.loss_scores, b.weights) for b in reports["random", "22" * 16]]
     assert any(a.loss_scores for a in reports["random", "11" * 16])
