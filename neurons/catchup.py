@@ -12,11 +12,11 @@ import logging
 
 import torch
 
-from dso.codecs import Codec
-from dso.config import HParams
-from dso.model import model_hash
-from dso.outer import OuterState
-from dso.rejections import Reason, Rejection
+from dso.codec.codecs import Codec
+from dso.config.schema import HParams
+from dso.nn.model import model_hash
+from dso.protocol.rejections import Reason, Rejection
+from dso.training.outer import OuterState
 from neurons.context import NodeContext, Source
 from neurons.engine import aggregate_window
 from storage.aggregate import Bundle, get_bundle, unsigned

@@ -24,14 +24,14 @@ from dso.chain.cached import CachedChain
 from dso.chain.factory import open_chain
 from dso.chain.roles import VALIDATOR, with_role
 from dso.chain.wallets import WalletError, hotkey_address, load_wallet
-from dso.clock import Clock
-from dso.codecs import Codec, Shapes, make_codec
-from dso.config import Config, HParams, expand
-from dso.corpus import DataError
-from dso.data import Dataset
-from dso.model import Decoder, build_model, parameter_shapes
-from dso.outer import OuterState
-from dso.rejections import Rejection
+from dso.codec.codecs import Codec, Shapes, make_codec
+from dso.config.schema import Config, HParams, expand
+from dso.data.corpus import DataError
+from dso.data.dataset import Dataset
+from dso.nn.model import Decoder, build_model, parameter_shapes
+from dso.protocol.clock import Clock
+from dso.protocol.rejections import Rejection
+from dso.training.outer import OuterState
 from neurons import distrust
 from neurons.lifecycle import Fatal, StopFlag
 from neurons.manifest import manifest, manifest_problem, run_of
@@ -89,7 +89,8 @@ class PeerDirectory:
         return {n.uid: n.hotkey for n in self.chain.metagraph() if n.uid != self.uid and n.uid not in validators}
 
     def hotkeys(self) -> dict[int, str]:
-        """uid → hotkey of every registered uid: whose signature each payload must carry (dso/signatures.py)."""
+        """uid → hotkey of every registered uid: whose signature each payload must carry
+        (dso/protocol/signatures.py)."""
         return {n.uid: n.hotkey for n in self.chain.metagraph()}
 
     def reader(self, uid: int) -> Source | Rejection:
@@ -179,7 +180,7 @@ class NodeContext:
     events: EventLog
     run: str = ""
     metrics: NodeMetrics | None = None  # served on --neuron.metrics_port (None: off)
-    outer: OuterState = field(default_factory=OuterState)  # the outer step's state next to θ (dso/outer.py)
+    outer: OuterState = field(default_factory=OuterState)  # the outer step's state next to θ (dso/training/outer.py)
 
     @property
     def hp(self) -> HParams:

@@ -11,7 +11,7 @@ the two cannot drift apart.
 Order within a window:
 
 1. the aggregate: the list in effect for the window ∩ the payloads, under the
-   run's rule, applied with the run's outer rule (dso/outer.py: the Gauntlet's
+   run's rule, applied with the run's outer rule (dso/training/outer.py: the Gauntlet's
    signed step, or an optimiser step whose state — ``OuterState`` — every node
    carries next to θ) (θ_t → θ_{t+1}); ``on_aggregate`` lets
    the caller publish it (the window's bundle, storage/aggregate.py) before the
@@ -33,18 +33,18 @@ from typing import Any
 
 import torch
 
-from dso.codecs import Codec, Update
-from dso.config import HParams
-from dso.contribution import Contribution, round_contributions
-from dso.data import Dataset
-from dso.model import Decoder, model_hash
-from dso.outer import OuterState, aggregate, apply_outer, outer_lr
-from dso.outer_rules import outer_rule
-from dso.payload import Payload
-from dso.provenance import make_record
-from dso.rejections import Rejection
-from dso.robust import AggregationInfo, decoded_rows
-from dso.train import learning_rate
+from dso.aggregation.contribution import Contribution, round_contributions
+from dso.aggregation.robust import AggregationInfo, decoded_rows
+from dso.codec.codecs import Codec, Update
+from dso.config.schema import HParams
+from dso.data.dataset import Dataset
+from dso.nn.model import Decoder, model_hash
+from dso.protocol.payload import Payload
+from dso.protocol.provenance import make_record
+from dso.protocol.rejections import Rejection
+from dso.training.outer import OuterState, aggregate, apply_outer, outer_lr
+from dso.training.outer_rules import outer_rule
+from dso.training.train import learning_rate
 from scoring.copies import assigned_gains, find_copies
 from scoring.evaluation import ParameterSnapshot, PeerEvaluator
 from scoring.history import find_replays
@@ -111,7 +111,7 @@ def aggregate_window(model: torch.nn.Module, codec: Codec, hp: HParams, window: 
                      payloads: Mapping[int, Payload], aggregation_list: Sequence[int], outer: OuterState,
                      device: str | torch.device = "cpu") -> Aggregation:
     """θ_t → θ_{t+1} and the outer state, in place: the run's outer step with the aggregate of the listed
-    peers' payloads (bit-identical on every node for the default aggregation, dso/outer.py)."""
+    peers' payloads (bit-identical on every node for the default aggregation, dso/training/outer.py)."""
     used = [u for u in aggregation_list if u in payloads]
     agg = aggregate(codec, [payloads[u].update for u in used], hp, used)
     before, outer_before = model_hash(model), outer.digest()

@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import time
 
-from dso.rejections import Reason, Rejection
+from dso.protocol.rejections import Reason, Rejection
 from neurons import distrust
 from neurons.catchup import apply_bundle
 from neurons.context import NodeContext

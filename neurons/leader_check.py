@@ -30,8 +30,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from dso.payload import Payload
-from dso.rejections import Reason, Rejection
+from dso.protocol.payload import Payload
+from dso.protocol.rejections import Reason, Rejection
 from neurons.context import NodeContext
 from neurons.follow import POLL_SECONDS, Follower
 from neurons.metrics import LEADER_KINDS

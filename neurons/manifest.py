@@ -7,8 +7,8 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Any
 
-from dso.config import HParams
-from dso.rejections import Reason, Rejection
+from dso.config.schema import HParams
+from dso.protocol.rejections import Reason, Rejection
 from storage.keys import is_run_id
 
 

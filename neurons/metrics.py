@@ -5,7 +5,7 @@ The miner and the validator carry no instrumentation: :meth:`NodeMetrics.observe
 chain writes (``neurons/metered_chain.py`` wraps the chain) and process memory (prometheus_client's
 process collector).  Names follow Prometheus conventions (``dso_`` prefix, the unit in the name,
 ``_total`` on counters); label sets are bounded: ``uid`` by the subnet's size (uids come from the
-metagraph), ``reason`` by :class:`dso.rejections.Reason`, ``step``, ``call`` and ``result`` by the short
+metagraph), ``reason`` by :class:`dso.protocol.rejections.Reason`, ``step``, ``call`` and ``result`` by the short
 fixed vocabularies below.
 """
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, start_http_server
 
-from dso.rejections import Reason
+from dso.protocol.rejections import Reason
 
 log = logging.getLogger("dso.metrics")
 MAX_UID = 65535  # uids are u16 on chain; the metagraph bounds them further by the subnet's size
@@ -62,7 +62,7 @@ class NodeMetrics:
         self.chain_writes = Counter("dso_chain_writes_total", "Chain writes by call and result (ok or the "
                                     "chain's reason)", ["call", "result"], registry=r)
         # (record key of the loss in nats/token, record key of the same loss in bits/byte, their gauges): the
-        # node measures bits per byte itself (dso.train.bits_per_byte on the bytes its tokens stand for)
+        # node measures bits per byte itself (dso.training.train.bits_per_byte on the bytes its tokens stand for)
         self.loss: tuple[str, str, Gauge, Gauge] | None = None
         self.peer: dict[str, Gauge] = {}
         if role == "miner":

@@ -4,7 +4,7 @@
     python neurons/miner.py [--wallet.name W --wallet.hotkey H] [flags]
     torchrun --standalone --nproc_per_node N neurons/miner.py [flags]    # one miner on N ranks (FSDP2)
 
-Each window t (docs/design.md §5, docs/training.md): from θ_t, inner optimiser steps (dso/inner.py) on
+Each window t (docs/design.md §5, docs/training.md): from θ_t, inner optimiser steps (dso/training/inner.py) on
 SelectData(seed, uid, t) until a deadline that leaves time to encode and upload inside the put window, at
 most ``hparams.inner.steps_max`` → pseudo-gradient θ_t − θ_local → DeMo error feedback → back to θ_t →
 upload update + sync samples in the put window → while the leader aggregates window t, train window t+1
@@ -31,16 +31,16 @@ import math
 import time
 from typing import Any
 
-from dso.assignment import Assignment
-from dso.clock import GATHER_SETTLE_SECONDS
-from dso.codec import CompressedUpdate
-from dso.config import Config
-from dso.config_sources import parse_args
-from dso.distributed import launched_ranks
-from dso.inner import Ahead, InnerReport
-from dso.model import model_hash, state_hash
-from dso.rejections import Rejection
-from dso.train import bits_per_byte
+from dso.codec.demo import CompressedUpdate
+from dso.config.schema import Config
+from dso.config.sources import parse_args
+from dso.data.assignment import Assignment
+from dso.distributed.ranks import launched_ranks
+from dso.nn.model import model_hash, state_hash
+from dso.protocol.clock import GATHER_SETTLE_SECONDS
+from dso.protocol.rejections import Rejection
+from dso.training.inner import Ahead, InnerReport
+from dso.training.train import bits_per_byte
 from neurons import reveal
 from neurons.catchup import sync_to
 from neurons.context import NodeContext, build_context

@@ -10,9 +10,9 @@ from typing import Any
 
 import torch
 
-from dso.config import DPConfig
-from dso.privacy import PrivacyStateError, RdpAccountant, clip_and_noise, dp_settings
-from dso.rejections import Rejection
+from dso.config.schema import DPConfig
+from dso.privacy.dp import PrivacyStateError, RdpAccountant, clip_and_noise, dp_settings
+from dso.protocol.rejections import Rejection
 from neurons.lifecycle import Fatal
 
 log = logging.getLogger("dso.miner")

@@ -3,7 +3,8 @@
 Rank 0 is the miner of neurons/miner.py — it alone talks to the chain and S3, follows the network in the
 node's ordinary model (the whole θ) and decides every step.  The training state is spread over every rank
 with FSDP2: each rank holds its slices of the local weights, the anchor θ_t, the gradients, the AdamW
-moments and the error-feedback buffer (dso/fsdp.py, dso/sharded_inner.py, dso/sharded_codec.py).  Each
+moments and the error-feedback buffer (dso/distributed/fsdp.py, dso/distributed/sharded_inner.py,
+dso/distributed/sharded_codec.py).  Each
 window every rank starts from the same θ_t (the leader's model, scattered slice by slice), trains its slice
 of every step's batch, and compresses its slices; the leader puts the update together and uploads it.  The
 update is the one a single process would send for the same pseudo-gradient, bit for bit, and the
@@ -23,14 +24,14 @@ from typing import Any
 
 import torch
 
-from dso.codec import CompressedUpdate
-from dso.codecs import Codec, make_codec
-from dso.config import Config, HParams
-from dso.distributed import Ranks
-from dso.fsdp import codec_shard_dims, shapes_of, sharded_model
-from dso.model import Decoder, model_hash
-from dso.sharded_codec import ShardedFeedback
-from dso.sharded_inner import Announce, ShardedInnerLoop
+from dso.codec.codecs import Codec, make_codec
+from dso.codec.demo import CompressedUpdate
+from dso.config.schema import Config, HParams
+from dso.distributed.fsdp import codec_shard_dims, shapes_of, sharded_model
+from dso.distributed.ranks import Ranks
+from dso.distributed.sharded_codec import ShardedFeedback
+from dso.distributed.sharded_inner import Announce, ShardedInnerLoop
+from dso.nn.model import Decoder, model_hash
 from neurons.context import build_context
 from neurons.miner import Miner
 from neurons.persist import load_tensors, save_tensors

@@ -8,8 +8,8 @@ from typing import Protocol
 
 import torch
 
-from dso.codec import CompressedUpdate, ErrorFeedback
-from dso.inner import InnerLoop
+from dso.codec.demo import CompressedUpdate, ErrorFeedback
+from dso.training.inner import InnerLoop
 from neurons.context import NodeContext
 from neurons.persist import load_tensors, save_tensors
 
@@ -17,8 +17,8 @@ log = logging.getLogger("dso.miner")
 
 
 class Feedback(Protocol):
-    """The miner's error feedback: :class:`dso.codec.ErrorFeedback` in one process, or
-    :class:`dso.sharded_codec.ShardedFeedback` on ranks (whose non-leading ranks get no update back)."""
+    """The miner's error feedback: :class:`dso.codec.demo.ErrorFeedback` in one process, or
+    :class:`dso.distributed.sharded_codec.ShardedFeedback` on ranks (whose non-leading ranks get no update back)."""
 
     def step(self, grads: Mapping[str, torch.Tensor], window: int, uid: int = 0, /) -> CompressedUpdate | None: ...
 

@@ -8,11 +8,11 @@ import time
 
 import torch
 
-from dso.clock import PutWindow
-from dso.codec import CompressedUpdate
-from dso.inner import InnerReport
-from dso.model import model_hash, sync_sample_count
-from dso.payload import PayloadMeta
+from dso.codec.demo import CompressedUpdate
+from dso.nn.model import model_hash, sync_sample_count
+from dso.protocol.clock import PutWindow
+from dso.protocol.payload import PayloadMeta
+from dso.training.inner import InnerReport
 from neurons import reveal
 from neurons.context import NodeContext
 from neurons.publish import publish_payload

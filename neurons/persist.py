@@ -17,7 +17,7 @@ import safetensors
 import safetensors.torch
 import torch
 
-from dso.atomic import atomic_write
+from dso.util.atomic import atomic_write
 
 log = logging.getLogger("dso.files")
 

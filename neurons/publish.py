@@ -12,8 +12,8 @@ import logging
 import threading
 import time
 
-from dso import signatures
 from dso.chain.wallets import WalletError
+from dso.protocol import signatures
 from neurons.context import NodeContext
 from storage import keys, signature
 from storage.client import StorageError

@@ -20,10 +20,10 @@ from typing import Any, Protocol
 
 import torch
 
-from dso.config import Config, HParams
-from dso.config_sources import from_dict
-from dso.distributed import Ranks, broadcast_json, join_group, leave_group, return_freed_tensors
-from dso.processes import autogroup_nice, die_with_parent
+from dso.config.schema import Config, HParams
+from dso.config.sources import from_dict
+from dso.distributed.ranks import Ranks, broadcast_json, join_group, leave_group, return_freed_tensors
+from dso.util.processes import autogroup_nice, die_with_parent
 
 log = logging.getLogger("dso.ranks")
 STOP, HELLO = "stop", "hello"
@@ -102,7 +102,7 @@ def run_group(cfg: Config, lead: Callable[[Ranks, Orders], int],
     """This process's part of a torchrun node: ``lead`` on rank 0 (which must say hello first), and elsewhere
     the parts ``follower_parts`` builds from the leader's hyper-parameters, carrying out its orders."""
     ranks = join_group(cfg.device)
-    return_freed_tensors()  # a rank's memory is what limits the model it can hold (dso/distributed.py)
+    return_freed_tensors()  # a rank's memory is what limits the model it can hold (dso/distributed/ranks.py)
     # torchrun starts each rank in a session of its own: the rank keeps the niceness the node was started with
     # (its own scheduling group otherwise gets a full share), and ends when the torchrun process does
     autogroup_nice(os.nice(0))

@@ -1,7 +1,8 @@
 """A miner's upload under commit-reveal (``hparams.commit_reveal``; docs/extensions.md §2).
 
 Window t:  put window → upload only the commitment ``commit/{t}/{uid}``;  from the first whole second after
-the put window closed (:func:`dso.clock.reveal_time`) → upload the nonce, the signature and the payload.  Readers gather
+the put window closed (:func:`dso.protocol.clock.reveal_time`) → upload the nonce, the signature and the payload.
+Readers gather
 after the reveal window (+ settle) and accept the payload only if it matches a timely commitment.
 """
 from __future__ import annotations
@@ -9,8 +10,8 @@ from __future__ import annotations
 import logging
 import time
 
-from dso.clock import PutWindow, reveal_time, reveal_window_after
-from dso.config import HParams
+from dso.config.schema import HParams
+from dso.protocol.clock import PutWindow, reveal_time, reveal_window_after
 from neurons.context import NodeContext
 from neurons.publish import sign
 from storage.client import StorageError

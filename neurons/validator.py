@@ -31,14 +31,14 @@ from dso.chain import ChainError
 from dso.chain.factory import open_chain
 from dso.chain.roles import VALIDATOR, role_of
 from dso.chain.writer import ChainWriter, WriteResult
-from dso.clock import GATHER_SETTLE_SECONDS, certain_after
-from dso.config import Config
-from dso.config_sources import parse_args
-from dso.distributed import launched_ranks
-from dso.model import model_hash
-from dso.payload import Payload
-from dso.provenance import record_hash
-from dso.train import bits_per_byte, evaluate
+from dso.config.schema import Config
+from dso.config.sources import parse_args
+from dso.distributed.ranks import launched_ranks
+from dso.nn.model import model_hash
+from dso.protocol.clock import GATHER_SETTLE_SECONDS, certain_after
+from dso.protocol.payload import Payload
+from dso.protocol.provenance import record_hash
+from dso.training.train import bits_per_byte, evaluate
 from neurons import validator_state
 from neurons.catchup import sync_to
 from neurons.context import NodeContext, build_context

@@ -25,12 +25,12 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from dso.codecs import Codec, make_codec
-from dso.config import Config, HParams
-from dso.distributed import Ranks, broadcast_tensor
-from dso.fsdp import shapes_of
-from dso.model import Decoder
-from dso.rejections import Reason, Rejection, unexpected
+from dso.codec.codecs import Codec, make_codec
+from dso.config.schema import Config, HParams
+from dso.distributed.fsdp import shapes_of
+from dso.distributed.ranks import Ranks, broadcast_tensor
+from dso.nn.model import Decoder
+from dso.protocol.rejections import Reason, Rejection, unexpected
 from neurons.context import build_context
 from neurons.ranks import Orders, Part, run_group
 from neurons.validator import Validator

@@ -19,11 +19,11 @@ from typing import Any
 
 import torch
 
-from dso.atomic import atomic_write
-from dso.config import HParams
-from dso.model import model_hash
-from dso.outer import STATE_PREFIX, OuterState
-from dso.outer_rules import OuterRule
+from dso.config.schema import HParams
+from dso.nn.model import model_hash
+from dso.training.outer import STATE_PREFIX, OuterState
+from dso.training.outer_rules import OuterRule
+from dso.util.atomic import atomic_write
 from neurons.persist import load_json, load_tensors, save_json, save_tensors
 from scoring import state as scoring_state
 from scoring.history import UploadHistory

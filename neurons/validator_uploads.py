@@ -7,7 +7,7 @@ import logging
 import time
 from collections.abc import Iterable, Mapping
 
-from dso.clock import GATHER_SETTLE_SECONDS, certain_after, commit_look_ends
+from dso.protocol.clock import GATHER_SETTLE_SECONDS, certain_after, commit_look_ends
 from neurons.context import NodeContext
 from scoring.state import ValidatorState
 from storage import keys
@@ -61,7 +61,7 @@ class ValidatorUploads:
 
     def look_at_commitments(self, t: int) -> Look | None:
         """Commit-reveal: look at every miner's commitment for window t after the put window closed and before
-        anyone reveals (dso.clock.reveal_time), so a commitment made late — or made after reading the reveals —
+        anyone reveals (dso.protocol.clock.reveal_time), so a commitment made late — or made after reading the reveals —
         is caught whatever LastModified its server forges.  None (LastModified alone) when we are too late."""
         ctx = self.ctx
         put = ctx.clock.put_window(t)

@@ -4,7 +4,7 @@ A copier reads an honest upload during the put window and re-uploads it under
 its own uid, exactly or disguised (noise added, scaled, mixed with another
 peer's, or the previous window's public aggregate); sybils upload one update
 under several uids.  Updates are compared by what they send, after the
-per-tensor normalisation the aggregation applies (:func:`dso.robust.decoded_rows`):
+per-tensor normalisation the aggregation applies (:func:`dso.aggregation.robust.decoded_rows`):
 
 * **near-copy pair**: cosine of the normalised rows ≥ ``pair`` (or an identical
   content digest).  Pairs join into groups (connected components);
@@ -48,19 +48,19 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from dso.codecs import Codec, NearCopyThresholds, Update
-from dso.commit import content_digest
-from dso.model import Decoder
-from dso.outer import peer_norms, reference_norms
-from dso.outer_rules import outer_rule
-from dso.rejections import Reason, Rejection
-from dso.robust import decoded_rows, gram, split_vector
-from dso.train import evaluate
+from dso.aggregation.robust import decoded_rows, gram, split_vector
+from dso.codec.codecs import Codec, NearCopyThresholds, Update
+from dso.nn.model import Decoder
+from dso.protocol.commit import content_digest
+from dso.protocol.rejections import Reason, Rejection
+from dso.training.outer import peer_norms, reference_norms
+from dso.training.outer_rules import outer_rule
+from dso.training.train import evaluate
 from scoring.evaluation import ParameterSnapshot, update_signs, update_step
 
 if TYPE_CHECKING:
-    from dso.config import HParams
-    from dso.data import Dataset
+    from dso.config.schema import HParams
+    from dso.data.dataset import Dataset
 
 # (tied uids, their shared update, the whole copy group) -> uid -> gain
 AuthorGain = Callable[[list[int], Update, list[int]], dict[int, float]]

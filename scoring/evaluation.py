@@ -18,11 +18,11 @@ from typing import Any, Protocol
 
 import torch
 
-from dso.config import HParams
-from dso.model import Decoder
-from dso.outer import evaluation_step, peer_norms
-from dso.rejections import Reason, Rejection
-from dso.train import sequence_losses
+from dso.config.schema import HParams
+from dso.nn.model import Decoder
+from dso.protocol.rejections import Reason, Rejection
+from dso.training.outer import evaluation_step, peer_norms
+from dso.training.train import sequence_losses
 from scoring.formulas import loss_delta, poc_statistic
 
 
@@ -71,7 +71,7 @@ def update_signs(decode: Callable[[object], Mapping[str, torch.Tensor]], update:
 
 def update_step(codec: Any, update: object, hp: HParams, window: int, reference: Mapping[str, float],
                 shapes: Mapping[str, tuple[int, ...]]) -> dict[str, torch.Tensor] | Rejection:
-    """What the validator subtracts from θ_t to score one update: :func:`dso.outer.evaluation_step`, the
+    """What the validator subtracts from θ_t to score one update: :func:`dso.training.outer.evaluation_step`, the
     step the network's outer rule would take with it (``c·α·sign(Δ_p)`` for the signed rule)."""
     dense = decoded_update(codec.decompress, update, shapes)
     if isinstance(dense, Rejection):

@@ -19,10 +19,10 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, ClassVar, get_args
 
-from dso.config import HelpRule
+from dso.config.schema import HelpRule
 
 if TYPE_CHECKING:
-    from dso.config import HParams
+    from dso.config.schema import HParams
 
 NO_WORK_LIMIT = 2  # evaluations without work in the help record that cut a peer's pay (``HelpGate.helps``)
 
@@ -85,7 +85,7 @@ class MeanOfRecord(HelpGate):
 
 HELP_GATES: dict[str, type[HelpGate]] = {gate.name: gate for gate in (BestOfTwo, MeanOfRecord)}
 if set(HELP_GATES) != set(get_args(HelpRule)):  # the config's choices are these names, no more, no fewer
-    raise ImportError(f"dso.config.HelpRule {get_args(HelpRule)} differs from {sorted(HELP_GATES)}")
+    raise ImportError(f"dso.config.schema.HelpRule {get_args(HelpRule)} differs from {sorted(HELP_GATES)}")
 
 
 def help_gate(hp: HParams) -> HelpGate:

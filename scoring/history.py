@@ -6,7 +6,8 @@ previous window's, compressed by the run's codec) for ``HISTORY_WINDOWS`` window
 within ``REPLAY_COSINE`` of one of an earlier window is a replay: it took no work in this window, whatever its
 LossScore.  Near-copies within one window are scoring/copies.py's business; this module looks back in time only.
 
-The sketch is a count sketch of the normalised decoded row (``dso.robust.decoded_rows``): each coordinate is added,
+The sketch is a count sketch of the normalised decoded row (``dso.aggregation.robust.decoded_rows``): each coordinate
+is added,
 with a sign, into one of ``SKETCH_DIM`` buckets chosen by a hash of its index, so inner products — and cosines —
 are kept up to an error of about 1/√SKETCH_DIM (0.016) while a window's history of a 4 M-parameter model costs
 16 KB per update instead of 17 MB.  The hash is fixed, so every validator sketches alike and a restart keeps the
@@ -20,7 +21,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from dso.rejections import Reason, Rejection
+from dso.protocol.rejections import Reason, Rejection
 
 SKETCH_DIM = 4096
 HISTORY_WINDOWS = 32      # how far back a replay is recognised (older updates were computed at a far θ)

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
-from dso.config import HParams
+from dso.config.schema import HParams
 from scoring import formulas
 from scoring.help_gate import help_gate
 from scoring.rating import ordinal

@@ -13,7 +13,7 @@ from typing import Protocol
 
 import numpy as np
 
-from dso.config import HParams
+from dso.config.schema import HParams
 from scoring import selection
 from scoring.state import ValidatorState
 

@@ -25,8 +25,8 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from dso.atomic import atomic_write
-from dso.config import HELP_MEMORY_MAX
+from dso.config.schema import HELP_MEMORY_MAX
+from dso.util.atomic import atomic_write
 from scoring.formulas import MU_MAX, MU_MIN, POC_BOUND
 from scoring.history import UploadHistory
 from scoring.rating import RATING_MU_BOUND, SIGMA_MAX, SIGMA_MIN, Rating, initial_rating, ordinal
@@ -128,7 +128,7 @@ class ValidatorState:
         }
 
     def save(self, path: str | Path) -> None:
-        """Write atomically (see :func:`dso.atomic.atomic_write`)."""
+        """Write atomically (see :func:`dso.util.atomic.atomic_write`)."""
         atomic_write(path, json.dumps(self.to_dict(), allow_nan=False, indent=1, sort_keys=True).encode())
 
 

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 
 import torch
 
-from dso.rejections import Reason, Rejection
+from dso.protocol.rejections import Reason, Rejection
 
 Position = tuple[str, int]  # (parameter name, index into the flattened parameter)
 

@@ -24,7 +24,7 @@ zero or below, and it gets no weight and no place in the top-G list until its
 hotkey changes.
 
 Model access: ``named_parameters`` (snapshot, in-place step, restore) and
-``model.sequence_losses`` through :func:`dso.train.sequence_losses`.  Dataset access:
+``model.sequence_losses`` through :func:`dso.training.train.sequence_losses`.  Dataset access:
 ``assigned_rows``/``rows`` of the evaluated peers and one ``unassigned`` draw.
 """
 from __future__ import annotations
@@ -38,15 +38,15 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from dso.codecs import Codec
-from dso.commit import BAN_AFTER, commit_penalty, is_invalid_update
-from dso.config import HParams
-from dso.model import Decoder, parameter_shapes, sync_sample_count
-from dso.outer import peer_norms, reference_norms
-from dso.outer_rules import outer_rule
-from dso.payload import Payload
-from dso.rejections import Reason, Rejection
-from dso.train import learning_rate
+from dso.codec.codecs import Codec
+from dso.config.schema import HParams
+from dso.nn.model import Decoder, parameter_shapes, sync_sample_count
+from dso.protocol.commit import BAN_AFTER, commit_penalty, is_invalid_update
+from dso.protocol.payload import Payload
+from dso.protocol.rejections import Reason, Rejection
+from dso.training.outer import peer_norms, reference_norms
+from dso.training.outer_rules import outer_rule
+from dso.training.train import learning_rate
 from scoring import formulas, selection
 from scoring.evaluation import ParameterSnapshot, PeerEvaluator, PeerLosses, SharedInputs, evaluate_peers, random_losses
 from scoring.pay import Evaluation, pay, record_evaluation
@@ -56,7 +56,7 @@ from scoring.state import PeerState, ValidatorState
 from scoring.sync import check_sync_vector, sample_parameters, sync_positions
 
 if TYPE_CHECKING:
-    from dso.data import Dataset
+    from dso.data.dataset import Dataset
 
 # Purposes of the validator's private per-window randomness (never reuse a number).
 
@@ -273,7 +273,7 @@ NO_WORK = (Reason.DUPLICATE, Reason.REPLAY, Reason.EMPTY)  # an upload that took
 
 def penalty_multiplier(failure: Rejection, peer: PeerState, hp: HParams) -> float:
     """The φ of this failure: the Gauntlet fast-check φ, or with commit-reveal on the ZIP-407 table
-    (dso.commit.penalty_for), escalating with the peer's earlier invalid updates."""
+    (dso.protocol.commit.penalty_for), escalating with the peer's earlier invalid updates."""
     if not hp.commit_reveal:
         return hp.fast_penalty
     return commit_penalty(failure.reason, peer.offences.get(INVALID, 0), hp.fast_penalty)

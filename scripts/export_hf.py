@@ -29,15 +29,15 @@ import safetensors  # noqa: E402
 import safetensors.torch  # noqa: E402
 import torch  # noqa: E402
 
-from dso.config import Config  # noqa: E402
-from dso.config_sources import build_parser, parse_args  # noqa: E402
-from dso.corpus import DataError, corpus_files  # noqa: E402
-from dso.data import resolve_tokenizer  # noqa: E402
-from dso.hf_export import write_export  # noqa: E402
-from dso.model import Decoder, parameter_shapes, state_hash  # noqa: E402
-from dso.rejections import Rejection  # noqa: E402
-from dso.shards import is_shard_corpus, open_shards  # noqa: E402
-from dso.tokenizer import Tokenizer, TokenizerSpec  # noqa: E402
+from dso.config.schema import Config  # noqa: E402
+from dso.config.sources import build_parser, parse_args  # noqa: E402
+from dso.data.corpus import DataError, corpus_files  # noqa: E402
+from dso.data.dataset import resolve_tokenizer  # noqa: E402
+from dso.data.shards import is_shard_corpus, open_shards  # noqa: E402
+from dso.data.tokenizer import Tokenizer, TokenizerSpec  # noqa: E402
+from dso.nn.hf_export import write_export  # noqa: E402
+from dso.nn.model import Decoder, parameter_shapes, state_hash  # noqa: E402
+from dso.protocol.rejections import Rejection  # noqa: E402
 from storage.checkpoint_file import FORMAT, decode_checkpoint  # noqa: E402
 
 

@@ -37,12 +37,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from dso.config import HParams  # noqa: E402
-from dso.corpus import DataError, corpus_files, total_bytes  # noqa: E402
-from dso.progress import Progress  # noqa: E402
-from dso.shard_writer import iter_all_text, write_shards  # noqa: E402
-from dso.shards import CHUNK_BYTES, SHARD_TOKENS, is_shard_corpus  # noqa: E402
-from dso.tokenizer import Tokenizer, train_bpe  # noqa: E402
+from dso.config.schema import HParams  # noqa: E402
+from dso.data.corpus import DataError, corpus_files, total_bytes  # noqa: E402
+from dso.data.shard_writer import iter_all_text, write_shards  # noqa: E402
+from dso.data.shards import CHUNK_BYTES, SHARD_TOKENS, is_shard_corpus  # noqa: E402
+from dso.data.tokenizer import Tokenizer, train_bpe  # noqa: E402
+from dso.util.progress import Progress  # noqa: E402
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
@@ -121,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
 def upload(args: argparse.Namespace, folder: Path) -> int:
     """Publish the shard folder to ``args.upload``; exit 2 for a folder that does not check out, 1 when the
     store refuses."""
-    from dso.shards import read_manifest
+    from dso.data.shards import read_manifest
     from storage.client import StorageError
     from storage.dataset_upload import publish, upload_client
     try:

@@ -14,7 +14,7 @@ the model after the latest round before it.  With both sources it also requires 
 the chain's records, and the chain ledger's own links and signatures to be intact.
 
 Checkpoint ``checkpoint/{w}`` holds θ_w, the model *before* round w — i.e. the model after round w−1, which
-is what :func:`dso.provenance.verify_chain` compares (its ``checkpoint_hashes[w-1]``).
+is what :func:`dso.protocol.provenance.verify_chain` compares (its ``checkpoint_hashes[w-1]``).
 
 Exit status: 0 verified, 1 problems (each printed), 2 the run could not be read.
 """
@@ -26,11 +26,11 @@ import sys
 
 from dso.chain import ChainError
 from dso.chain.factory import open_chain
-from dso.config import ConfigError
-from dso.config_sources import from_dict, load_file
-from dso.model import build_model, parameter_shapes
-from dso.provenance import GENESIS, verify_chain
-from dso.rejections import Rejection
+from dso.config.schema import ConfigError
+from dso.config.sources import from_dict, load_file
+from dso.nn.model import build_model, parameter_shapes
+from dso.protocol.provenance import GENESIS, verify_chain
+from dso.protocol.rejections import Rejection
 from storage import keys
 from storage.checkpoint import load_checkpoint
 from storage.client import StorageError

@@ -1,7 +1,7 @@
 """Synthetic Byzantine rows against an honest matrix, for tests and benchmarks of the robust rules.
 
 Each attack is crafted with full knowledge of the honest rows (the strongest adversary the rules in
-dso/robust.py are measured against).
+dso/aggregation/robust.py are measured against).
 """
 from __future__ import annotations
 

@@ -25,10 +25,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-from dso import signatures
-from dso.codecs import Codec
-from dso.commit import commitment_hash
-from dso.payload import Payload
+from dso.codec.codecs import Codec
+from dso.protocol import signatures
+from dso.protocol.commit import commitment_hash
+from dso.protocol.payload import Payload
 from storage import keys, signature
 from storage.client import ObjectInfo, StorageError
 from storage.commitment import BucketInfo

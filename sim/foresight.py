@@ -15,7 +15,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterable
 
-from dso.config import HParams
+from dso.config.schema import HParams
 from scoring import selection
 from scoring.schedules import PURPOSE_EVAL, EvalSchedule
 from scoring.state import ValidatorState

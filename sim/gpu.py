@@ -8,12 +8,12 @@ import copy
 
 import torch
 
-from dso.codecs import Codec, make_codec
-from dso.config import HParams, ModelConfig
-from dso.inner import InnerLoop
-from dso.model import Decoder, build_model, parameter_shapes
-from dso.outer import OuterState
-from dso.payload import Payload, PayloadMeta
+from dso.codec.codecs import Codec, make_codec
+from dso.config.schema import HParams, ModelConfig
+from dso.nn.model import Decoder, build_model, parameter_shapes
+from dso.protocol.payload import Payload, PayloadMeta
+from dso.training.inner import InnerLoop
+from dso.training.outer import OuterState
 from neurons.engine import aggregate_window
 
 

@@ -13,7 +13,7 @@ its command line, the bucket's read key in its environment.  ``config.json``
 keeps the local corpus it was made from (the same data hash), so tools that
 read the run folder after the S3 server is gone still find the tokeniser.  Processes run in their own
 process groups, are always stopped on exit — also on Ctrl-C, SIGTERM or an
-error — and die with this process even when it is SIGKILLed (dso/processes.py).
+error — and die with this process even when it is SIGKILLed (dso/util/processes.py).
 """
 from __future__ import annotations
 
@@ -32,10 +32,10 @@ from typing import Any
 
 from dso.chain.local import LocalChain
 from dso.chain.wallets import create_local_wallet, hotkey_address
-from dso.config import HParams
-from dso.data import Dataset, run_shards
-from dso.processes import reap, signal_group, spawn
-from dso.shards import ShardSet
+from dso.config.schema import HParams
+from dso.data.dataset import Dataset, run_shards
+from dso.data.shards import ShardSet
+from dso.util.processes import reap, signal_group, spawn
 from storage.credentials import PeerCredentials
 from storage.dataset import DATA_KEY_ENV, DATA_SECRET_ENV
 from storage.dataset_upload import publish
@@ -46,7 +46,7 @@ VALIDATOR_STAKES = (1000.0, 400.0, 200.0, 100.0)
 # On one shared machine the validator (one process, every peer's work: 5-7 s of CPU per window) must not be
 # starved by miners that train all the time: nice 6 weighs about a quarter of nice 0, and at 3 / 0 the validator
 # overran every other window.  Not more: a node's nice also ranks it against everything else on the machine
-# (every node has its own autogroup, dso/processes.py), and a network niced far down stalls on a loaded machine.
+# (every node has its own autogroup, dso/util/processes.py), and a network niced far down stalls on a loaded machine.
 # The diligent miner is an honest miner with more compute: every miner trains its whole window, so on one
 # machine "more compute" is a larger CPU share, twice a baseline miner's (docs/training.md).
 MINER_NICE = 6

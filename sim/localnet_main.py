@@ -31,10 +31,10 @@ from typing import Any
 
 from rich.console import Console
 
-from dso.config import Config, ConfigError, HParams
-from dso.config_sources import profile_names, set_hparams, use_profile
-from dso.corpus import DataError
-from dso.data import Dataset, corpus_tokenizer, is_remote_corpus
+from dso.config.schema import Config, ConfigError, HParams
+from dso.config.sources import profile_names, set_hparams, use_profile
+from dso.data.corpus import DataError
+from dso.data.dataset import Dataset, corpus_tokenizer, is_remote_corpus
 from sim import report as run_report
 from sim.behaviours import BEHAVIOURS, GOOD
 from sim.localnet import LocalNet, plan_nodes

@@ -19,16 +19,16 @@ from typing import Any
 
 import torch
 
-from dso import signatures
-from dso.assignment import Assignment
-from dso.clock import PutWindow, reveal_time, reveal_window_after
-from dso.codec import CompressedUpdate
-from dso.commit import new_nonce
-from dso.config import Config
-from dso.config_sources import build_parser, parse_args
-from dso.outer import aggregate
-from dso.payload import Payload, PayloadMeta
-from dso.rejections import Rejection
+from dso.codec.demo import CompressedUpdate
+from dso.config.schema import Config
+from dso.config.sources import build_parser, parse_args
+from dso.data.assignment import Assignment
+from dso.protocol import signatures
+from dso.protocol.clock import PutWindow, reveal_time, reveal_window_after
+from dso.protocol.commit import new_nonce
+from dso.protocol.payload import Payload, PayloadMeta
+from dso.protocol.rejections import Rejection
+from dso.training.outer import aggregate
 from neurons import reveal
 from neurons.context import build_context
 from neurons.lifecycle import Fatal, run_main

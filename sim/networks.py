@@ -1,7 +1,7 @@
 """The small network the end-to-end tests run, as hyper-parameters, for the tests and the scripts that study it."""
 from __future__ import annotations
 
-from dso.config import HParams, ModelConfig
+from dso.config.schema import HParams, ModelConfig
 
 
 def small_network_hparams() -> HParams:

@@ -30,10 +30,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from dso.config import HParams
+from dso.config.schema import HParams
 
 if TYPE_CHECKING:
-    from dso.data import Dataset
+    from dso.data.dataset import Dataset
 
 REFERENCE_SECONDS = 90.0  # the longest the reference may add to `make run` when no cached curve is long enough
 ROUND_STEPS = 32          # AdamW steps between two points of the curve (65,536 tokens at the defaults)
@@ -127,7 +127,7 @@ def train_curve(hp: HParams, dataset: Dataset, rounds: int, seconds: float,
     """``rounds`` rounds of centralised AdamW (at most ``seconds``), on every core."""
     import torch
 
-    from dso.train import bits_per_byte
+    from dso.training.train import bits_per_byte
     from sim.training import run_ddp
 
     per_round = ROUND_STEPS * hp.batch_size * dataset.seq_len
@@ -172,10 +172,10 @@ def on_windows(reference_tokens: list[int], per_window: dict[int, int]) -> list[
 
 def main(argv: list[str] | None = None) -> int:
     """Make (or extend) the cached curve for a run's settings: ``python -m sim.reference --tokens N``."""
-    from dso.config import Config, ConfigError
-    from dso.config_sources import set_hparams
-    from dso.corpus import DataError
-    from dso.data import Dataset
+    from dso.config.schema import Config, ConfigError
+    from dso.config.sources import set_hparams
+    from dso.data.corpus import DataError
+    from dso.data.dataset import Dataset
 
     p = argparse.ArgumentParser(description=main.__doc__)
     p.add_argument("--tokens", type=int, required=True, help="training tokens the curve must reach")

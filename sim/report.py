@@ -42,7 +42,7 @@ from sim.report_schema import MinerFigures, PeerRow, Report, Summary, ValPoint
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-    from dso.data import Dataset
+    from dso.data.dataset import Dataset
 
 COLOURS = {"honest": "#2b8cbe", "diligent": "#1a9850", "freerider": "#fdae61", "absent": "#bdbdbd",
            "noise": "#d73027", "scaler": "#f46d43", "signflip": "#a50026", "copier": "#762a83", "sybil": "#9970ab",

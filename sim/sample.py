@@ -16,12 +16,12 @@ from typing import TYPE_CHECKING, TypedDict
 import safetensors.torch
 import torch
 
-from dso.config import HParams
-from dso.model import Decoder, build_model
+from dso.config.schema import HParams
+from dso.nn.model import Decoder, build_model
 
 if TYPE_CHECKING:
-    from dso.config import Config
-    from dso.tokenizer import Tokenizer
+    from dso.config.schema import Config
+    from dso.data.tokenizer import Tokenizer
 
 
 class CheckpointError(ValueError):
@@ -124,8 +124,8 @@ def checkpoint_window(path: str | Path) -> int | None:
 def run_config(checkpoint: str | Path, config: str | Path | None) -> Config:
     """The run's Config: ``config`` (a run's config.json), else the first config.json above the checkpoint
     (a local network's run folder holds one), else the defaults."""
-    from dso.config import Config
-    from dso.config_sources import from_dict, load_file
+    from dso.config.schema import Config
+    from dso.config.sources import from_dict, load_file
 
     if config is None:
         start = Path(checkpoint).resolve()
@@ -141,7 +141,7 @@ def run_config(checkpoint: str | Path, config: str | Path | None) -> Config:
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
-    from dso.data import Dataset
+    from dso.data.dataset import Dataset
 
     p = argparse.ArgumentParser(prog="scripts/sample.py", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -2,8 +2,9 @@
 ``scripts/bench.py``'s ``scale`` section.
 
 From the same θ_0 and the same assigned batches, one process runs the miner's inner loop
-(dso.inner.InnerLoop) and error feedback (dso.codec.ErrorFeedback); N ranks run the sharded ones
-(dso.sharded_inner, dso.sharded_codec) as a torchrun miner does.  Compared: the pseudo-gradients (relative
+(dso.training.inner.InnerLoop) and error feedback (dso.codec.demo.ErrorFeedback); N ranks run the sharded ones
+(dso.distributed.sharded_inner, dso.distributed.sharded_codec) as a torchrun miner does.  Compared: the
+pseudo-gradients (relative
 L2 distance), the compressed updates (share of kept indices in common), and the sharded compression
 against one process compressing the very pseudo-gradient the ranks produced (bit for bit).
 """
@@ -18,12 +19,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from dso.codec import ErrorFeedback, TensorUpdate
-from dso.codecs import make_codec
-from dso.config import HParams
-from dso.fsdp import shapes_of
-from dso.inner import InnerLoop
-from dso.model import build_model, parameter_shapes, tensor_count
+from dso.codec.codecs import make_codec
+from dso.codec.demo import ErrorFeedback, TensorUpdate
+from dso.config.schema import HParams
+from dso.distributed.fsdp import shapes_of
+from dso.nn.model import build_model, parameter_shapes, tensor_count
+from dso.training.inner import InnerLoop
 
 
 def relative_l2(a: Mapping[str, Any], b: Mapping[str, Any]) -> float:
@@ -72,10 +73,10 @@ def one_process(hp: HParams, data: torch.Tensor, steps: int, uid: int = 1) -> di
 
 def on_ranks(hp: HParams, data: torch.Tensor, steps: int, uid: int = 1) -> dict[str, Any] | None:
     """The same window on this rank of a torchrun-style group (call on every rank; the leader's result)."""
-    from dso.distributed import join_group
-    from dso.fsdp import codec_shard_dims, sharded_model
-    from dso.sharded_codec import ShardedFeedback
-    from dso.sharded_inner import ShardedInnerLoop
+    from dso.distributed.fsdp import codec_shard_dims, sharded_model
+    from dso.distributed.ranks import join_group
+    from dso.distributed.sharded_codec import ShardedFeedback
+    from dso.distributed.sharded_inner import ShardedInnerLoop
 
     ranks = join_group("cpu")
     theta = build_model(hp.model, hp.seed) if ranks.leader else None
@@ -133,9 +134,9 @@ def peak_rss_mb() -> float:
 def window_memory_one(hp: HParams, steps: int, activation_checkpointing: bool = False) -> dict[str, Any]:
     """Peak RSS of one process doing a miner's window: θ, ``steps`` inner steps, pseudo-gradient, error
     feedback and compression (call in a fresh process)."""
-    from dso.distributed import return_freed_tensors
+    from dso.distributed.ranks import return_freed_tensors
     torch.set_num_threads(1)
-    return_freed_tensors()  # the same allocator settings as a rank's (dso/distributed.py)
+    return_freed_tensors()  # the same allocator settings as a rank's (dso/distributed/ranks.py)
     before = peak_rss_mb()
     model = build_model(hp.model, hp.seed)
     model.activation_checkpointing = activation_checkpointing
@@ -152,10 +153,10 @@ def window_memory_one(hp: HParams, steps: int, activation_checkpointing: bool = 
 
 def window_memory_ranks(hp: HParams, steps: int, activation_checkpointing: bool = False) -> dict[str, Any]:
     """The same window on this rank of a group (call on every rank): each rank's peak RSS."""
-    from dso.distributed import join_group, return_freed_tensors
-    from dso.fsdp import codec_shard_dims, sharded_model
-    from dso.sharded_codec import ShardedFeedback
-    from dso.sharded_inner import ShardedInnerLoop
+    from dso.distributed.fsdp import codec_shard_dims, sharded_model
+    from dso.distributed.ranks import join_group, return_freed_tensors
+    from dso.distributed.sharded_codec import ShardedFeedback
+    from dso.distributed.sharded_inner import ShardedInnerLoop
 
     return_freed_tensors()
     before = peak_rss_mb()
@@ -177,9 +178,9 @@ def window_memory_ranks(hp: HParams, steps: int, activation_checkpointing: bool 
 def throughput_ranks(hp: HParams, steps: int, device: str = "cuda") -> dict[str, Any] | None:
     """Tokens/s of the sharded inner loop on this rank's device (call on every rank; the leader's result):
     one warm-up step, then ``steps`` timed steps of the run's batch."""
-    from dso.distributed import join_group
-    from dso.fsdp import codec_shard_dims, sharded_model
-    from dso.sharded_inner import ShardedInnerLoop
+    from dso.distributed.fsdp import codec_shard_dims, sharded_model
+    from dso.distributed.ranks import join_group
+    from dso.distributed.sharded_inner import ShardedInnerLoop
 
     ranks = join_group(device)
     theta = build_model(hp.model, hp.seed) if ranks.leader else None  # host memory: the leader's θ
@@ -205,7 +206,7 @@ def throughput_ranks(hp: HParams, steps: int, device: str = "cuda") -> dict[str,
 def forward_backward_memory(hp: HParams, activation_checkpointing: bool) -> dict[str, Any]:
     """What fits where a whole window does not: the model built, then one micro-batch's forward and backward
     (peak RSS in MB after each, in a fresh process) — the parts of a miner's memory a formula cannot know."""
-    from dso.distributed import return_freed_tensors
+    from dso.distributed.ranks import return_freed_tensors
     torch.set_num_threads(1)
     return_freed_tensors()
     out: dict[str, Any] = {"interpreter_mb": peak_rss_mb()}

@@ -11,8 +11,8 @@ import itertools
 
 import numpy as np
 
-from dso.codecs import DEFAULT_THRESHOLDS
-from dso.robust import decoded_rows, gram
+from dso.aggregation.robust import decoded_rows, gram
+from dso.codec.codecs import DEFAULT_THRESHOLDS
 from neurons.engine import _previous_update
 from scoring.copies import best_mix, cosines, recompressed_cosine
 from sim import behaviours
@@ -69,8 +69,8 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from dso.config import HParams
-    from dso.data import Dataset
+    from dso.config.schema import HParams
+    from dso.data.dataset import Dataset
 
     torch.set_num_threads(1)
     parser = argparse.ArgumentParser(description=main.__doc__)

@@ -27,9 +27,9 @@ from typing import Any
 
 import torch
 
-from dso.config import HParams
-from dso.corpus import DataError
-from dso.data import Dataset
+from dso.config.schema import HParams
+from dso.data.corpus import DataError
+from dso.data.dataset import Dataset
 from sim.behaviours import BEHAVIOURS, GOOD
 from sim.report import COLOURS
 from sim.simulator import SimNet, WindowRecord, behaviour_shares

@@ -25,17 +25,17 @@ from typing import Any
 
 import torch
 
-from dso.codec import ErrorFeedback
-from dso.codecs import Update, make_codec
-from dso.config import HParams
-from dso.data import Dataset
-from dso.inner import InnerLoop
-from dso.model import build_model, parameter_shapes, sync_sample_count
-from dso.outer import OuterState, apply_outer
-from dso.payload import Payload, PayloadMeta
-from dso.privacy import RdpAccountant, clip_and_noise, dp_settings
-from dso.rejections import Reason, Rejection
-from dso.train import evaluate
+from dso.codec.codecs import Update, make_codec
+from dso.codec.demo import ErrorFeedback
+from dso.config.schema import HParams
+from dso.data.dataset import Dataset
+from dso.nn.model import build_model, parameter_shapes, sync_sample_count
+from dso.privacy.dp import RdpAccountant, clip_and_noise, dp_settings
+from dso.protocol.payload import Payload, PayloadMeta
+from dso.protocol.rejections import Reason, Rejection
+from dso.training.inner import InnerLoop
+from dso.training.outer import OuterState, apply_outer
+from dso.training.train import evaluate
 from neurons.engine import WindowInputs, WindowOutcome, announce_list, genesis_lists, run_window
 from scoring.schedules import DRAWN, EvalSchedule
 from scoring.state import ValidatorState
@@ -54,7 +54,7 @@ class SimPeer:
     model: torch.nn.Module | None = None   # own stale copy while desynchronised
     outer: OuterState | None = None         # and the outer state that goes with it
     accountant: RdpAccountant | None = None  # hp.dp.enabled: privacy spent so far
-    inner_state: dict[str, torch.Tensor] | None = None  # its inner optimiser's state (dso.inner), between windows
+    inner_state: dict[str, torch.Tensor] | None = None  # its inner optimiser's state (dso.training.inner)
 
 
 @dataclass

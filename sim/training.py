@@ -1,10 +1,10 @@
 """In-process training of a network of honest peers (no S3, no chain), and its baselines.
 
 Used by ``scripts/simulate.py``, the convergence and training benchmarks and tests.  Each window t
-every peer starts its inner loop (dso/inner.py — the miner's own) at θ_t, trains ``steps`` inner
+every peer starts its inner loop (dso/training/inner.py — the miner's own) at θ_t, trains ``steps`` inner
 steps on its assignment (step i on sequences [i·B, (i+1)·B)), and compresses its pseudo-gradient
 with error feedback; the aggregate of all peers in uid order takes the protocol's outer step
-(dso/outer.py — the very functions ``neurons.engine.aggregate_window`` calls).  With ``overlap = k``
+(dso/training/outer.py — the very functions ``neurons.engine.aggregate_window`` calls).  With ``overlap = k``
 a peer trains the first k steps of window t+1 from its own weights before θ_{t+1} is known and
 rebases onto it after.  No scoring and no adversaries: that is ``sim/simulator.py`` (SimNet); this
 loop measures training only, so the benchmark can afford many windows.
@@ -22,15 +22,15 @@ from dataclasses import dataclass, field
 
 import torch
 
-from dso.codec import ErrorFeedback
-from dso.codecs import Codec, Update, make_codec
-from dso.config import HParams
-from dso.data import Dataset
-from dso.inner import InnerLoop, inner_lr, make_optimizer
-from dso.model import Decoder, build_model, parameter_shapes
-from dso.outer import OuterState, aggregate, apply_outer
-from dso.privacy import clip_and_noise, dp_settings
-from dso.train import compute_gradients, evaluate
+from dso.codec.codecs import Codec, Update, make_codec
+from dso.codec.demo import ErrorFeedback
+from dso.config.schema import HParams
+from dso.data.dataset import Dataset
+from dso.nn.model import Decoder, build_model, parameter_shapes
+from dso.privacy.dp import clip_and_noise, dp_settings
+from dso.training.inner import InnerLoop, inner_lr, make_optimizer
+from dso.training.outer import OuterState, aggregate, apply_outer
+from dso.training.train import compute_gradients, evaluate
 
 
 class DenseCodec:

@@ -22,9 +22,9 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from dso.config_sources import build_parser, parse_args
-from dso.payload import Payload
-from dso.rejections import Reason
+from dso.config.sources import build_parser, parse_args
+from dso.protocol.payload import Payload
+from dso.protocol.rejections import Reason
 from neurons.context import NodeContext, build_context
 from neurons.lifecycle import Fatal, run_main
 from neurons.validator import Validator

@@ -5,9 +5,9 @@ Object ``{run}/aggregate/{window}-v{v}.safetensors``.  Tensors: ``payload.{uid}`
 for every aggregated uid.  Metadata: ``format``, ``protocol_version``, ``window``,
 ``hparams``, ``uids`` (comma-separated, aggregation order), ``sha256``
 (comma-separated content hashes, same order), ``signatures`` (each payload's
-miner signature, same order: dso/signatures.py), ``model_hash_before`` and
+miner signature, same order: dso/protocol/signatures.py), ``model_hash_before`` and
 ``model_hash_after``, ``outer_digest_before`` and ``outer_digest_after`` (the outer
-optimiser's state around the step, dso/outer.py ``OuterState.digest``).  With θ_t
+optimiser's state around the step, dso/training/outer.py ``OuterState.digest``).  With θ_t
 and the outer state at t (a checkpoint holds both) the payloads are all a node needs
 to replay the window's outer step.
 
@@ -35,10 +35,10 @@ from typing import TYPE_CHECKING
 import numpy as np
 import safetensors.numpy
 
-from dso import signatures
-from dso.codecs import Codec
-from dso.payload import Payload
-from dso.rejections import Reason, Rejection, unexpected
+from dso.codec.codecs import Codec
+from dso.protocol import signatures
+from dso.protocol.payload import Payload
+from dso.protocol.rejections import Reason, Rejection, unexpected
 from storage import keys
 from storage.client import ObjectReader, S3Client, StorageError
 from storage.jsonobj import rejection_for
@@ -46,7 +46,7 @@ from storage.tensorfile import check_spec, header_allowance, load_arrays, parse_
 from storage.wire import Expect, decode_payload, encode_payload, payload_size_cap
 
 if TYPE_CHECKING:
-    from dso.config import HParams
+    from dso.config.schema import HParams
 
 FORMAT = "dso-bundle"
 _HEX = set("0123456789abcdef")

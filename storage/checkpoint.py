@@ -14,7 +14,7 @@ pointer; the outer state must match its digest.  Only then is anything written i
 verified shards wait in a local folder, and :meth:`LoadedCheckpoint.load_into` copies them in shard by
 shard (memory-mapped), so loading never holds a second whole model in memory.
 :meth:`LoadedCheckpoint.read` gives any slice of a tensor, so ranks of any number can each load their own
-(dso/fsdp.py's slices).  A rejected checkpoint leaves the model untouched.
+(dso/distributed/fsdp.py's slices).  A rejected checkpoint leaves the model untouched.
 """
 from __future__ import annotations
 
@@ -33,10 +33,10 @@ import safetensors.numpy
 import torch
 from safetensors import safe_open
 
-from dso.model import state_hash
-from dso.outer import OuterState
-from dso.outer_rules import outer_rule
-from dso.rejections import Reason, Rejection, unexpected
+from dso.nn.model import state_hash
+from dso.protocol.rejections import Reason, Rejection, unexpected
+from dso.training.outer import OuterState
+from dso.training.outer_rules import outer_rule
 from storage import keys
 from storage.checkpoint_file import checkpoint_size_cap
 from storage.checkpoint_manifest import (
@@ -54,7 +54,7 @@ from storage.jsonobj import get_json, put_json, rejection_for
 from storage.tensorfile import check_spec, load_arrays, read_capped
 
 if TYPE_CHECKING:
-    from dso.config import HParams
+    from dso.config.schema import HParams
 
 log = logging.getLogger("dso.checkpoint")
 SHARD_FORMAT = "dso-checkpoint-shard"

@@ -5,9 +5,9 @@ sharded objects instead): what ``scripts/export_hf.py`` reads from a file, and a
 tests.  The file holds every parameter
 (float32, model order), the outer optimiser's state at that window
 (``outer.steps`` and, for the nesterov rule, ``outer.momentum.<param>``; see
-dso/outer.py — θ alone does not determine θ_{t+1} under a stateful outer rule)
+dso/training/outer.py — θ alone does not determine θ_{t+1} under a stateful outer rule)
 and metadata: ``format``, ``protocol_version``, ``window``, ``model_hash``
-(:func:`dso.model.state_hash` of the parameters in model order), ``outer_digest``,
+(:func:`dso.nn.model.state_hash` of the parameters in model order), ``outer_digest``,
 ``data_hash``, ``hparams``.  Loading checks the container, the
 exact parameter set and shapes, finiteness, the metadata, and recomputes the
 hash — a single flipped byte is a Rejection, never a silently wrong model.
@@ -22,10 +22,10 @@ import numpy as np
 import safetensors.numpy
 import torch
 
-from dso.model import state_hash
-from dso.outer import STATE_PREFIX, OuterState
-from dso.outer_rules import OuterRule
-from dso.rejections import Reason, Rejection, unexpected
+from dso.nn.model import state_hash
+from dso.protocol.rejections import Reason, Rejection, unexpected
+from dso.training.outer import STATE_PREFIX, OuterState
+from dso.training.outer_rules import OuterRule
 from storage.tensorfile import check_spec, header_allowance, load_arrays, parse_uint, read_capped
 
 FORMAT = "dso-checkpoint"

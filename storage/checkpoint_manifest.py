@@ -15,9 +15,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from dso.outer import OuterState
-from dso.outer_rules import OuterRule
-from dso.rejections import Reason, Rejection
+from dso.protocol.rejections import Reason, Rejection
+from dso.training.outer import OuterState
+from dso.training.outer_rules import OuterRule
 from storage import keys
 
 FORMAT = "dso-checkpoint-sharded"

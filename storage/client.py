@@ -28,7 +28,7 @@ from botocore.credentials import Credentials
 from botocore.exceptions import BotoCoreError, ClientError, ConnectTimeoutError, ReadTimeoutError
 
 if TYPE_CHECKING:
-    from dso.config import StorageConfig
+    from dso.config.schema import StorageConfig
 
 MiB = 1024 * 1024
 READ_CHUNK = 256 * 1024
@@ -153,7 +153,7 @@ class S3Client:
 
     @classmethod
     def from_config(cls, storage_cfg: StorageConfig, read_only: bool = False) -> S3Client:
-        """Build from a :class:`dso.config.StorageConfig` (write keys, or the published read keys)."""
+        """Build from a :class:`dso.config.schema.StorageConfig` (write keys, or the published read keys)."""
         key = storage_cfg.read_access_key_id if read_only else storage_cfg.access_key_id
         secret = storage_cfg.read_secret_access_key if read_only else storage_cfg.secret_access_key
         if read_only and not (key and secret):

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from dso.chain.roles import ROLES, with_role
-from dso.rejections import Reason, Rejection
+from dso.protocol.rejections import Reason, Rejection
 
 TAG = "dso1"
 SEPARATOR = "|"

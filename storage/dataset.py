@@ -1,8 +1,8 @@
 """The training corpus in an object store: ``--data.corpus s3://BUCKET/PREFIX``.
 
-:class:`S3Source` is the S3 side of :class:`dso.remote_shards.ObjectSource`: whole GETs for the manifest,
+:class:`S3Source` is the S3 side of :class:`dso.data.remote_shards.ObjectSource`: whole GETs for the manifest,
 the tokeniser and the chunk digests, ranged GETs for chunks (:mod:`storage.ranged`); every failure becomes
-:class:`~dso.remote_source.Unreachable` (a missing object or refused keys marked permanent, which only
+:class:`~dso.data.remote_source.Unreachable` (a missing object or refused keys marked permanent, which only
 matters at start-up).  :func:`open_dataset` is what a node calls: a local corpus as before, or the
 remote one through a bounded disk cache, checked against the run's data hash.
 
@@ -19,13 +19,13 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from dso.chunk_cache import ChunkCache
-from dso.config import DataConfig, HParams, StorageConfig, expand
-from dso.corpus import DataError
-from dso.data import Dataset, is_remote_corpus
-from dso.remote_shards import RemoteCorpus
-from dso.remote_source import Oversized, Sleep, Unreachable, plain_sleep
-from dso.shards import ShardSet
+from dso.config.schema import DataConfig, HParams, StorageConfig, expand
+from dso.data.chunk_cache import ChunkCache
+from dso.data.corpus import DataError
+from dso.data.dataset import Dataset, is_remote_corpus
+from dso.data.remote_shards import RemoteCorpus
+from dso.data.remote_source import Oversized, Sleep, Unreachable, plain_sleep
+from dso.data.shards import ShardSet
 from storage.client import S3Client, StorageError
 from storage.ranged import RangedGets
 
@@ -59,7 +59,7 @@ class CorpusURL:
 
 
 class S3Source:
-    """Objects under ``url`` through ``client`` (:class:`dso.remote_shards.ObjectSource`)."""
+    """Objects under ``url`` through ``client`` (:class:`dso.data.remote_shards.ObjectSource`)."""
 
     def __init__(self, client: S3Client, url: CorpusURL):
         self.client, self.where = client, url
@@ -87,7 +87,7 @@ def data_client(data: DataConfig, storage: StorageConfig) -> S3Client:
 
 
 def cache_root(cache_dir: str, url: CorpusURL) -> Path:
-    """Where the chunks of one corpus are cached (slots inside, one per process: dso.chunk_cache)."""
+    """Where the chunks of one corpus are cached (slots inside, one per process: dso.data.chunk_cache)."""
     name = hashlib.sha256(str(url).encode()).hexdigest()[:16]
     return expand(cache_dir) / "remote" / name
 
@@ -103,7 +103,7 @@ def open_remote(url: str, client: S3Client, cache_dir: str, cache_mb: float, sle
 
 
 def open_dataset(hp: HParams, data: DataConfig, storage: StorageConfig, sleep: Sleep = plain_sleep) -> Dataset:
-    """The run's data as a node reads it: a local corpus (dso.data), or shards in a bucket, checked against
+    """The run's data as a node reads it: a local corpus (dso.data.dataset), or shards in a bucket, checked against
     ``hp.data_hash``.  Raises DataError (one line) when it is not the run's data or cannot be opened."""
     if not is_remote_corpus(data.corpus):
         return Dataset.for_run(hp, data.corpus, data.cache_dir, data.tokenizer_file)

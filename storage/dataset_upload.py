@@ -16,8 +16,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from dso.corpus import DataError
-from dso.shards import MANIFEST, TOKENIZER_FILE, chunks_name, open_shards, verify_shard
+from dso.data.corpus import DataError
+from dso.data.shards import MANIFEST, TOKENIZER_FILE, chunks_name, open_shards, verify_shard
 from storage.client import S3Client
 from storage.dataset import CorpusURL
 

@@ -3,7 +3,7 @@
 Per peer: HEAD (missing? too large? inside the put window?) → GET capped at
 the size limit and the peer's deadline → time check again on the object actually
 read (it may have been replaced since the HEAD) → strict decode.  Each peer ends
-as a :class:`~storage.wire.Payload` or a :class:`~dso.rejections.Rejection`.
+as a :class:`~storage.wire.Payload` or a :class:`~dso.protocol.rejections.Rejection`.
 
 Fairness (docs/storage.md, "Gather"): peers are started in the caller's
 ``priority`` order (e.g. by last-window standing), then by uid; each peer gets
@@ -29,11 +29,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
-from dso import signatures
-from dso.clock import PutWindow
-from dso.codecs import Codec
-from dso.payload import Payload
-from dso.rejections import Reason, Rejection, unexpected
+from dso.codec.codecs import Codec
+from dso.protocol import signatures
+from dso.protocol.clock import PutWindow
+from dso.protocol.payload import Payload
+from dso.protocol.rejections import Reason, Rejection, unexpected
 from storage import keys, signature
 from storage.client import StorageError
 from storage.commitment import BucketInfo, parse_commitment
@@ -44,7 +44,7 @@ from storage.schedule import FairSchedule, Job, ordered
 from storage.wire import Expect, decode_payload, payload_size_cap
 
 if TYPE_CHECKING:
-    from dso.config import StorageConfig
+    from dso.config.schema import StorageConfig
 
 log = logging.getLogger("dso.gather")
 
@@ -73,7 +73,7 @@ class ReaderCache:
 
     @classmethod
     def from_config(cls, storage_cfg: StorageConfig) -> ReaderCache:
-        """The node's reader cache as :class:`dso.config.StorageConfig` says."""
+        """The node's reader cache as :class:`dso.config.schema.StorageConfig` says."""
         return cls(timeout=storage_cfg.timeout_seconds, allow_loopback=storage_cfg.allow_loopback_endpoints)
 
     def refusal(self, info: BucketInfo) -> Rejection | None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from dso.rejections import Reason, Rejection, unexpected
+from dso.protocol.rejections import Reason, Rejection, unexpected
 from storage.client import ObjectReader, S3Client, StorageError
 from storage.tensorfile import strict_json
 

@@ -17,8 +17,9 @@ commit-reveal) it looks at every peer once, and the gather judges each payload i
   nothing: the payload is judged by the LastModified rule alone.  The look runs on a loaded validator too, and a
   slow look must never make an honest, on-time miner late.
 
-Under commit-reveal the validator also reads the *commitments*, between :func:`dso.clock.certain_after` the put
-window's close and :func:`dso.clock.commit_look_ends`, before any miner reveals (:meth:`Look.judge_commitment`):
+Under commit-reveal the validator also reads the *commitments*, between :func:`dso.protocol.clock.certain_after` the put
+window's close and :func:`dso.protocol.clock.commit_look_ends`, before any miner reveals
+(:meth:`Look.judge_commitment`):
 a commitment absent then is ``NO_COMMIT``, and one read later with other content is ``CHANGED``, whatever its
 server reports — so a peer serving its own bucket cannot commit late, or commit to a copy of what others
 revealed, by pinning headers.
@@ -45,9 +46,9 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from dso.clock import LOOK_MARGIN_SECONDS, certain_after
-from dso.payload import Payload
-from dso.rejections import Reason, Rejection
+from dso.protocol.clock import LOOK_MARGIN_SECONDS, certain_after
+from dso.protocol.payload import Payload
+from dso.protocol.rejections import Reason, Rejection
 from storage import keys
 from storage.client import StorageError
 from storage.commitment import BucketInfo, parse_commitment

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, TypeGuard
 
-from dso.rejections import Reason, Rejection
+from dso.protocol.rejections import Reason, Rejection
 from storage import keys
 from storage.client import ObjectReader, S3Client
 from storage.jsonobj import MAX_JSON_BYTES, encode_json, get_json, parse_json_object, put_json

@@ -19,7 +19,7 @@ from dataclasses import asdict
 
 from botocore.exceptions import BotoCoreError, ClientError
 
-from dso.rejections import Rejection
+from dso.protocol.rejections import Rejection
 from storage.client import StorageError
 from storage.commitment import endpoint_problem, parse_commitment
 from storage.credentials import AdminCredentials, PeerCredentials, provision_peer

@@ -3,13 +3,13 @@
 With ``hparams.commit_reveal`` a miner's upload for window t is split in two:
 
 * put window:    ``commit/{t}/{uid}-v{v}.json`` = {format, window, uid, commitment}, where
-  ``commitment = dso.commit.commitment_hash(t, uid, payload bytes, nonce)``;
+  ``commitment = dso.protocol.commit.commitment_hash(t, uid, payload bytes, nonce)``;
 * reveal window: ``reveal/{t}/{uid}-v{v}.json`` = {format, window, uid, nonce (64 hex)} and the payload
   itself at the usual ``gradient/{t}/{uid}-v{v}.safetensors`` (wire format unchanged).
 
 A reader (validator or miner) accepts a payload only when the commitment landed inside the put window,
 the nonce and the payload inside the reveal window (S3 LastModified, design §2 tolerance) and the hash
-matches (:func:`dso.commit.judge_reveal`).  Outcomes are the shared :class:`~dso.rejections.Reason`
+matches (:func:`dso.protocol.commit.judge_reveal`).  Outcomes are the shared :class:`~dso.protocol.rejections.Reason`
 values; nothing here raises on what a peer uploaded.
 """
 from __future__ import annotations
@@ -22,12 +22,12 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, cast
 
-from dso import signatures
-from dso.clock import PutWindow, reveal_window_after
-from dso.codecs import Codec
-from dso.commit import NONCE_BYTES, commitment_hash, is_commitment, judge_reveal, new_nonce
-from dso.payload import Payload
-from dso.rejections import Reason, Rejection, unexpected
+from dso.codec.codecs import Codec
+from dso.protocol import signatures
+from dso.protocol.clock import PutWindow, reveal_window_after
+from dso.protocol.commit import NONCE_BYTES, commitment_hash, is_commitment, judge_reveal, new_nonce
+from dso.protocol.payload import Payload
+from dso.protocol.rejections import Reason, Rejection, unexpected
 from storage import keys, signature
 from storage.client import ObjectInfo, S3Client, StorageError
 from storage.commitment import BucketInfo
@@ -62,7 +62,7 @@ class Sealed:
     payload: bytes
     nonce: bytes
     commitment: str
-    signature: str = ""  # the miner's signature of the payload (dso/signatures.py), published with the reveal
+    signature: str = ""  # the miner's signature of the payload (dso/protocol/signatures.py), published with the reveal
 
 
 def seal(payload: bytes, window: int, uid: int, nonce: bytes | None = None, signature: str = "") -> Sealed:

@@ -35,8 +35,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from dso import processes
-from dso.processes import spawn
+from dso.util import processes
+from dso.util.processes import spawn
 from storage.client import S3Client, StorageError
 from storage.credentials import (  # noqa: F401 (re-exported)
     ADMIN_USER,

@@ -2,7 +2,7 @@
 
 Key ``{run}/signature/{window}/{uid}-v{v}.json`` (storage/keys.py), about 300 bytes of strict JSON:
 ``{format, run, window, uid, sha256, signature}`` where ``sha256`` is the digest of the payload bytes and
-``signature`` the uid's hotkey's sr25519 signature over (run, window, uid, sha256) (dso/signatures.py).
+``signature`` the uid's hotkey's sr25519 signature over (run, window, uid, sha256) (dso/protocol/signatures.py).
 
 Why a separate object, published first (docs/decisions/0301): the signature binds the digest of bytes
 nobody else has yet, so the validator's own first sight of it (storage/look.py) dates the author's hold on
@@ -19,8 +19,8 @@ import hashlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from dso import signatures
-from dso.rejections import Reason, Rejection
+from dso.protocol import signatures
+from dso.protocol.rejections import Reason, Rejection
 from storage import keys
 from storage.client import S3Client, StorageError
 from storage.jsonobj import encode_json, parse_json_object, rejection_for

@@ -19,7 +19,7 @@ from typing import Any, NoReturn, TypeGuard
 import numpy as np
 import safetensors.numpy
 
-from dso.rejections import Reason, Rejection
+from dso.protocol.rejections import Reason, Rejection
 
 ITEMSIZE = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "I16": 2, "U16": 2, "F16": 2, "BF16": 2,
             "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8}

@@ -8,7 +8,7 @@ positions chosen for SyncScore).  ``__metadata__`` (all strings): ``format``,
 its assignment it trained on, from the first) and the codec settings as ``codec.<name>``.
 
 :func:`decode_payload` never raises: it returns a :class:`Payload` or a
-:class:`~dso.rejections.Rejection`.  Order of checks: size cap → container
+:class:`~dso.protocol.rejections.Rejection`.  Order of checks: size cap → container
 (header) → metadata → key set → dtypes → shapes → codec content (index range,
 count per chunk, encoding, finiteness) → sync values.
 """
@@ -23,15 +23,15 @@ import numpy as np
 import safetensors.numpy
 import torch
 
-from dso.codecs import Codec, Update
-from dso.model import sync_sample_count
-from dso.packing import PackingError
-from dso.payload import Payload, PayloadMeta
-from dso.rejections import Reason, Rejection, unexpected
+from dso.codec.codecs import Codec, Update
+from dso.codec.packing import PackingError
+from dso.nn.model import sync_sample_count
+from dso.protocol.payload import Payload, PayloadMeta
+from dso.protocol.rejections import Reason, Rejection, unexpected
 from storage.tensorfile import check_spec, header_allowance, load_arrays, parse_uint, read_header
 
 if TYPE_CHECKING:
-    from dso.config import HParams
+    from dso.config.schema import HParams
 
 FORMAT = "dso-update"
 SYNC_KEY = "sync.values"
@@ -51,7 +51,7 @@ class Expect:
     model_hash: str | None = None
     run: str = ""                  # the network run the payload is read under (its key prefix)
     max_trained: int | None = None  # the most sequences a payload may declare it trained on (the assignment)
-    # the hotkey whose signature the payload must carry (dso/signatures.py); None: not checked (tools, tests);
+    # the hotkey whose signature the payload must carry (dso/protocol/signatures.py); None: not checked (tools, tests);
     # "" : required, but the uid has no hotkey on chain, so nothing can pass
     signer: str | None = None
 

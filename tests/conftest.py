@@ -41,14 +41,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.fixture(scope="session")
 def stdlib_corpus() -> Path:
     """About 700 KB of English prose shipped with CPython (no install needed)."""
-    from dso.corpus import stdlib_prose
+    from dso.data.corpus import stdlib_prose
 
     return stdlib_prose()
 
 
 @pytest.fixture
 def tiny_hparams():
-    from dso.config import HParams, ModelConfig
+    from dso.config.schema import HParams, ModelConfig
 
     # tests train on raw bytes (no tokeniser to train, small embedding): the byte tokeniser, explicitly
     hp = HParams(tokenizer="bytes",
@@ -87,7 +87,7 @@ def sim_dataset(tmp_path_factory):
     and sequence length, tokenised once per setting for the session.  The proof of computation's calibration is
     the default data's: on CPython's documentation prose, a few hundred kilobytes of repetitive text, a tiny model's
     honest updates leave too faint a trace on the sequences they trained on (docs/scoring.md)."""
-    from dso.data import Dataset
+    from dso.data.dataset import Dataset
 
     cache = tmp_path_factory.mktemp("shakespeare")
 

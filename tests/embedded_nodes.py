@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import asdict
 from pathlib import Path
 
-from dso.config import Config, HParams, ModelConfig
-from dso.config_sources import from_dict
+from dso.config.schema import Config, HParams, ModelConfig
+from dso.config.sources import from_dict
 from paper_training import use_paper_training
 from storage.server import EmbeddedS3
 

@@ -5,11 +5,11 @@ import hashlib
 
 import torch
 
-from dso.codec import DeMoCodec, ErrorFeedback
-from dso.data import Dataset
-from dso.model import build_model, parameter_shapes, sync_sample_count
-from dso.payload import Payload, PayloadMeta
-from dso.train import compute_gradients, learning_rate
+from dso.codec.demo import DeMoCodec, ErrorFeedback
+from dso.data.dataset import Dataset
+from dso.nn.model import build_model, parameter_shapes, sync_sample_count
+from dso.protocol.payload import Payload, PayloadMeta
+from dso.training.train import compute_gradients, learning_rate
 from scoring.sync import sample_parameters, sync_positions
 
 

@@ -1,8 +1,8 @@
 """The Gauntlet paper's training setup with this project's pay: what tests calibrated on the old paper mode use."""
 from __future__ import annotations
 
-from dso.config import HParams
-from dso.config_sources import use_profile
+from dso.config.schema import HParams
+from dso.config.sources import use_profile
 
 
 def use_paper_training(hp: HParams) -> HParams:

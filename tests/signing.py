@@ -1,8 +1,8 @@
 """Signed uploads for tests: deterministic miner wallets and what an honest miner publishes."""
 from __future__ import annotations
 
-from dso import signatures
 from dso.chain.wallets import dev_wallet, hotkey_address
+from dso.protocol import signatures
 from storage import keys, signature
 
 

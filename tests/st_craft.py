@@ -5,7 +5,7 @@ import json
 
 import torch
 
-from dso.payload import PayloadMeta
+from dso.protocol.payload import PayloadMeta
 from storage.wire import encode_payload
 
 
@@ -40,7 +40,7 @@ def honest(codec, update, hp, uid: int, window: int, sync=None) -> bytes:
 
 
 def _copy(update):
-    from dso.codec import TensorUpdate
+    from dso.codec.demo import TensorUpdate
     return {n: TensorUpdate(u.idx.clone(), u.codes.clone(), u.scale.clone()) for n, u in update.items()}
 
 

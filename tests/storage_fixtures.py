@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dso.codec import DeMoCodec
-from dso.config import HParams, ModelConfig
-from dso.model import build_model, parameter_shapes
+from dso.codec.demo import DeMoCodec
+from dso.config.schema import HParams, ModelConfig
+from dso.nn.model import build_model, parameter_shapes
 
 torch.set_num_threads(1)
 

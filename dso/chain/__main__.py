@@ -20,7 +20,7 @@ from dso.chain.base import ChainError
 from dso.chain.local import LocalChain
 from dso.chain.local_store import LocalChainParams
 from dso.chain.wallets import WalletError, create_local_wallet, hotkey_address
-from dso.config import Config, WalletConfig
+from dso.config.schema import Config, WalletConfig
 
 
 def _short(ss58: str) -> str:

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dso.chain.base import Chain
-from dso.config import Config, expand
+from dso.config.schema import Config, expand
 
 LOCAL_NETWORK = "localchain"
 

@@ -17,7 +17,7 @@ import bittensor as bt
 import bittensor_core
 
 if TYPE_CHECKING:
-    from dso.config import WalletConfig
+    from dso.config.schema import WalletConfig
 
 SR25519 = bittensor_core.CRYPTO_SR25519
 
@@ -31,7 +31,7 @@ def _wallet_dir(path: str, name: str) -> Path:
 
 
 def load_wallet(cfg: WalletConfig, create: bool = False) -> bt.Wallet:
-    """The wallet named by a :class:`dso.config.WalletConfig` (name, hotkey, path).
+    """The wallet named by a :class:`dso.config.schema.WalletConfig` (name, hotkey, path).
 
     With ``create=True`` a missing wallet/hotkey is created unencrypted (local
     networks only).  The hotkey is unlocked here, at start-up, so a password

@@ -7,10 +7,10 @@ import time
 import torch
 
 from benchmarks.common import default_dataset, median_times, worker_pool
-from dso.codec import DeMoCodec
-from dso.config import HParams, ModelConfig
-from dso.model import build_model, parameter_shapes
-from dso.train import compute_gradients
+from dso.codec.demo import DeMoCodec
+from dso.config.schema import HParams, ModelConfig
+from dso.nn.model import build_model, parameter_shapes
+from dso.training.train import compute_gradients
 
 TEMPLAR_BYTES_PER_KEPT = 2.5  # 12-bit index + 1-byte value
 

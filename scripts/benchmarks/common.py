@@ -75,13 +75,13 @@ def finite_or_none(x: float) -> float | None:
 
 def default_dataset(hp):
     """The data set every node of a default run trains on (Shakespeare, cached shards, the run's tokeniser)."""
-    from dso.data import Dataset
+    from dso.data.dataset import Dataset
     return Dataset.for_run(hp, "shakespeare", "~/.cache/dso")
 
 
 def preset_hparams(preset: str):
-    """Default hyper-parameters with a named model preset (dso.presets) applied."""
-    from dso.config import HParams
+    """Default hyper-parameters with a named model preset (dso.nn.presets) applied."""
+    from dso.config.schema import HParams
     hp = HParams()
     hp.model.preset = preset
     hp.model.apply_preset()

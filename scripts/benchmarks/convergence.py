@@ -30,7 +30,7 @@ def train_variant(kind: str, windows: int, peers: int, value_bits: int | None = 
     """One training run (in a worker process): validation loss before training and after each window."""
     from benchmarks.common import default_dataset, setup_worker
     setup_worker()
-    from dso.config import HParams
+    from dso.config.schema import HParams
     from sim.training import run_adamw, run_honest
 
     hp = HParams()
@@ -112,7 +112,7 @@ def plot(curves: dict[str, list], chosen: str, path: Path) -> None:
 
 
 def run(quick: bool) -> dict:
-    from dso.config import HParams
+    from dso.config.schema import HParams
 
     cfg = QUICK if quick else FULL
     w, n, steps = cfg["windows"], cfg["peers"], cfg["steps_max"]

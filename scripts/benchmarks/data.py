@@ -1,7 +1,7 @@
 """Data section: a miner's peak memory does not grow with the corpus (shards read sequence by sequence).
 
 For each corpus size, text is generated deterministically (no download), turned into shards with
-:func:`dso.shards.write_shards` (as ``scripts/prepare_data.py`` does), and a fresh process does a
+:func:`dso.data.shards.write_shards` (as ``scripts/prepare_data.py`` does), and a fresh process does a
 miner's data work: open the shards (hashes checked), build the default model, and for several
 windows draw its assignment, train a few AdamW steps on it and evaluate the validation batch.  Its
 VmHWM (peak resident set) is ``rss_mb``.  The shard
@@ -61,9 +61,9 @@ def prepare(source: Path, out: Path) -> dict:
     """Worker process: shards of ``source`` with the byte tokeniser; the writer's own peak RSS."""
     from benchmarks.common import setup_worker
     setup_worker()
-    from dso.corpus import corpus_files
-    from dso.shard_writer import write_shards
-    from dso.tokenizer import Tokenizer
+    from dso.data.corpus import corpus_files
+    from dso.data.shard_writer import write_shards
+    from dso.data.tokenizer import Tokenizer
     manifest = write_shards(corpus_files(str(source)), Tokenizer.bytes(), out)
     return {"tokens": manifest.tokens, "shards": len(manifest.shards), "prepare_peak_rss_mb": own_peak_rss_mb()}
 
@@ -74,11 +74,11 @@ def miner_work(shards: str, cache_dir: str) -> dict:
     setup_worker()
     import torch
 
-    from dso.config import HParams
-    from dso.data import Dataset
-    from dso.model import build_model
-    from dso.tokenizer import TokenizerSpec
-    from dso.train import evaluate
+    from dso.config.schema import HParams
+    from dso.data.dataset import Dataset
+    from dso.data.tokenizer import TokenizerSpec
+    from dso.nn.model import build_model
+    from dso.training.train import evaluate
 
     hp = HParams(tokenizer="bytes")  # the shards are byte-level (see the module doc)
     hp.model.vocab_size = 256

@@ -1,7 +1,7 @@
 """Data section, part two: a miner reading its corpus from a dataset bucket against reading local shards.
 
 A corpus of random byte-level token ids (``2 × 2^30`` bytes of tokens, 32 shards of 2^25 ids; quick: 64 MiB)
-is written as shards with chunk digests (:class:`dso.shard_writer.ShardWriter`), published to a dataset
+is written as shards with chunk digests (:class:`dso.data.shard_writer.ShardWriter`), published to a dataset
 bucket on an S3 server on loopback (SeaweedFS when its binary is there, else moto) with the code of
 ``prepare_data.py --upload``, and a fresh process does a miner's work for several windows: AdamW steps of 16
 sequences of 129 ids on the default model shape (byte vocabulary) through its assignment, read as the miner
@@ -47,10 +47,10 @@ SAMPLE_SECONDS = 0.5  # a scan of ~1,500 cache files costs ~5 ms of CPU: every 5
 
 def write_random_shards(out: Path, shards: int, shard_tokens: int, seed: int = 0) -> None:
     """``shards`` shards of random byte ids (as uint16) with chunk digests and a manifest (bytes tokeniser)."""
-    from dso.atomic import atomic_write
-    from dso.shard_writer import ShardWriter
-    from dso.shards import CHUNK_BYTES, MANIFEST, Manifest
-    from dso.tokenizer import Tokenizer
+    from dso.data.shard_writer import ShardWriter
+    from dso.data.shards import CHUNK_BYTES, MANIFEST, Manifest
+    from dso.data.tokenizer import Tokenizer
+    from dso.util.atomic import atomic_write
 
     out.mkdir(parents=True)
     rng = np.random.default_rng(seed)
@@ -79,10 +79,10 @@ def miner_work(corpus: str, endpoint: str, keys: tuple[str, str], cache_dir: str
     setup_worker()
     import torch
 
-    from dso.config import HParams
-    from dso.data import Dataset
-    from dso.model import build_model
-    from dso.shards import open_shards
+    from dso.config.schema import HParams
+    from dso.data.dataset import Dataset
+    from dso.data.shards import open_shards
+    from dso.nn.model import build_model
     from neurons.miner import PREFETCH_STEPS
 
     hp = HParams(tokenizer="bytes")

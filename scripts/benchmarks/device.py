@@ -4,7 +4,7 @@ where torch sees one, on CUDA GPUs with bf16 autocast (docs/gpu.md, docs/scale.m
 On the CPU: the default model, one thread.  Where CUDA is available, also:
 
 * ``cuda.<preset>`` for ``125m`` and ``1b``: tokens/s and MFU of the inner step on one GPU
-  (dso.inner.InnerLoop), and with every GPU of the machine as FSDP2 ranks (``fsdp_ranks``; NCCL) — MFU is
+  (dso.training.inner.InnerLoop), and with every GPU of the machine as FSDP2 ranks (``fsdp_ranks``; NCCL) — MFU is
   model FLOPs (6 per parameter and token, plus attention's 12 · layers · d_model · seq_len) over the card's
   dense bf16 peak (``PEAK_BF16_TFLOPS``, by device name; null for a card not in the table);
 * ``theta_bit_identical``: three windows aggregated on a CPU model and on a CUDA model end with the same
@@ -28,9 +28,9 @@ NO_GPU = "none: torch sees no CUDA device on this machine (not measured; docs/gp
 
 
 def tokens_per_second(device: str, steps: int, hp=None) -> float:
-    from dso.config import HParams
-    from dso.inner import InnerLoop
-    from dso.model import build_model
+    from dso.config.schema import HParams
+    from dso.nn.model import build_model
+    from dso.training.inner import InnerLoop
 
     hp = hp or HParams()
     dataset = default_dataset(hp)
@@ -51,7 +51,7 @@ def tokens_per_second(device: str, steps: int, hp=None) -> float:
 
 def flops_per_token(cfg) -> float:
     """Training FLOPs per token: 6 per parameter (the tied head's matmul included) and attention's scores."""
-    from dso.presets import total_parameters
+    from dso.nn.presets import total_parameters
     params = total_parameters(cfg.d_model, cfg.n_layers, cfg.ffn_hidden, cfg.vocab_size)
     return 6.0 * params + 12.0 * cfg.n_layers * cfg.d_model * cfg.seq_len
 

@@ -14,8 +14,8 @@ import torch
 def record_updates(rounds: int, steps: int = 3, lr: float = 2e-3, hp=None) -> dict[str, list[dict[str, torch.Tensor]]]:
     """One peer training with AdamW: per round its pseudo-gradient and its first gradient."""
     from benchmarks.common import default_dataset
-    from dso.config import HParams
-    from dso.model import build_model
+    from dso.config.schema import HParams
+    from dso.nn.model import build_model
 
     hp = hp or HParams()
     dataset = default_dataset(hp)
@@ -37,7 +37,7 @@ def record_updates(rounds: int, steps: int = 3, lr: float = 2e-3, hp=None) -> di
 
 def sent_shares(stream: list[dict[str, torch.Tensor]], codec, beta: float) -> list[float]:
     """Energy share sent in each round by error feedback with ``codec``."""
-    from dso.codec import ErrorFeedback
+    from dso.codec.demo import ErrorFeedback
 
     ef = ErrorFeedback(codec, beta)
     shares = []
@@ -52,8 +52,8 @@ def sent_shares(stream: list[dict[str, torch.Tensor]], codec, beta: float) -> li
 def energy_table(streams: dict[str, list], topks, bits, skip: int = 1, beta: float | None = None, hp=None) -> dict:
     """Rows ``<stream> <dct|raw> top-k``, columns value bits: mean share over rounds ``skip``…;
     plus the raw ÷ DCT ratio at each top-k with 4-bit values."""
-    from dso.codec import DeMoCodec
-    from dso.config import HParams
+    from dso.codec.demo import DeMoCodec
+    from dso.config.schema import HParams
 
     hp = hp or HParams()
     beta = hp.ef_beta if beta is None else beta

@@ -56,8 +56,8 @@ def run_variant(spend: str, seed: int, windows: int, steps: int, honest: int, se
     import numpy as np
 
     from benchmarks.common import default_dataset, setup_worker
-    from dso.config import HParams
-    from dso.outer import peer_norms, reference_norms
+    from dso.config.schema import HParams
+    from dso.training.outer import peer_norms, reference_norms
     from scoring.evaluation import ParameterSnapshot, random_losses, stepped_losses, update_step
     from sim.simulator import SimNet
 

@@ -40,10 +40,10 @@ import torch  # noqa: E402
 
 from benchmarks import hostile_server  # noqa: E402
 from benchmarks.common import proc_cpu_seconds  # noqa: E402
-from dso.codec import DeMoCodec  # noqa: E402
-from dso.config import HParams  # noqa: E402
-from dso.model import build_model, parameter_shapes, sync_sample_count  # noqa: E402
-from dso.payload import PayloadMeta
+from dso.codec.demo import DeMoCodec  # noqa: E402
+from dso.config.schema import HParams  # noqa: E402
+from dso.nn.model import build_model, parameter_shapes, sync_sample_count  # noqa: E402
+from dso.protocol.payload import PayloadMeta
 from storage import keys, signature  # noqa: E402
 from storage.commitment import BucketInfo  # noqa: E402
 from storage.gather import GatherOptions, ReaderCache, gather  # noqa: E402

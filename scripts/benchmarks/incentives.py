@@ -96,7 +96,7 @@ def pass_rate(records: list[dict], uids: list[int], threshold: float) -> tuple[i
 
 # ------------------------------------------------------------------ runs
 def _hparams(model: str, seed: int):
-    from dso.config import HParams, ModelConfig
+    from dso.config.schema import HParams, ModelConfig
     hp = HParams(seed=seed)
     if model == "tiny":
         hp.model = ModelConfig(d_model=32, n_layers=1, n_heads=2, ffn_hidden=64, seq_len=32)

@@ -16,7 +16,7 @@ from benchmarks.common import proc_peak_rss_mb
 
 def localnet_peaks(miners: int = 3, windows: int = 3, timeout: float | None = None) -> dict:
     """{validator_peak_rss_mb, miner_peak_rss_mb, ...}; {"error": ...} if the network does not get going."""
-    from dso.config import HParams
+    from dso.config.schema import HParams
     from sim.localnet import LocalNet, plan_nodes
 
     hp = HParams()

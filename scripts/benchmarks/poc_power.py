@@ -48,7 +48,7 @@ def figures(per_peer: list[list[float]], threshold: float, memory: int) -> dict:
 def measure(windows: int, steps: int, seed: int = 1) -> dict:
     from benchmarks.common import default_dataset, setup_worker
     setup_worker()
-    from dso.config import HParams
+    from dso.config.schema import HParams
     from sim.simulator import SimNet
 
     hp = HParams(seed=seed)

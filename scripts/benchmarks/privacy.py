@@ -28,7 +28,7 @@ PLOT = ROOT / "docs" / "img" / "privacy.png"
 
 
 def hparams(tiny: bool):
-    from dso.config import HParams, ModelConfig
+    from dso.config.schema import HParams, ModelConfig
     hp = HParams()
     if tiny:
         hp.model = ModelConfig(d_model=32, n_layers=1, n_heads=2, ffn_hidden=64, seq_len=32)
@@ -37,7 +37,7 @@ def hparams(tiny: bool):
 
 
 def epsilon_for(z: float, rounds: int, delta: float) -> float:
-    from dso.rdp import epsilon_of
+    from dso.privacy.rdp import epsilon_of
     return epsilon_of(z, rounds, delta, range(2, 128))
 
 
@@ -46,7 +46,7 @@ def sketch_dp_codec(shapes, dim: int, z: float, clip: float, seed: int):
     """The sketch codec with ZIP-400's noise placement: clip each tensor's sketch to C/√T, add N(0, (zC)²)."""
     import torch
 
-    from dso.sketch import SketchCodec, SketchUpdate, stochastic_quantise
+    from dso.codec.sketch import SketchCodec, SketchUpdate, stochastic_quantise
 
     per_tensor = clip / math.sqrt(len(shapes))
     noise = torch.Generator().manual_seed(seed)
@@ -69,12 +69,12 @@ def placement(rounds: int, tiny: bool) -> dict:
     setup_worker()
     import torch
 
-    from dso.codec import DeMoCodec, ErrorFeedback
-    from dso.model import build_model, parameter_shapes
-    from dso.privacy import clip_and_noise, global_norm
-    from dso.rdp import noise_for_target
-    from dso.sketch import SketchCodec
-    from dso.train import compute_gradients
+    from dso.codec.demo import DeMoCodec, ErrorFeedback
+    from dso.codec.sketch import SketchCodec
+    from dso.nn.model import build_model, parameter_shapes
+    from dso.privacy.dp import clip_and_noise, global_norm
+    from dso.privacy.rdp import noise_for_target
+    from dso.training.train import compute_gradients
 
     hp = hparams(tiny)
     model = build_model(hp.model, hp.seed)
@@ -126,8 +126,8 @@ def train(windows: int, peers: int, tiny: bool, z: float | None) -> dict:
 
 
 def run(quick: bool) -> dict:
-    from dso.config import HParams
-    from dso.rdp import noise_for_target
+    from dso.config.schema import HParams
+    from dso.privacy.rdp import noise_for_target
 
     cfg = QUICK if quick else FULL
     delta, w = HParams().dp.delta, cfg["windows"]

@@ -18,8 +18,8 @@ import torch
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from dso.config import HParams  # noqa: E402
-from dso.robust import RULES, robust_aggregate  # noqa: E402
+from dso.aggregation.robust import RULES, robust_aggregate  # noqa: E402
+from dso.config.schema import HParams  # noqa: E402
 from sim.attacks import ATTACKS, byzantine_rows  # noqa: E402
 
 

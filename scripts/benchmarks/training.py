@@ -9,7 +9,7 @@ the network's outer step, and the DDP baseline):
   every peer's batch (full mode: the best peak lr of a small sweep; every sweep value is reported);
 * ``paper`` — H = 1: one gradient per window, the Gauntlet's signed step, W·H windows (equal tokens);
 * ``network_overlap`` (full mode) — the same, each peer taking the first step of window t+1 from
-  θ_t before θ_{t+1} is known and rebasing onto it, as the miner does (dso.inner.InnerLoop.rebase);
+  θ_t before θ_{t+1} is known and rebasing onto it, as the miner does (dso.training.inner.InnerLoop.rebase);
 * ``localnet_regime`` / ``localnet_ddp`` (full mode) — what ``make run`` can reach: 20 windows ×
   3 inner steps × 6 peers, and DDP AdamW on the same tokens.
 
@@ -40,7 +40,7 @@ if __name__ == "__main__":  # run as a script: make `benchmarks` and `dso` impor
     sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parents[2])]
 
 from benchmarks.common import ROOT, finite_or_none, save_plot, worker_pool  # noqa: E402
-from dso.config_sources import profile_settings  # noqa: E402
+from dso.config.sources import profile_settings  # noqa: E402
 
 FULL = {"peers": 4, "windows": 12, "steps": 6, "ddp_lrs": (1e-3, 2e-3, 4e-3), "localnet": True, "tiny": False,
         "workers": 2}
@@ -56,8 +56,8 @@ DEFAULT_REPORT = ROOT / "runs" / "localnet" / "report.json"  # where ``make run`
 # ------------------------------------------------------------------ runs
 def hparams(tiny: bool = False, overrides: dict | None = None):
     """The run's hyper-parameters: defaults (or the tiny test model) with dotted ``hparams`` overrides."""
-    from dso.config import Config, ModelConfig
-    from dso.config_sources import set_key
+    from dso.config.schema import Config, ModelConfig
+    from dso.config.sources import set_key
 
     cfg = Config()
     if tiny:
@@ -76,7 +76,7 @@ def run_variant(spec: dict) -> dict:
     windows, steps, ``set`` (dotted HParams overrides), overlap, lr (ddp), tiny."""
     from benchmarks.common import default_dataset, setup_worker
     setup_worker()
-    from dso.train import bits_per_byte
+    from dso.training.train import bits_per_byte
     from sim.training import run_ddp, run_network
 
     hp = hparams(spec.get("tiny", False), spec.get("set"))
@@ -156,9 +156,9 @@ def payload_object_bytes(hp) -> int:
     """Size of one real payload object (safetensors header + compressed update + sync samples)."""
     import torch
 
-    from dso.codec import DeMoCodec
-    from dso.model import build_model, parameter_shapes
-    from dso.payload import PayloadMeta
+    from dso.codec.demo import DeMoCodec
+    from dso.nn.model import build_model, parameter_shapes
+    from dso.protocol.payload import PayloadMeta
     from storage.wire import encode_payload
 
     codec = DeMoCodec.from_hparams(parameter_shapes(build_model(hp.model, hp.seed)), hp)
@@ -236,7 +236,7 @@ def summarise(runs: dict[str, dict], cfg: dict, parameters: int, payload_bytes: 
 
 # ------------------------------------------------------------------ run
 def run(quick: bool) -> dict:
-    from dso.model import build_model, parameter_count
+    from dso.nn.model import build_model, parameter_count
 
     cfg = QUICK if quick else FULL
     p, w, h, tiny = cfg["peers"], cfg["windows"], cfg["steps"], cfg["tiny"]

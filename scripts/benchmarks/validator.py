@@ -8,7 +8,7 @@ calls (fast checks of all peers, L(θ_t, D_rand), the parameter snapshot, rating
     per_peer = (T(S) − T(1)) / (S − 1),   shared = T(1) − per_peer,
     eval_forward_units_per_peer = (T(S) − shared) / S / T_fwd = per_peer / T_fwd,
 
-with T_fwd one :func:`dso.train.evaluate` on ``eval_sequences`` sequences.  The per-peer work is: decode of the
+with T_fwd one :func:`dso.training.train.evaluate` on ``eval_sequences`` sequences.  The per-peer work is: decode of the
 update, its evaluation step, forwards over its sample of trained sequences at θ' and at the consensus step and over
 the random sequences at θ', restoring θ_t after each step (``sequences_per_peer`` counts the sequences).
 
@@ -39,9 +39,9 @@ def per_peer_cost(t_many: float, t_one: float, many: int) -> tuple[float, float]
 
 
 def _honest_payloads(model, codec, dataset, hp, uids, positions, sequences: int | None = None) -> dict:
-    from dso.codec import ErrorFeedback
-    from dso.payload import Payload, PayloadMeta
-    from dso.train import compute_gradients
+    from dso.codec.demo import ErrorFeedback
+    from dso.protocol.payload import Payload, PayloadMeta
+    from dso.training.train import compute_gradients
     from scoring.sync import sample_parameters
 
     sync = sample_parameters(dict(model.named_parameters()), positions)
@@ -62,16 +62,16 @@ def measure_eval_cost(quick: bool, eval_sequences: int | None = None, repeats: i
                       peers: int | None = None, preset: str = "", gradient_sequences: int | None = None) -> dict:
     """Runs in its own process (see module doc); returns timings in ms and this process's peak RSS.
 
-    ``preset``: a named model shape (dso.presets) built for real instead of the default model;
+    ``preset``: a named model shape (dso.nn.presets) built for real instead of the default model;
     ``gradient_sequences``: sequences behind each honest payload (the payload's size does not depend
     on it, only the time to make it)."""
     import copy
 
     from benchmarks.common import default_dataset, preset_hparams, setup_worker
     setup_worker()
-    from dso.codec import DeMoCodec
-    from dso.config import HParams
-    from dso.model import build_model, parameter_shapes, sync_sample_count
+    from dso.codec.demo import DeMoCodec
+    from dso.config.schema import HParams
+    from dso.nn.model import build_model, parameter_shapes, sync_sample_count
     from scoring.evaluation import update_step
     from scoring.state import ValidatorState
     from scoring.sync import sync_positions
@@ -117,7 +117,7 @@ def _peer_steps(model, codec, dataset, hp, payload, reference: dict, shapes: dic
     forward pass over the random batch (the unit); the number of proof-of-computation sequences."""
     import numpy as np
 
-    from dso.train import evaluate
+    from dso.training.train import evaluate
     from scoring.evaluation import ParameterSnapshot, evaluate_peer, random_losses, update_step
     from scoring.window import poc_sample_size
 
@@ -170,11 +170,11 @@ def measure_miner_footprint() -> dict:
     setup_worker()
     import torch
 
-    from dso.codec import DeMoCodec, ErrorFeedback
-    from dso.config import HParams
-    from dso.model import build_model, parameter_shapes, sync_sample_count
-    from dso.payload import PayloadMeta
-    from dso.train import compute_gradients
+    from dso.codec.demo import DeMoCodec, ErrorFeedback
+    from dso.config.schema import HParams
+    from dso.nn.model import build_model, parameter_shapes, sync_sample_count
+    from dso.protocol.payload import PayloadMeta
+    from dso.training.train import compute_gradients
     from storage.wire import encode_payload
 
     hp = HParams()

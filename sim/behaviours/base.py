@@ -7,10 +7,10 @@ from typing import TYPE_CHECKING, ClassVar
 
 import torch
 
-from dso.codecs import Codec, Update
+from dso.codec.codecs import Codec, Update
 
 if TYPE_CHECKING:
-    from dso.data import Dataset
+    from dso.data.dataset import Dataset
 
 ALIE_Z = 1.0        # std multiples subtracted by ALIE
 IPM_EPSILON = 0.5   # scale of the negated mean

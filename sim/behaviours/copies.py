@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import deque
 
-from dso.codecs import Update
+from dso.codec.codecs import Update
 from sim.behaviours.base import COPY_SCALE, MIX_SCALE, REPLAY_LAG, Behaviour, Inputs
 from sim.behaviours.updates import alie, ipm, mix, noisy_copy, scaled
 

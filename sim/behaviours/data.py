@@ -11,7 +11,7 @@ import torch
 from sim.behaviours.base import FIXED_BATCH, OTHER_DATA_UID, Behaviour
 
 if TYPE_CHECKING:
-    from dso.data import Dataset
+    from dso.data.dataset import Dataset
 
 
 class WrongData(Behaviour):
@@ -34,7 +34,7 @@ class FixedBatch(Behaviour):
 
 
 class OtherText(Behaviour):
-    """The honest compute on another text: CPython's documentation prose (``dso.corpus.stdlib_prose``), cut into
+    """The honest compute on another text: CPython's documentation prose (``dso.data.corpus.stdlib_prose``), cut into
     sequences by the run's tokeniser, a fresh stretch every window."""
 
     name = "othertext"
@@ -44,7 +44,7 @@ class OtherText(Behaviour):
 
     def training_data(self, dataset: Dataset, uid: int, window: int, assigned: int) -> torch.Tensor:
         if self.ids is None:
-            from dso.corpus import stdlib_prose
+            from dso.data.corpus import stdlib_prose
             self.ids = dataset.tokenizer.encode_long(stdlib_prose().read_text(errors="replace")).astype(np.int64)
         width = dataset.seq_len + 1
         rows = self.ids[: self.ids.size // width * width].reshape(-1, width)

@@ -4,9 +4,9 @@ from __future__ import annotations
 import hashlib
 import math
 
-from dso.codecs import Codec
-from dso.payload import Payload
-from dso.rejections import Rejection
+from dso.codec.codecs import Codec
+from dso.protocol.payload import Payload
+from dso.protocol.rejections import Rejection
 from sim.behaviours.base import BACKDATE_BY
 from sim.behaviours.updates import scaled
 from storage.wire import Expect, decode_payload, encode_payload

@@ -4,8 +4,8 @@ from __future__ import annotations
 import numpy as np
 import safetensors.numpy
 
-from dso.codecs import Update
-from dso.rejections import Rejection
+from dso.codec.codecs import Update
+from dso.protocol.rejections import Rejection
 from sim.behaviours.base import Behaviour, Inputs, Plan
 from sim.behaviours.updates import noise, zeros
 from storage.tensorfile import load_arrays, read_header

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import ClassVar
 
-from dso.codecs import Update
+from dso.codec.codecs import Update
 from sim.behaviours.base import (
     DESYNC_EVERY,
     DESYNC_LENGTH,

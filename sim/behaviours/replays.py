@@ -7,7 +7,7 @@ from typing import ClassVar
 
 import torch
 
-from dso.codecs import Update
+from dso.codec.codecs import Update
 from sim.behaviours.base import REPLAY_LAG, Behaviour, Inputs, Plan
 from sim.behaviours.no_work import Freerider
 from sim.behaviours.updates import replay, zeros

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from dso.codecs import Codec, Update
+from dso.codec.codecs import Codec, Update
 from sim.behaviours.base import ALIE_Z, COPY_NOISE, IPM_EPSILON
 
 

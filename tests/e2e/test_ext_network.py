@@ -22,8 +22,8 @@ import sys
 import numpy as np
 import pytest
 
-from dso.model import build_model, parameter_shapes
-from dso.outer import OuterState
+from dso.nn.model import build_model, parameter_shapes
+from dso.training.outer import OuterState
 from neurons.manifest import run_of
 from sim.localnet import ROOT, LocalNet, NodeSpec, plan_nodes, read_jsonl, wait_for
 from storage import keys
@@ -102,7 +102,7 @@ def test_copier_gains_no_weight_under_commit_reveal(cr_network):
 
 def test_the_validator_looks_at_the_commitments_before_anyone_reveals(cr_network):
     """Commitments are timed by the validator's own look, taken after the put window closed and over
-    before the reveals begin (dso.clock.reveal_time), not by the LastModified a peer's server reports."""
+    before the reveals begin (dso.protocol.clock.reveal_time), not by the LastModified a peer's server reports."""
     lines = cr_network.validator_lines()
     looks = [line["commitments_look"] for line in lines]
     taken = [look for look in looks if look is not None]
@@ -167,7 +167,7 @@ def test_tampered_record_or_checkpoint_fails_verification(cr_network, verify_her
         assert status == 1 and "record_hash does not match its content" in out, out
         # 2. the same forgery re-hashed: consistent alone, but the next record no longer links to it, and the
         #    copy differs from the chain's
-        from dso.provenance import record_hash
+        from dso.protocol.provenance import record_hash
         forged["record_hash"] = record_hash(forged)
         client.put(bucket, key, encode_json(forged))
         status, out = verify_here(net, capsys, "--source", "bucket")

@@ -18,7 +18,7 @@ import signal
 import pytest
 from scrape import by_label, one, scrape
 
-from dso.config_sources import from_dict
+from dso.config.sources import from_dict
 from sim.localnet import LocalNet, plan_nodes, wait_for
 
 WINDOWS = 20
@@ -116,11 +116,11 @@ def test_validation_loss_decreases(network):
 def test_restarted_validator_gives_the_uninterrupted_weights(network):
     """The state saved after window k, loaded as a restarted validator loads it, and window k+1's inputs as
     its gather reads them → the window engine produces exactly what the uninterrupted process produced."""
-    from dso.clock import Clock
-    from dso.codecs import make_codec
-    from dso.data import Dataset
-    from dso.model import build_model, parameter_shapes
-    from dso.train import evaluate
+    from dso.codec.codecs import make_codec
+    from dso.data.dataset import Dataset
+    from dso.nn.model import build_model, parameter_shapes
+    from dso.protocol.clock import Clock
+    from dso.training.train import evaluate
     from neurons import validator_state
     from neurons.engine import WindowInputs, run_window
     from neurons.validator import Validator

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 from scrape import one, scrape
 
-from dso.config import HParams
-from dso.processes import has_parent_death_signal
+from dso.config.schema import HParams
+from dso.util.processes import has_parent_death_signal
 from sim.localnet import ROOT
 
 WINDOW_LINE = re.compile(r"^window (\d+)  val loss (\d+\.\d{4}) nats/token \((\d+\.\d{3}) bits/byte\)  "

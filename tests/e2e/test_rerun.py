@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import pytest
 
-from dso.config_sources import use_profile
-from dso.model import build_model, model_hash
+from dso.config.sources import use_profile
+from dso.nn.model import build_model, model_hash
 from sim.localnet import LocalNet, plan_nodes, wait_for
 from storage.server import EmbeddedS3
 

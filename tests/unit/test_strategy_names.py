@@ -12,8 +12,8 @@ from repo import ROOT
 
 PACKAGES = ("dso", "storage", "scoring", "neurons", "sim")
 # where the names are read: the config that validates them and the modules that map them to classes
-STRATEGY_MODULES = {"dso/config.py", "dso/outer_rules.py", "scoring/help_gate.py", "dso/codecs.py", "dso/codec.py",
-                    "dso/sketch.py"}
+STRATEGY_MODULES = {"dso/config/schema.py", "dso/training/outer_rules.py", "scoring/help_gate.py",
+                    "dso/codec/codecs.py", "dso/codec/demo.py", "dso/codec/sketch.py"}
 SETTINGS = ("outer.rule", "help_rule", "hp.codec", "hparams.codec")  # the settings that name a variant
 NAMES = {"signed", "nesterov", "best_of_two", "mean_of_record", "mean_of_two", "demo", "sketch"}  # no other setting
 # has these values ("sgd" is also an inner optimiser's name: it counts only beside a setting above)

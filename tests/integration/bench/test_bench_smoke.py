@@ -35,7 +35,7 @@ from benchmarks import (  # noqa: E402  # noqa: E402
 )
 from benchmarks import codec as codec_section  # noqa: E402
 from benchmarks.common import finite_or_none, proc_peak_rss_mb  # noqa: E402
-from dso.codec import DeMoCodec  # noqa: E402
+from dso.codec.demo import DeMoCodec  # noqa: E402
 
 
 def test_every_issue_section_is_registered():
@@ -254,7 +254,7 @@ def test_remote_data_figures_by_hand(tmp_path):
     """The bucket-against-local figures from the runs' numbers, and the generated random corpus is a valid
     shard folder (opening it checks every hash and chunk digest)."""
     from benchmarks import data_remote
-    from dso.shards import open_shards
+    from dso.data.shards import open_shards
     data_remote.write_random_shards(tmp_path / "c", 2, 5000)
     shards = open_shards(tmp_path / "c")
     assert [a.shape[0] for a in shards.arrays] == [5000, 5000] and shards.manifest.chunk_bytes == 1 << 16
@@ -340,7 +340,7 @@ def test_device_section_measures_the_cpu_and_names_a_missing_gpu():
 
 # --------------------------------------------------------------- training
 def test_bits_per_byte():
-    from dso.train import bits_per_byte
+    from dso.training.train import bits_per_byte
     assert bits_per_byte(math.log(2), 10, 10) == pytest.approx(1.0)
     assert bits_per_byte(2.5, 1, 1) == pytest.approx(3.6067, abs=1e-4)  # the issue's 2.5 nats/byte ≈ 3.6 bpb
     assert bits_per_byte(1.0, 250, 1000) == pytest.approx(0.25 / math.log(2))  # 4 bytes per token

@@ -9,10 +9,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from dso.config import ModelConfig
-from dso.hf_export import interleaved_to_halves, write_export
-from dso.model import apply_rotary, build_model, rotary_tables
-from dso.tokenizer import Tokenizer, train_bpe
+from dso.config.schema import ModelConfig
+from dso.data.tokenizer import Tokenizer, train_bpe
+from dso.nn.hf_export import interleaved_to_halves, write_export
+from dso.nn.model import apply_rotary, build_model, rotary_tables
 from repo import ROOT
 from storage.checkpoint_file import encode_checkpoint
 
@@ -92,7 +92,7 @@ def run_export(*args: str) -> SimpleNamespace:
 def test_export_script_from_a_checkpoint_file_and_a_validator_state(tmp_path):
     cfg = small_cfg()
     model = build_model(cfg, seed=9)
-    from dso.tokenizer import Tokenizer as T
+    from dso.data.tokenizer import Tokenizer as T
     data, model_hash = encode_checkpoint(model.named_parameters(), 7, 1, "digest", T.bytes().hash[:16] + "0" * 48)
     ckpt = tmp_path / "checkpoint-7.safetensors"
     ckpt.write_bytes(data)

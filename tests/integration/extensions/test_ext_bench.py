@@ -22,10 +22,10 @@ def load(name: str):
 def test_bench_sketch_vs_demo_quick():
     bench = load("sketch")
     res = bench.bench_sketch_vs_demo(quick=True)
-    from dso.codec import DeMoCodec
-    from dso.config import HParams
-    from dso.model import build_model, parameter_shapes
-    from dso.sketch import SketchCodec
+    from dso.codec.demo import DeMoCodec
+    from dso.codec.sketch import SketchCodec
+    from dso.config.schema import HParams
+    from dso.nn.model import build_model, parameter_shapes
     hp = HParams()
     shapes = parameter_shapes(build_model(hp.model, hp.seed))
     assert res["demo"]["payload_bytes"] == DeMoCodec.from_hparams(shapes, hp).payload_bytes()

@@ -7,13 +7,13 @@ import math
 import pytest
 import torch
 
-from dso.clock import PutWindow, certain_after, commit_look_ends, reveal_time, reveal_window_after
-from dso.codec import DeMoCodec
-from dso.commit import commitment_hash
-from dso.config import HParams, ModelConfig
-from dso.model import build_model, parameter_shapes
-from dso.payload import Payload, PayloadMeta
-from dso.rejections import Reason
+from dso.codec.demo import DeMoCodec
+from dso.config.schema import HParams, ModelConfig
+from dso.nn.model import build_model, parameter_shapes
+from dso.protocol.clock import PutWindow, certain_after, commit_look_ends, reveal_time, reveal_window_after
+from dso.protocol.commit import commitment_hash
+from dso.protocol.payload import Payload, PayloadMeta
+from dso.protocol.rejections import Reason
 from neurons.reveal import settings_problem
 from storage import keys
 from storage.gather import ReaderCache
@@ -103,7 +103,7 @@ def test_reveal_window_follows_the_put_window_and_reveals_wait_for_the_look_at_t
 
 
 def test_clock_gathers_after_the_reveal_window_with_commit_reveal():
-    from dso.clock import Clock
+    from dso.protocol.clock import Clock
 
     class Chain:  # block b at 1000 + 0.5·b seconds
         def block_timestamp(self, block):
@@ -262,7 +262,7 @@ def test_the_look_at_the_reveal_deadline_accepts_an_honest_reveal(hp, codec, pee
     """Regression: under commit-reveal the look reads the signature revealed with the
     payload; the payload read must carry the digest of that same signature object (its evidence), or every honest
     miner would be judged `changed`."""
-    from dso import signatures
+    from dso.protocol import signatures
     from signing import hotkeys_of, wallet_of
     from storage.look import look
 

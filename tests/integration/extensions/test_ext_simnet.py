@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from dso.config import HParams, ModelConfig
+from dso.config.schema import HParams, ModelConfig
 from sim.simulator import SimNet, behaviour_shares
 
 WINDOWS = 12

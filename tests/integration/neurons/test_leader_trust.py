@@ -19,10 +19,10 @@ import torch
 from dso.chain.local import LocalChain
 from dso.chain.local_burn import FREE_REGISTRATION
 from dso.chain.wallets import create_local_wallet, hotkey_address
-from dso.data import Dataset
-from dso.model import model_hash
-from dso.payload import PayloadMeta
-from dso.rejections import Reason, Rejection
+from dso.data.dataset import Dataset
+from dso.nn.model import model_hash
+from dso.protocol.payload import PayloadMeta
+from dso.protocol.rejections import Reason, Rejection
 from embedded_nodes import node_config
 from embedded_nodes import tiny_node_hparams as tiny
 from neurons.context import NodeContext, build_context

@@ -31,7 +31,7 @@ def _window(miner) -> dict:
 
 
 def _ranked(tmp, world: int) -> dict | None:
-    from dso.distributed import join_group
+    from dso.distributed.ranks import join_group
     from neurons.miner_ranks import RankedMiner, follower_parts
     from neurons.ranks import Orders, follow_leader
 

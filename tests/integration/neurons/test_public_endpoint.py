@@ -7,7 +7,7 @@ import pytest
 from dso.chain.local import LocalChain
 from dso.chain.local_burn import FREE_REGISTRATION
 from dso.chain.wallets import create_local_wallet
-from dso.data import Dataset
+from dso.data.dataset import Dataset
 from embedded_nodes import node_config
 from embedded_nodes import tiny_node_hparams as tiny
 from neurons.context import build_context

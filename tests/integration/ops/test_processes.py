@@ -1,4 +1,4 @@
-"""Children never outlive their parent (dso/processes.py), and a node stops within its grace time
+"""Children never outlive their parent (dso/util/processes.py), and a node stops within its grace time
 (neurons/lifecycle.py).  The same on a whole local network: tests/e2e/test_operations.py."""
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from dso import processes
+from dso.util import processes
 from repo import ROOT
 
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(120)"]
@@ -37,7 +37,7 @@ def wait_gone(pids: list[int], timeout: float) -> list[int]:
 def test_a_child_dies_when_its_parent_is_killed_outright():
     parent = subprocess.Popen([sys.executable, "-c", (
         "import sys, time\n"
-        "from dso.processes import spawn\n"
+        "from dso.util.processes import spawn\n"
         f"child = spawn({SLEEPER!r})\n"
         "print(child.pid, flush=True)\n"
         "time.sleep(120)\n")], stdout=subprocess.PIPE, text=True, cwd=ROOT)

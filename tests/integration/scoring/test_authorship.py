@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from dso import signatures
-from dso.clock import PutWindow, certain_after, commit_look_ends, reveal_time, reveal_window_after
+from dso.protocol import signatures
+from dso.protocol.clock import PutWindow, certain_after, commit_look_ends, reveal_time, reveal_window_after
 from mininet import MiniNet, chain_randomness, eval_seed
 from scoring import ValidatorState, score_window
 from scoring.copies import find_copies

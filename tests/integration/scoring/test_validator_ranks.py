@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 import torch
 
-from dso.data import Dataset
-from dso.train import learning_rate
+from dso.data.dataset import Dataset
+from dso.training.train import learning_rate
 from mininet import MiniNet, chain_randomness, eval_seed
 from scoring import ValidatorState, score_window
 from scoring.window import Scorer, WindowEvidence
@@ -61,8 +61,8 @@ def _windows(hp, dataset, evaluator=None) -> list[dict]:
 
 
 def _ranked(hp, corpus) -> object:
-    from dso.config import Config
-    from dso.distributed import join_group
+    from dso.config.schema import Config
+    from dso.distributed.ranks import join_group
     from neurons.ranks import Orders, follow_orders, receive
     from neurons.validator_ranks import RankedEvaluator, follower_parts
 

@@ -8,7 +8,7 @@ import pytest
 def simnet_hparams():
     """The simulator tests' tiny model and window sizes; a factory (each call gives a fresh object), callers set
     what their test is about (mode, learning rate, evaluation)."""
-    from dso.config import HParams, ModelConfig
+    from dso.config.schema import HParams, ModelConfig
 
     def make() -> HParams:
         hp = HParams(model=ModelConfig(d_model=32, n_layers=1, n_heads=2, ffn_hidden=64, seq_len=32))

@@ -12,8 +12,8 @@ import pytest
 from dso.chain.local import LocalChain
 from dso.chain.local_burn import FREE_REGISTRATION
 from dso.chain.wallets import create_local_wallet, hotkey_address
-from dso.data import Dataset
-from dso.model import model_hash
+from dso.data.dataset import Dataset
+from dso.nn.model import model_hash
 from embedded_nodes import node_config
 from embedded_nodes import tiny_node_hparams as tiny
 from neurons import validator_state

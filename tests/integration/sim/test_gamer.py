@@ -46,7 +46,7 @@ def test_gamer_plans():
 def test_gamer_uploads_its_update_or_zeros():
     import torch
 
-    from dso.codec import DeMoCodec
+    from dso.codec.demo import DeMoCodec
 
     codec = DeMoCodec({"a": (32, 32)}, chunk=16, topk=8, value_bits=4)
     own = codec.compress({"a": torch.randn(32, 32)}, 0)

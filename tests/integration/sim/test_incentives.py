@@ -9,7 +9,7 @@ SWITCH = 8          # the best-paid honest peer uploads noise from this window o
 
 
 def test_the_best_paid_peer_turning_to_noise_is_paid_nothing_from_its_second_bad_evaluation(sim_dataset, tmp_path):
-    from dso.config import HParams, ModelConfig
+    from dso.config.schema import HParams, ModelConfig
 
     hp = HParams(model=ModelConfig(d_model=32, n_layers=1, n_heads=2, ffn_hidden=64, seq_len=32), seed=1)
     hp.batch_size, hp.assigned_sequences, hp.micro_batch, hp.chunk, hp.topk = 8, 16, 8, 16, 8

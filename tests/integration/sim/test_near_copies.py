@@ -2,7 +2,7 @@
 none of the new attackers is paid and honest peers keep the weight."""
 import pytest
 
-from dso.config_sources import use_profile
+from dso.config.sources import use_profile
 from paper_training import use_paper_training
 from sim.simulator import SimNet, behaviour_shares
 
@@ -75,7 +75,7 @@ def steps_records(request, sim_dataset, tmp_path_factory):
     In the raw domain the first window's honest updates are alike (one Adam step from θ_0: near sign vectors whose top-k
     keeps the shared largest gradients; honest best mixes 0.69–0.78), which the window-relative bar of
     scoring.copies.mix_bar is for."""
-    from dso.config import HParams, ModelConfig
+    from dso.config.schema import HParams, ModelConfig
 
     hp = HParams(tokenizer="bytes",
                  model=ModelConfig(vocab_size=256, d_model=64, n_layers=2, n_heads=2, ffn_hidden=128, seq_len=32))

@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from dso.data import Dataset
+from dso.data.dataset import Dataset
 from sim import reference
 from sim import report as run_report
 
@@ -108,7 +108,7 @@ def test_report_draws_and_quotes_the_reference():
 def test_the_shipped_curve_is_the_default_runs_and_covers_it(tmp_path):
     """A default changed that moves the reference → this fails: regenerate the shipped curve with
     ``python -m sim.reference --tokens 1500000 --out sim/reference_cache`` (docs/training.md)."""
-    from dso.config import Config
+    from dso.config.schema import Config
 
     hp = Config().validate().hparams
     dataset = Dataset.for_run(hp, "shakespeare", str(tmp_path / "data"))  # a fresh data cache, as on a new machine

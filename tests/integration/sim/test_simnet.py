@@ -63,8 +63,8 @@ def test_loss_falls(records):
 @pytest.mark.parametrize("stays_behind", [False, True])
 def test_desynchronised_peer_catches_up_or_stays_behind(sim_dataset, tmp_path_factory, stays_behind):
     """Figure 2's peer pauses for windows 1–2; the paper's version then goes on from its stale model."""
-    from dso.config import HParams, ModelConfig
-    from dso.model import model_hash
+    from dso.config.schema import HParams, ModelConfig
+    from dso.nn.model import model_hash
 
     hp = HParams(model=ModelConfig(d_model=16, n_layers=1, n_heads=2, ffn_hidden=32, seq_len=16))
     hp.batch_size, hp.assigned_sequences, hp.micro_batch, hp.chunk, hp.topk = 4, 8, 4, 8, 4

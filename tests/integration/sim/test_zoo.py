@@ -9,7 +9,7 @@ import statistics
 
 import pytest
 
-from dso.config import HParams, ModelConfig
+from dso.config.schema import HParams, ModelConfig
 from scoring.formulas import poc_verdict
 from sim import behaviours
 from sim.simulator import SimNet, behaviour_shares

@@ -19,11 +19,11 @@ import pytest
 import safetensors.numpy
 import torch
 
-from dso.config import HParams
-from dso.model import build_model, model_hash, parameter_shapes
-from dso.outer import OuterState
-from dso.rejections import Reason, Rejection
-from dso.sharding import slice_range
+from dso.config.schema import HParams
+from dso.distributed.sharding import slice_range
+from dso.nn.model import build_model, model_hash, parameter_shapes
+from dso.protocol.rejections import Reason, Rejection
+from dso.training.outer import OuterState
 from storage import keys
 from storage.checkpoint import CheckpointSaver, load_checkpoint, load_latest_checkpoint, save_checkpoint
 from storage.checkpoint_manifest import plan_shards

@@ -13,9 +13,9 @@ import time
 
 import torch
 
-from dso.clock import PutWindow
-from dso.model import build_model, model_hash
-from dso.outer import OuterState
+from dso.nn.model import build_model, model_hash
+from dso.protocol.clock import PutWindow
+from dso.training.outer import OuterState
 from neurons.catchup import apply_bundle
 from neurons.engine import aggregate_window
 from st_craft import honest

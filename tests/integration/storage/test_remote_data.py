@@ -17,13 +17,13 @@ import time
 import numpy as np
 import pytest
 
-from dso.config import DataConfig, HParams, ModelConfig, StorageConfig
-from dso.corpus import DataError
-from dso.data import Dataset
-from dso.remote_source import DataStopped
-from dso.shard_writer import write_shards
-from dso.shards import open_shards
-from dso.tokenizer import Tokenizer, TokenizerSpec, train_bpe
+from dso.config.schema import DataConfig, HParams, ModelConfig, StorageConfig
+from dso.data.corpus import DataError
+from dso.data.dataset import Dataset
+from dso.data.remote_source import DataStopped
+from dso.data.shard_writer import write_shards
+from dso.data.shards import open_shards
+from dso.data.tokenizer import Tokenizer, TokenizerSpec, train_bpe
 from repo import ROOT
 from storage.client import S3Client
 from storage.dataset import open_dataset, open_remote

@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dso.data import Dataset
-from dso.shard_writer import write_shards
-from dso.shards import open_shards
-from dso.tokenizer import Tokenizer
+from dso.data.dataset import Dataset
+from dso.data.shard_writer import write_shards
+from dso.data.shards import open_shards
+from dso.data.tokenizer import Tokenizer
 from storage.dataset import open_remote
 from storage.dataset_upload import publish
 from storage.engines import engine_problem

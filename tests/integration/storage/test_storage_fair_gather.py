@@ -15,7 +15,7 @@ from repo import ROOT
 sys.path.append(str(ROOT / "scripts" / "benchmarks"))
 import hostile_server  # noqa: E402
 
-from dso.rejections import Reason  # noqa: E402
+from dso.protocol.rejections import Reason  # noqa: E402
 from st_craft import honest  # noqa: E402
 from storage import keys  # noqa: E402
 from storage.commitment import BucketInfo  # noqa: E402

@@ -10,9 +10,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 import torch
 
-from dso.clock import PutWindow
-from dso.payload import Payload
-from dso.rejections import Reason
+from dso.protocol.clock import PutWindow
+from dso.protocol.payload import Payload
+from dso.protocol.rejections import Reason
 from st_craft import honest, hostile
 from storage import keys
 from storage.commitment import BucketInfo

@@ -8,9 +8,9 @@ import time
 
 import torch
 
-from dso.clock import PutWindow
-from dso.payload import Payload
-from dso.rejections import Reason, Rejection
+from dso.protocol.clock import PutWindow
+from dso.protocol.payload import Payload
+from dso.protocol.rejections import Reason, Rejection
 from signing import hotkeys_of, put_signed
 from st_craft import honest
 from storage.commitment import BucketInfo

@@ -8,10 +8,10 @@ import pytest
 import requests
 import torch
 
-from dso.clock import PutWindow
-from dso.model import build_model, model_hash
-from dso.payload import Payload
-from dso.rejections import Reason, Rejection
+from dso.nn.model import build_model, model_hash
+from dso.protocol.clock import PutWindow
+from dso.protocol.payload import Payload
+from dso.protocol.rejections import Reason, Rejection
 from st_craft import honest, hostile
 from storage import keys
 from storage.aggregate import encode_bundle, get_bundle, put_bundle

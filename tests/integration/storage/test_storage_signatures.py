@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import hashlib
 
-from dso import signatures
 from dso.chain.wallets import dev_wallet
-from dso.payload import Payload
-from dso.rejections import Reason
+from dso.protocol import signatures
+from dso.protocol.payload import Payload
+from dso.protocol.rejections import Reason
 from signing import hotkeys_of, put_signed, wallet_of
 from st_craft import honest
 from storage import keys, signature

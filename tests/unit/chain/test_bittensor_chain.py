@@ -11,7 +11,7 @@ from dso.chain.factory import open_chain
 from dso.chain.local import LocalChain
 from dso.chain.roles import VALIDATOR, with_role
 from dso.chain.wallets import dev_wallet
-from dso.config import Config
+from dso.config.schema import Config
 from fake_substrate import FakeSubstrate
 
 

@@ -52,7 +52,7 @@ def _bittensor() -> Backend:
                     "DSO_TEST_WALLET_NAME[/_HOTKEY/_PATH] for a hotkey registered on that subnet")
     from dso.chain.bittensor_chain import BittensorChain
     from dso.chain.wallets import load_wallet
-    from dso.config import WalletConfig
+    from dso.config.schema import WalletConfig
 
     defaults = WalletConfig()
     wallet = load_wallet(WalletConfig(name, os.environ.get("DSO_TEST_WALLET_HOTKEY", defaults.hotkey),

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import pytest
 
 from dso.chain.roles import VALIDATOR, pick_leader, role_of, split_role, with_role
-from dso.rejections import Rejection
+from dso.protocol.rejections import Rejection
 from storage.commitment import BucketInfo, format_commitment, parse_commitment
 
 INFO = BucketInfo("https://acc.r2.cloudflarestorage.com", "auto", "dso-val", "KEYID", "s3cr3t/+=")

@@ -12,7 +12,7 @@ from chain_helpers import hk, wallets
 from dso.chain.base import STATE_HISTORY_BLOCKS, ChainError
 from dso.chain.cached import CachedChain
 from dso.chain.roles import VALIDATOR, with_role
-from dso.clock import Clock
+from dso.protocol.clock import Clock
 from neurons.context import PeerDirectory
 
 COMMIT = "dso1|http://127.0.0.1:9090|us-east-1|dso-v|KEY|secret"

@@ -13,7 +13,7 @@ from dso.chain.wallets import (
     sign,
     verify,
 )
-from dso.config import WalletConfig
+from dso.config.schema import WalletConfig
 
 
 def test_local_wallets_are_created_without_prompts_and_load_by_name(tmp_path):

@@ -6,7 +6,7 @@ import hashlib
 import numpy as np
 import pytest
 
-from dso.commit import (
+from dso.protocol.commit import (
     BAN_AFTER,
     NONCE_BYTES,
     Penalty,
@@ -22,7 +22,7 @@ from dso.commit import (
     penalty_for,
     verify_reveal,
 )
-from dso.rejections import Reason
+from dso.protocol.rejections import Reason
 
 NONCE = bytes(range(32))
 

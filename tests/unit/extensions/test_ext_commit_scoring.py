@@ -7,9 +7,9 @@ import hashlib
 
 import pytest
 
-from dso.codec import DeMoCodec
-from dso.model import build_model, parameter_shapes
-from dso.rejections import Reason, Rejection
+from dso.codec.demo import DeMoCodec
+from dso.nn.model import build_model, parameter_shapes
+from dso.protocol.rejections import Reason, Rejection
 from scoring import ValidatorState, score_window
 from scoring.pay import pay
 from scoring.window import Scorer, WindowEvidence, is_banned, penalty_multiplier

@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from dso.contribution import contribution_score, cosine, normalised_gains, round_contributions
+from dso.aggregation.contribution import contribution_score, cosine, normalised_gains, round_contributions
 
 
 def test_score_formula_by_hand():

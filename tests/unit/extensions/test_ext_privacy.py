@@ -9,8 +9,8 @@ import pytest
 import torch
 from scipy import stats
 
-from dso.config import DPConfig
-from dso.privacy import (
+from dso.config.schema import DPConfig
+from dso.privacy.dp import (
     PrivacyStateError,
     RdpAccountant,
     clip_and_noise,
@@ -20,7 +20,7 @@ from dso.privacy import (
     noise_for_target,
     rdp_to_epsilon,
 )
-from dso.rejections import Reason
+from dso.protocol.rejections import Reason
 
 torch.set_num_threads(1)
 
@@ -224,8 +224,8 @@ def test_noise_for_target_refuses_nonsense():
 
 
 def test_the_config_derives_the_noise_from_a_target():
-    from dso.config import ConfigError
-    from dso.config_sources import from_dict
+    from dso.config.schema import ConfigError
+    from dso.config.sources import from_dict
 
     cfg = from_dict({"hparams": {"dp": {"enabled": True, "target_epsilon": 8.0, "target_rounds": 100}}})
     z, budget = dp_settings(cfg.hparams.dp)

@@ -8,9 +8,9 @@ import json
 import pytest
 import torch
 
-from dso.config import ModelConfig
-from dso.model import build_model, model_hash
-from dso.provenance import GENESIS, main, make_record, record_hash, verify_chain
+from dso.config.schema import ModelConfig
+from dso.nn.model import build_model, model_hash
+from dso.protocol.provenance import GENESIS, main, make_record, record_hash, verify_chain
 
 torch.set_num_threads(1)
 

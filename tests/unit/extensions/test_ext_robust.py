@@ -8,11 +8,8 @@ import pytest
 import torch
 from scipy import optimize, stats
 
-import dso.robust as robust
-from dso.codec import DeMoCodec
-from dso.config import HParams
-from dso.rejections import Reason
-from dso.robust import (
+import dso.aggregation.robust as robust
+from dso.aggregation.robust import (
     RULES,
     coherence_filter,
     coordinate_median,
@@ -29,6 +26,9 @@ from dso.robust import (
     trim_count,
     trimmed_mean,
 )
+from dso.codec.demo import DeMoCodec
+from dso.config.schema import HParams
+from dso.protocol.rejections import Reason
 from sim import attacks
 from sim.attacks import ATTACKS, byzantine_rows
 

@@ -8,12 +8,12 @@ import pytest
 import torch
 from scipy.linalg import hadamard
 
-from dso.codec import DeMoCodec, ErrorFeedback
-from dso.codecs import make_codec
-from dso.config import HParams
-from dso.packing import PackingError
-from dso.rejections import Reason
-from dso.sketch import SketchCodec, dequantise, fwht, stochastic_quantise
+from dso.codec.codecs import make_codec
+from dso.codec.demo import DeMoCodec, ErrorFeedback
+from dso.codec.packing import PackingError
+from dso.codec.sketch import SketchCodec, dequantise, fwht, stochastic_quantise
+from dso.config.schema import HParams
+from dso.protocol.rejections import Reason
 
 torch.set_num_threads(1)
 

@@ -1,9 +1,9 @@
 import torch
 
-from dso.aggregation import aggregate_signs, signed_step
-from dso.codec import DeMoCodec
-from dso.config import HParams, ModelConfig
-from dso.model import build_model, parameter_shapes
+from dso.aggregation.signed import aggregate_signs, signed_step
+from dso.codec.demo import DeMoCodec
+from dso.config.schema import HParams, ModelConfig
+from dso.nn.model import build_model, parameter_shapes
 
 
 def _codec():

@@ -3,7 +3,7 @@ import math
 import numpy as np
 import pytest
 
-from dso.train import bits_per_byte
+from dso.training.train import bits_per_byte
 
 
 def test_known_values():

@@ -1,7 +1,7 @@
 """The disk cache of fetched corpus chunks: bounded, least recently used out first, one slot per process."""
 from __future__ import annotations
 
-from dso.chunk_cache import ChunkCache
+from dso.data.chunk_cache import ChunkCache
 
 
 def files(cache: ChunkCache) -> dict[str, int]:

@@ -4,9 +4,9 @@ import pytest
 import scipy.fft
 import torch
 
-from dso.codec import DeMoCodec, ErrorFeedback, LevelQuantiser
-from dso.dct import ChunkPlan, choose_edge, dct_basis
-from dso.packing import EliasFano, PackingError, index_bound_bits, pack_codes, unpack_codes
+from dso.codec.dct import ChunkPlan, choose_edge, dct_basis
+from dso.codec.demo import DeMoCodec, ErrorFeedback, LevelQuantiser
+from dso.codec.packing import EliasFano, PackingError, index_bound_bits, pack_codes, unpack_codes
 
 
 @pytest.mark.parametrize("n", [1, 7, 16, 64])
@@ -193,7 +193,7 @@ def test_a_parameter_with_its_own_topk_keeps_that_many_and_reads_back_bit_exact(
 
 
 def test_from_hparams_gives_each_kind_of_parameter_its_top_k():
-    from dso.config import HParams
+    from dso.config.schema import HParams
     hp = HParams()
     hp.topk, hp.embed_topk, hp.attn_topk, hp.ffn_topk = 24, 56, 16, 28
     shapes = {"embed.weight": (4096, 256), "blocks.0.attn.wq.weight": (256, 256),
@@ -267,8 +267,8 @@ def test_code_packing_round_trip(bits):
 
 
 def test_default_model_payload_is_near_the_bound():
-    from dso.config import HParams
-    from dso.model import build_model, parameter_shapes
+    from dso.config.schema import HParams
+    from dso.nn.model import build_model, parameter_shapes
 
     hp = HParams()
     codec = DeMoCodec.from_hparams(parameter_shapes(build_model(hp.model, 0)), hp)

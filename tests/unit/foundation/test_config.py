@@ -2,8 +2,8 @@ import json
 
 import pytest
 
-from dso.config import Config, ConfigError, HParams
-from dso.config_sources import build_parser, from_dict, load_file, parse_args
+from dso.config.schema import Config, ConfigError, HParams
+from dso.config.sources import build_parser, from_dict, load_file, parse_args
 
 
 def test_defaults_validate_and_digest_is_stable():
@@ -83,7 +83,7 @@ def test_every_leaf_has_a_flag_and_a_doc():
 
 # ------------------------------------------------------------------ model presets
 def test_preset_sets_the_shape_and_explicit_keys_override_it(tmp_path):
-    from dso.presets import PRESETS
+    from dso.nn.presets import PRESETS
     cfg, _ = parse_args(["--hparams.model.preset", "125m", "--hparams.model.n_layers", "6"])
     m = cfg.hparams.model
     assert (m.d_model, m.n_heads, m.ffn_hidden, m.n_layers) == (768, 12, 2048, 6)
@@ -100,9 +100,9 @@ def test_preset_sets_the_shape_and_explicit_keys_override_it(tmp_path):
 def test_preset_parameter_counts_match_the_built_model():
     import torch
 
-    from dso.config import ModelConfig
-    from dso.model import Decoder, parameter_count
-    from dso.presets import PRESETS, non_embedding_parameters, total_parameters
+    from dso.config.schema import ModelConfig
+    from dso.nn.model import Decoder, parameter_count
+    from dso.nn.presets import PRESETS, non_embedding_parameters, total_parameters
     for shape in PRESETS.values():
         cfg = ModelConfig(**shape, vocab_size=1024)
         with torch.device("meta"):  # shapes only: the 1 B preset needs no memory here
@@ -147,7 +147,7 @@ def test_inner_outer_flags_and_paper_mode():
     assert (hp.inner.lr, hp.outer.rule, hp.dct, hp.inner.mode) == (1e-3, "nesterov", True, "gradient")
     assert hp.digest() != HParams().digest()
     # the gauntlet profile: the paper's gradient, DCT codec and signed step, and its PeerScore with c = 2
-    from dso.config_sources import use_profile
+    from dso.config.sources import use_profile
 
     paper = use_profile(HParams(), "gauntlet")
     assert (paper.inner.mode, paper.outer.rule, paper.dct, paper.outer.lr, paper.weight_power, paper.pay_rule,
@@ -159,7 +159,7 @@ def test_inner_outer_flags_and_paper_mode():
 
 
 def test_set_hparams_applies_command_line_items_in_order_and_names_a_bad_one():
-    from dso.config_sources import set_hparams
+    from dso.config.sources import set_hparams
 
     cfg = Config()
     set_hparams(cfg, ["hparams.topk=16", "hparams.inner.lr=0.001", "hparams.topk=8"])
@@ -170,7 +170,7 @@ def test_set_hparams_applies_command_line_items_in_order_and_names_a_bad_one():
 
 
 def test_a_profile_is_the_base_that_a_config_file_and_flags_override(tmp_path):
-    from dso.config_sources import profile_names
+    from dso.config.sources import profile_names
 
     assert {"default", "dct", "gauntlet"} <= set(profile_names())
     assert parse_args([])[0].hparams.digest() == HParams().digest()  # the default profile is the defaults
@@ -192,7 +192,7 @@ def test_an_unknown_or_malformed_profile_name_is_refused_with_the_known_ones(nam
 
 
 def test_a_profile_holds_only_protocol_keys(tmp_path, monkeypatch):
-    from dso import config_sources
+    from dso.config import sources as config_sources
 
     (tmp_path / "odd.toml").write_text("[hparams]\ntopk = 8\n[storage]\nbucket = 'x'\n")
     monkeypatch.setattr(config_sources, "PROFILES", tmp_path)

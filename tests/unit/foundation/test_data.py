@@ -3,8 +3,8 @@ import pytest
 import torch
 from scipy import stats
 
-from dso.assignment import Assignment
-from dso.data import DataError, Dataset
+from dso.data.assignment import Assignment
+from dso.data.dataset import DataError, Dataset
 
 
 @pytest.fixture

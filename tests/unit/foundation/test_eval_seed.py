@@ -7,7 +7,7 @@ import pytest
 
 from dso.chain.base import ChainError
 from dso.chain.local import LocalChain
-from dso.clock import Clock
+from dso.protocol.clock import Clock
 
 
 @pytest.fixture

@@ -4,8 +4,8 @@ that gives the same θ_{t+1} whatever device holds the model (the CUDA test runs
 import pytest
 import torch
 
-from dso.model import build_model
-from dso.train import autocast_dtype, compute_gradients, mixed_precision
+from dso.nn.model import build_model
+from dso.training.train import autocast_dtype, compute_gradients, mixed_precision
 
 
 def test_autocast_only_on_cuda_with_bf16():

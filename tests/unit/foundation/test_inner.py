@@ -1,4 +1,4 @@
-"""The miner's inner loop (dso/inner.py): bounds, data order, pseudo-gradient, rebase, state."""
+"""The miner's inner loop (dso/training/inner.py): bounds, data order, pseudo-gradient, rebase, state."""
 import copy
 import math
 
@@ -6,10 +6,10 @@ import pytest
 import safetensors.torch
 import torch
 
-from dso.config import HParams, ModelConfig
-from dso.inner import InnerLoop, inner_lr
-from dso.model import build_model
-from dso.train import compute_gradients
+from dso.config.schema import HParams, ModelConfig
+from dso.nn.model import build_model
+from dso.training.inner import InnerLoop, inner_lr
+from dso.training.train import compute_gradients
 
 torch.set_num_threads(1)
 

@@ -1,7 +1,7 @@
 import torch
 
-from dso.config import ModelConfig
-from dso.model import build_model, model_hash, parameter_count, parameter_kind
+from dso.config.schema import ModelConfig
+from dso.nn.model import build_model, model_hash, parameter_count, parameter_kind
 
 
 def test_default_size_and_tied_embeddings():
@@ -42,7 +42,7 @@ def test_initial_loss_is_near_uniform():
 
 
 def test_a_parameter_the_loss_does_not_reach_has_a_zero_gradient():
-    from dso.train import compute_gradients
+    from dso.training.train import compute_gradients
 
     cfg = ModelConfig(d_model=16, n_layers=1, n_heads=2, ffn_hidden=32, seq_len=8, vocab_size=256)
     model = build_model(cfg, seed=0)

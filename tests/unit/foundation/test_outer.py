@@ -1,4 +1,4 @@
-"""Outer step (dso/outer.py) and the machine-independent decode it relies on (dso/exact.py)."""
+"""Outer step (dso/training/outer.py) and the machine-independent decode it relies on (dso/training/exact.py)."""
 import math
 import subprocess
 import sys
@@ -7,12 +7,12 @@ import numpy as np
 import pytest
 import torch
 
-from dso.aggregation import aggregate_signs
-from dso.codec import DeMoCodec, TensorUpdate
-from dso.config import HParams
-from dso.dct import ChunkPlan
-from dso.exact import BASIS_BITS, COEFF_BITS, basis_margin, exact_decode, exact_norm, fixed_basis
-from dso.outer import (
+from dso.aggregation.signed import aggregate_signs
+from dso.codec.dct import ChunkPlan
+from dso.codec.demo import DeMoCodec, TensorUpdate
+from dso.config.schema import HParams
+from dso.training.exact import BASIS_BITS, COEFF_BITS, basis_margin, exact_decode, exact_norm, fixed_basis
+from dso.training.outer import (
     OuterState,
     aggregate,
     apply_outer,
@@ -224,10 +224,10 @@ def test_outer_state_round_trip_and_strictness():
 _REPLAY = """
 import sys, torch
 sys.path.insert(0, {root!r})
-from dso.codec import DeMoCodec, TensorUpdate
-from dso.config import HParams
-from dso.model import state_hash
-from dso.outer import OuterState, aggregate, apply_outer
+from dso.codec.demo import DeMoCodec, TensorUpdate
+from dso.config.schema import HParams
+from dso.nn.model import state_hash
+from dso.training.outer import OuterState, aggregate, apply_outer
 shapes = {shapes!r}
 codec = DeMoCodec(shapes, chunk=64, topk=16, value_bits=4)
 hp = HParams(); hp.outer.rule = "nesterov"
@@ -286,7 +286,7 @@ def test_evaluation_step_of_the_optimiser_rules_uses_the_reference_norm():
 
 # ------------------------------------------------------------ rule objects
 def test_the_run_picks_its_outer_rule_by_name_and_refuses_an_unknown_one():
-    from dso.outer_rules import OUTER_RULES, NesterovRule, SgdRule, SignedRule, outer_rule
+    from dso.training.outer_rules import OUTER_RULES, NesterovRule, SgdRule, SignedRule, outer_rule
 
     picked = {name: type(outer_rule(_hp(name))) for name in OUTER_RULES}
     assert picked == {"signed": SignedRule, "sgd": SgdRule, "nesterov": NesterovRule}

@@ -1,10 +1,10 @@
 """Where each rank's slice of a parameter lies, and which slices the codec can compress on their own
-(dso/sharding.py): pure layout, checked against torch.chunk and the whole tensor's chunk plan."""
+(dso/distributed/sharding.py): pure layout, checked against torch.chunk and the whole tensor's chunk plan."""
 import pytest
 import torch
 
-from dso.dct import ChunkPlan
-from dso.sharding import aligned, assemble, local_part, local_rows, shard_dim, slice_range
+from dso.codec.dct import ChunkPlan
+from dso.distributed.sharding import aligned, assemble, local_part, local_rows, shard_dim, slice_range
 
 
 @pytest.mark.parametrize("n", [0, 1, 5, 64, 100, 704, 4096])

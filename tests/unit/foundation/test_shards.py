@@ -6,10 +6,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dso.data import DataError, Dataset, corpus_tokenizer
-from dso.shard_writer import write_shards
-from dso.shards import MANIFEST, ShardFile, open_shards
-from dso.tokenizer import Tokenizer, TokenizerSpec, train_bpe
+from dso.data.dataset import DataError, Dataset, corpus_tokenizer
+from dso.data.shard_writer import write_shards
+from dso.data.shards import MANIFEST, ShardFile, open_shards
+from dso.data.tokenizer import Tokenizer, TokenizerSpec, train_bpe
 from repo import ROOT
 
 RECORDS = [{"text": "first record"}, {"text": "second record\n", "id": 2}, {"text": "   "}]
@@ -110,7 +110,7 @@ def test_a_changed_shard_or_manifest_is_refused(folder, tmp_path):
 
 
 def test_ids_outside_the_vocabulary_are_refused(tmp_path):
-    from dso.shards import Manifest, ShardInfo, file_sha256
+    from dso.data.shards import Manifest, ShardInfo, file_sha256
     out = tmp_path / "out"
     out.mkdir()
     np.save(out / "shard-00000.npy", np.array([1, 2, 300] * 10, np.uint16))
@@ -149,7 +149,7 @@ def test_chunk_digests_are_written_checked_and_in_the_data_hash(folder, tmp_path
     checks against the run's data hash)."""
     import hashlib
 
-    from dso.shards import chunk_digests, data_hash, read_manifest
+    from dso.data.shards import chunk_digests, data_hash, read_manifest
     out = tmp_path / "out"
     manifest = write_shards([folder / "a.txt"], Tokenizer.bytes(), out, shard_tokens=20_000, chunk_bytes=4096)
     raw = (out / "shard-00001.npy").read_bytes()
@@ -173,7 +173,7 @@ def test_a_version_1_folder_still_opens_with_its_old_hash(folder, tmp_path):
     """Shard folders made before chunk digests existed open as before, with the data hash they always had."""
     import hashlib
 
-    from dso.shards import Manifest, ShardInfo, data_hash, file_sha256
+    from dso.data.shards import Manifest, ShardInfo, data_hash, file_sha256
     out = tmp_path / "v1"
     write_shards([folder / "a.txt"], Tokenizer.bytes(), out, shard_tokens=30_000)
     v2 = open_shards(out).manifest

@@ -6,16 +6,16 @@ import sys
 import numpy as np
 import pytest
 
-from dso.config import ConfigError
-from dso.config_sources import from_dict
-from dso.data import DataError, Dataset
-from dso.tokenizer import Tokenizer, TokenizerSpec, bytes_as_hf, canonical_hash, train_bpe
+from dso.config.schema import ConfigError
+from dso.config.sources import from_dict
+from dso.data.dataset import DataError, Dataset
+from dso.data.tokenizer import Tokenizer, TokenizerSpec, bytes_as_hf, canonical_hash, train_bpe
 
 SAMPLE = "Héllo, wörld!\n\tline two ☃ 🤗 \x01 end"
 TRAIN_SNIPPET = """
 import hashlib, sys
 from pathlib import Path
-from dso.tokenizer import train_bpe
+from dso.data.tokenizer import train_bpe
 tok = train_bpe([Path(sys.argv[1]).read_text()], 400)
 print(hashlib.sha256(tok.to_json().encode()).hexdigest())
 """

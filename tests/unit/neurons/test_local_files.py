@@ -11,10 +11,10 @@ import pytest
 import torch
 
 from dso.chain.wallets import WalletError, create_local_wallet, load_wallet
-from dso.codec import DeMoCodec, ErrorFeedback
-from dso.config import ModelConfig, WalletConfig
-from dso.model import build_model, model_hash, parameter_shapes
-from dso.privacy import PrivacyStateError, RdpAccountant
+from dso.codec.demo import DeMoCodec, ErrorFeedback
+from dso.config.schema import ModelConfig, WalletConfig
+from dso.nn.model import build_model, model_hash, parameter_shapes
+from dso.privacy.dp import PrivacyStateError, RdpAccountant
 from neurons import validator_state
 from neurons.persist import load_json, load_tensors, save_json, save_tensors
 from scoring.state import ForeignRunError, StateError, ValidatorState

@@ -13,11 +13,11 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from dso.assignment import Assignment
-from dso.clock import PutWindow
-from dso.codecs import make_codec
-from dso.config import Config, ModelConfig
-from dso.model import build_model, parameter_shapes, state_hash
+from dso.codec.codecs import make_codec
+from dso.config.schema import Config, ModelConfig
+from dso.data.assignment import Assignment
+from dso.nn.model import build_model, parameter_shapes, state_hash
+from dso.protocol.clock import PutWindow
 from neurons.miner import Miner
 
 torch.set_num_threads(1)

@@ -6,13 +6,13 @@ import typing
 import pytest
 import torch
 
-from dso.codecs import make_codec
-from dso.config import OuterConfig
-from dso.inner import InnerLoop
-from dso.model import build_model, model_hash, parameter_shapes
-from dso.outer import OuterState
-from dso.outer_rules import OUTER_RULES, outer_rule
-from dso.payload import Payload, PayloadMeta
+from dso.codec.codecs import make_codec
+from dso.config.schema import OuterConfig
+from dso.nn.model import build_model, model_hash, parameter_shapes
+from dso.protocol.payload import Payload, PayloadMeta
+from dso.training.inner import InnerLoop
+from dso.training.outer import OuterState
+from dso.training.outer_rules import OUTER_RULES, outer_rule
 from neurons.catchup import apply_bundle
 from neurons.engine import aggregate_window
 from storage.aggregate import Bundle

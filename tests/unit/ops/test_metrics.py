@@ -13,8 +13,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from dso.chain import Chain, ChainError
 from dso.chain.base import Neuron
-from dso.config import Config, ConfigError
-from dso.config_sources import from_dict
+from dso.config.schema import Config, ConfigError
+from dso.config.sources import from_dict
 from neurons.context import EventLog, _metrics
 from neurons.lifecycle import Fatal
 from neurons.metered_chain import MeteredChain
@@ -99,7 +99,7 @@ def test_label_sets_stay_bounded():
                                               "70000": "missing"}, weights={"not a uid": 1.0, "2": True}))
     got = samples(m)
     rejections = {dict(k[1])["uid"]: dict(k[1])["reason"] for k in got if k[0] == "dso_rejections_total"}
-    assert rejections == {"5": "other"}                 # reasons come from dso.rejections.Reason; uids are u16
+    assert rejections == {"5": "other"}                 # reasons come from dso.protocol.rejections.Reason; uids are u16
     assert not [k for k in got if k[0] == "dso_peer_weight_ratio"]  # a bool is no weight, a name no uid
 
 

@@ -6,7 +6,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dso.data import Dataset
+from dso.data.dataset import Dataset
 from paper_training import use_paper_training
 
 

@@ -8,11 +8,11 @@ import hashlib
 import pytest
 import torch
 
-from dso.codecs import make_codec
-from dso.config import HParams
-from dso.model import build_model, parameter_shapes
-from dso.outer import OuterState
-from dso.rejections import Reason
+from dso.codec.codecs import make_codec
+from dso.config.schema import HParams
+from dso.nn.model import build_model, parameter_shapes
+from dso.protocol.rejections import Reason
+from dso.training.outer import OuterState
 from neurons.engine import WindowInputs, run_window
 from scoring.history import AGGREGATE, SKETCH_DIM, Sketcher, UploadHistory, find_replays, is_empty
 from scoring.state import ValidatorState
@@ -95,7 +95,7 @@ def test_empty_updates():
 
 def test_a_window_without_uploads_after_one_with_an_aggregate_is_scored(tiny_hparams, stdlib_corpus, tmp_path):
     """The validator crashed here once: no payload this window, and the previous aggregate to replay."""
-    from dso.data import Dataset
+    from dso.data.dataset import Dataset
     hp: HParams = tiny_hparams
     model = build_model(hp.model, hp.seed)
     codec = make_codec(parameter_shapes(model), hp)

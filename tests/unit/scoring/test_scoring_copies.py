@@ -3,10 +3,10 @@ import math
 
 import torch
 
-from dso.codec import DeMoCodec
-from dso.codecs import NearCopyThresholds
-from dso.rejections import Reason
-from dso.robust import decoded_rows, gram
+from dso.aggregation.robust import decoded_rows, gram
+from dso.codec.codecs import NearCopyThresholds
+from dso.codec.demo import DeMoCodec
+from dso.protocol.rejections import Reason
 from scoring.copies import cosines, find_copies, pair_groups, positive_fit
 
 R = 1 / math.sqrt(2)
@@ -115,8 +115,8 @@ def test_a_mix_is_caught_from_a_lower_cosine_under_inner_steps():
     carries its own thresholds; the sketch codec's updates are compared for exact copies only."""
     from dataclasses import replace
 
-    from dso.codecs import DEFAULT_THRESHOLDS
-    from dso.sketch import SketchCodec
+    from dso.codec.codecs import DEFAULT_THRESHOLDS
+    from dso.codec.sketch import SketchCodec
 
     dct, raw_codec = _codec(), _codec(dct=False)
     steps, gradient = dct.near_copy_thresholds(True), dct.near_copy_thresholds(False)

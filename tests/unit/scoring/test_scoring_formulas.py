@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from scipy.stats import rankdata, ttest_ind
 
-from dso.config import HelpRule, HParams
+from dso.config.schema import HelpRule, HParams
 from scoring.formulas import (
     MU_MAX,
     MU_MIN,

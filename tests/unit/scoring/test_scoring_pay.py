@@ -17,8 +17,8 @@ import statistics
 import numpy as np
 import pytest
 
-from dso.config import HParams
-from dso.rejections import Reason, Rejection
+from dso.config.schema import HParams
+from dso.protocol.rejections import Reason, Rejection
 from scoring import formulas
 from scoring.pay import Evaluation, pay, record_evaluation
 from scoring.rating import rate_match

@@ -5,7 +5,7 @@ import math
 
 import torch
 
-from dso.rejections import Reason
+from dso.protocol.rejections import Reason
 from scoring.sync import check_sync_vector, sample_parameters, sync_positions
 
 SHAPES = {"embed.weight": (256, 32), "blocks.0.attn_norm.weight": (32,), "blocks.0.attn.wq.weight": (32, 32),
@@ -62,7 +62,7 @@ def _shapes(cfg) -> dict:
     """The parameter shapes of ``cfg`` without building it: a copy with small, distinct widths, mapped back."""
     import dataclasses
 
-    from dso.model import Decoder, parameter_shapes
+    from dso.nn.model import Decoder, parameter_shapes
     small = dataclasses.replace(cfg, vocab_size=5, d_model=4, n_heads=2, ffn_hidden=6, seq_len=2)
     back = {5: cfg.vocab_size, 4: cfg.d_model, 6: cfg.ffn_hidden}
     return {name: tuple(back[d] for d in shape) for name, shape in parameter_shapes(Decoder(small)).items()}
@@ -72,8 +72,8 @@ BILLION = dict(vocab_size=32000, d_model=2048, n_layers=24, n_heads=16, ffn_hidd
 
 
 def test_every_tensor_of_a_billion_parameter_model_is_checked_every_window():
-    from dso.config import HParams, ModelConfig
-    from dso.model import sync_sample_count, tensor_count
+    from dso.config.schema import HParams, ModelConfig
+    from dso.nn.model import sync_sample_count, tensor_count
 
     hp = HParams(model=ModelConfig(**BILLION))
     shapes = _shapes(hp.model)
@@ -92,8 +92,8 @@ def test_every_tensor_of_a_billion_parameter_model_is_checked_every_window():
 
 
 def test_the_floor_holds_for_small_models():
-    from dso.config import HParams, ModelConfig
-    from dso.model import Decoder, sync_sample_count, tensor_count
+    from dso.config.schema import HParams, ModelConfig
+    from dso.nn.model import Decoder, sync_sample_count, tensor_count
 
     hp = HParams()
     assert tensor_count(hp.model) == 38 and sync_sample_count(hp) == 64   # the default model: unchanged
@@ -105,10 +105,10 @@ def test_the_floor_holds_for_small_models():
 
 def test_wire_checks_take_the_same_length():
     """A payload with one sample per tensor passes the strict decoder; the old 64-sample vector is refused."""
-    from dso.codec import DeMoCodec
-    from dso.config import HParams, ModelConfig
-    from dso.model import build_model, parameter_shapes, sync_sample_count
-    from dso.payload import PayloadMeta
+    from dso.codec.demo import DeMoCodec
+    from dso.config.schema import HParams, ModelConfig
+    from dso.nn.model import build_model, parameter_shapes, sync_sample_count
+    from dso.protocol.payload import PayloadMeta
     from storage.wire import Expect, decode_payload, encode_payload, payload_size_cap
 
     hp = HParams(model=ModelConfig(d_model=8, n_layers=12, n_heads=2, ffn_hidden=16, seq_len=8))

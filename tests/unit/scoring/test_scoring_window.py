@@ -8,9 +8,9 @@ import json
 import pytest
 import torch
 
-from dso.model import model_hash
-from dso.rejections import Reason, Rejection
-from dso.train import learning_rate, sequence_losses
+from dso.nn.model import model_hash
+from dso.protocol.rejections import Reason, Rejection
+from dso.training.train import learning_rate, sequence_losses
 from mininet import MiniNet, chain_randomness, eval_seed
 from scoring import ValidatorState, WindowAlreadyScored, load, plan_fast_set, score_window
 from scoring.evaluation import ParameterSnapshot, evaluate_peer, random_losses, update_signs

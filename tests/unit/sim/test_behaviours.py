@@ -1,10 +1,10 @@
 import pytest
 import torch
 
-from dso.codec import DeMoCodec
-from dso.config import HParams
-from dso.payload import PayloadMeta
-from dso.rejections import Reason, Rejection
+from dso.codec.demo import DeMoCodec
+from dso.config.schema import HParams
+from dso.protocol.payload import PayloadMeta
+from dso.protocol.rejections import Reason, Rejection
 from sim import behaviours
 from storage.wire import Expect, decode_payload, encode_payload
 
@@ -116,7 +116,7 @@ def test_replays_send_an_earlier_update_again():
 
 
 def test_wrong_data_behaviours_train_on_other_sequences(stdlib_corpus, tmp_path):
-    from dso.data import Dataset
+    from dso.data.dataset import Dataset
     ds = Dataset.from_config(str(stdlib_corpus), str(tmp_path), seq_len=32, seed=7, val_fraction=0.05)
     assigned = ds.assigned(3, 5, 64)
     rows = {tuple(r) for r in assigned.tolist()}

@@ -8,8 +8,8 @@ import pytest
 import safetensors.torch
 import torch
 
-from dso.data import Dataset
-from dso.model import build_model
+from dso.data.dataset import Dataset
+from dso.nn.model import build_model
 from sim import report as run_report
 from sim import sample
 
@@ -135,7 +135,7 @@ def test_greedy_and_seeded_sampling(tmp_path, tiny_hparams):
     hot = sample.generate(model, prompt, 20, temperature=5.0, seed=3)
     assert hot == sample.generate(model, prompt, 20, temperature=5.0, seed=3)
     assert hot != sample.generate(model, prompt, 20, temperature=5.0, seed=4)
-    from dso.tokenizer import Tokenizer
+    from dso.data.tokenizer import Tokenizer
     rows = sample.samples_from(model, Tokenizer.bytes(), 7, prompts=("A", "B"), new_tokens=5, seed=1)
     assert [(r["window"], r["prompt"], r["seed"]) for r in rows] == [(7, "A", 1), (7, "B", 2)]
     assert all(r["text"] for r in rows)

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from dso.rejections import Reason, Rejection
+from dso.protocol.rejections import Reason, Rejection
 from storage.commitment import BucketInfo
 from storage.gather import DEFAULT_OPTIONS, DEFAULT_PER_HOST, DEFAULT_WORKERS, GatherOptions, ReaderCache, gather
 from storage.wire import Expect

@@ -8,9 +8,9 @@ import json
 
 import pytest
 
-from dso import signatures
 from dso.chain.wallets import dev_wallet, hotkey_address
-from dso.rejections import Reason, Rejection
+from dso.protocol import signatures
+from dso.protocol.rejections import Reason, Rejection
 from signing import wallet_of
 from storage import signature
 

@@ -9,8 +9,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from dso.config import Config
-from dso.rejections import Reason
+from dso.config.schema import Config
+from dso.protocol.rejections import Reason
 from storage.commitment import BucketInfo
 from storage.endpoints import LOCAL, STRICT, address_problem
 from storage.gather import GatherOptions, ReaderCache, gather

@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 import torch
 
-from dso.clock import PutWindow
-from dso.model import model_hash, state_hash
-from dso.payload import Payload, PayloadMeta
-from dso.rejections import Reason, Rejection
+from dso.nn.model import model_hash, state_hash
+from dso.protocol.clock import PutWindow
+from dso.protocol.payload import Payload, PayloadMeta
+from dso.protocol.rejections import Reason, Rejection
 from st_craft import build, honest, hostile, metadata_variants, split
 from storage import keys
 from storage.aggregate import decode_bundle, encode_bundle
@@ -345,7 +345,7 @@ def test_bundle_carries_each_payloads_signed_bytes_and_signature(codec, make_upd
     """Payloads read from the wire go into the bundle as the very bytes their miners signed, with the signature
     (one per uid in ``signatures``, the same order); a payload never read from the wire goes in canonically
     encoded and unsigned.  A signatures field that is not one hex signature (or none) per uid is refused."""
-    from dso import signatures
+    from dso.protocol import signatures
     from signing import wallet_of
     payloads = _payloads(codec, make_update, hp, 3, (1, 2))
     blob = encode_payload(codec, payloads[1].update, payloads[1].sync_values, payloads[1].meta)

@@ -1,11 +1,11 @@
-"""One helper words the rejection for an exception a check did not foresee (dso.rejections.unexpected)."""
+"""One helper words the rejection for an exception a check did not foresee (dso.protocol.rejections.unexpected)."""
 from __future__ import annotations
 
 import re
 import time
 
-from dso.codec import DeMoCodec
-from dso.rejections import UNEXPECTED_DETAIL_CHARS, Reason, Rejection, unexpected
+from dso.codec.demo import DeMoCodec
+from dso.protocol.rejections import UNEXPECTED_DETAIL_CHARS, Reason, Rejection, unexpected
 from repo import ROOT
 from storage.gather import fetch_payload
 from storage.reveal import fetch_revealed
@@ -47,7 +47,7 @@ def test_decode_and_fetch_reject_an_unforeseen_exception_through_the_helper():
 
 def test_a_commit_reveal_fetch_without_a_uid_reads_nothing():
     """Without Expect.for_uid the keys would name uid None: refused before any request."""
-    from dso.clock import PutWindow
+    from dso.protocol.clock import PutWindow
 
     expect = Expect(window=3, protocol_version=1, hparams_digest="ab", sync_samples=4)  # no uid
     put = PutWindow(window=3, open=0.0, close=1.0)
@@ -57,7 +57,7 @@ def test_a_commit_reveal_fetch_without_a_uid_reads_nothing():
 
 
 def test_no_module_words_the_message_itself():
-    """Every rejection for an unforeseen exception goes through the helper (dso/rejections.py)."""
+    """Every rejection for an unforeseen exception goes through the helper (dso/protocol/rejections.py)."""
     pattern = re.compile(r"unexpected \{type\(")
     offenders = [str(p.relative_to(ROOT)) for pkg in ("dso", "storage", "scoring", "neurons")
                  for p in sorted((ROOT / pkg).rglob("*.py"))

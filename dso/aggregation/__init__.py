@@ -1,0 +1,1 @@
+"""How the selected peers' updates are combined: signed, robust, and each peer's contribution."""

@@ -1,0 +1,1 @@
+"""One configuration object for every process: the schema, its node-local sections, and its sources."""

@@ -1,0 +1,1 @@
+"""The model: the decoder, its named shapes, and its export as a Hugging Face checkpoint."""

@@ -1,0 +1,1 @@
+"""Differential privacy of a miner's updates and its accountant."""

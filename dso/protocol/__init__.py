@@ -1,0 +1,1 @@
+"""The rules every node shares: windows, commit-reveal, payloads, signatures, rejections, provenance."""

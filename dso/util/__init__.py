@@ -1,0 +1,1 @@
+"""Small tools with no protocol in them: atomic files, child processes, progress lines."""
