@@ -25,8 +25,9 @@ from neurons.catchup import apply_bundle
 from neurons.context import NodeContext
 from neurons.engine import aggregate_window
 from storage.aggregate import Bundle, get_bundle, unsigned
+from storage.gather import GatherOptions
 from storage.peers import get_peers
-from storage.reveal import gather_window
+from storage.reveal import CommitReveal, gather_window
 from storage.wire import Expect
 
 log = logging.getLogger("dso.follow")
@@ -132,7 +133,8 @@ class Follower:
         result = gather_window(t, {u: commitments.get(u) for u in listing.uids}, ctx.codec,
                                Expect.from_hparams(ctx.hp, t, run=ctx.run, data_hash=ctx.dataset.data_hash),
                                ctx.clock.put_window(t), ctx.cfg.storage.gather_deadline_seconds,
-                               commit_reveal=ctx.hp.commit_reveal, readers=ctx.readers, hotkeys=ctx.peers.hotkeys())
+                               GatherOptions(readers=ctx.readers, hotkeys=ctx.peers.hotkeys()),
+                               CommitReveal() if ctx.hp.commit_reveal else None)
         self.bytes += result.bytes_down
         agg = aggregate_window(ctx.model, ctx.codec, ctx.hp, t, result.payloads, listing.uids, ctx.outer, ctx.device)
         log.info("window %d: no valid bundle; gathered and aggregated %d signed payloads of the list (%s…)", t,

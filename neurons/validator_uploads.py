@@ -12,9 +12,9 @@ from neurons.context import NodeContext
 from scoring.state import ValidatorState
 from storage import keys
 from storage.commitment import BucketInfo
-from storage.gather import GatherResult
+from storage.gather import GatherOptions, GatherResult
 from storage.look import LOOK_SECONDS, Look, Seen, look, speakers_first, watch, watch_interval
-from storage.reveal import gather_window
+from storage.reveal import CommitReveal, gather_window
 from storage.wire import Expect
 
 log = logging.getLogger("dso.validator")
@@ -86,11 +86,11 @@ class ValidatorUploads:
         """Window t's payloads of ``peers`` (uid → hotkey, whose signature each must carry), under the run's upload
         rules (plain or commit-reveal)."""
         ctx = self.ctx
-        self.gather_seconds = {}
-        return gather_window(t, self.commitments_of(sorted(peers)), ctx.codec,
-                             Expect.from_hparams(ctx.hp, t, run=ctx.run, data_hash=ctx.dataset.data_hash),
-                             ctx.clock.put_window(t), ctx.cfg.storage.gather_deadline_seconds,
-                             commit_reveal=ctx.hp.commit_reveal, readers=ctx.readers,
-                             priority=self.scores.standing(), peer_seconds=self.gather_seconds,
-                             judge=self.look.judge if self.look is not None else None,
-                             commitments_look=self.commitments_look, hotkeys=peers)
+        options = GatherOptions(readers=ctx.readers, priority=self.scores.standing(), hotkeys=peers,
+                                judge=self.look.judge if self.look is not None else None)
+        result = gather_window(t, self.commitments_of(sorted(peers)), ctx.codec,
+                               Expect.from_hparams(ctx.hp, t, run=ctx.run, data_hash=ctx.dataset.data_hash),
+                               ctx.clock.put_window(t), ctx.cfg.storage.gather_deadline_seconds, options,
+                               CommitReveal(self.commitments_look) if ctx.hp.commit_reveal else None)
+        self.gather_seconds = result.peer_seconds
+        return result

@@ -56,6 +56,7 @@ class GatherResult:
     bytes_down: int = 0
     seconds: float = 0.0
     finished: dict[int, float] = field(default_factory=dict)  # uid → seconds from the start to its outcome
+    peer_seconds: dict[int, float] = field(default_factory=dict)  # uid → seconds spent on it (storage.reveal)
 
 
 class ReaderCache:

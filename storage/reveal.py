@@ -17,8 +17,7 @@ from __future__ import annotations
 import hashlib
 import threading
 import time
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any, cast
 
@@ -32,11 +31,10 @@ from storage import keys, signature
 from storage.client import ObjectInfo, S3Client, StorageError
 from storage.commitment import BucketInfo
 from storage.gather import (
-    DEFAULT_READERS,
+    DEFAULT_OPTIONS,
+    Fetch,
     GatherOptions,
     GatherResult,
-    Judge,
-    ReaderCache,
     check_time,
     decode_signed,
     fetch_payload,
@@ -276,21 +274,24 @@ def _download(client: S3Client | PeerClient, bucket: str, key: str, cap: int, ex
     return clock.check("payload", info.last_modified) or (data, signed)
 
 
+@dataclass(frozen=True)
+class CommitReveal:
+    """The run uploads under commit-reveal: a commitment in the put window, the payload and its nonce in the reveal
+    window that follows.  ``commitments_look``: the validator's look at the commitments before the reveals."""
+
+    commitments_look: Look | None = None
+
+
 def gather_window(window: int, peers: dict[int, BucketInfo | str | None], codec: Codec, expect: Expect, put: PutWindow,
-                  deadline_seconds: float, *,
-                  commit_reveal: bool, readers: ReaderCache | None = None,
-                  priority: list[int] | None = None, peer_seconds: dict[int, float] | None = None,
-                  judge: Judge | None = None, commitments_look: Look | None = None,
-                  hotkeys: Mapping[int, str] | None = None) -> GatherResult:
-    """Gather window ``window``'s updates the way the run's settings say: plain (payload in the put window)
-    or commit-reveal (commitment in the put window, payload + nonce in the reveal window that follows).
-    ``priority``: uids to start first (see :class:`storage.gather.GatherOptions`).  ``peer_seconds``, when given,
-    receives uid → seconds spent fetching that peer (a peer cut off by the deadline: the whole gather's
-    time; a peer never fetched, e.g. without a commitment: absent).  ``judge``: the validator's look at the close of
-    the uploads (storage/look.py: the put window's close, or the reveal window's under commit-reveal);
-    ``commitments_look``: under commit-reveal, its look at the commitments before the reveals; ``hotkeys``: uid →
-    hotkey, whose signature every payload must carry (storage/signature.py; None: not checked)."""
-    fetch = partial(fetch_revealed, put=put, commitments_look=commitments_look) if commit_reveal else fetch_payload
+                  deadline_seconds: float, options: GatherOptions = DEFAULT_OPTIONS,
+                  reveal: CommitReveal | None = None) -> GatherResult:
+    """Gather window ``window``'s updates the way the run's settings say: plain (``reveal`` None: the payload in the
+    put window) or commit-reveal.  ``options``: how to read, schedule and judge (:class:`GatherOptions`; its
+    ``fetch`` is this function's).  The result's ``peer_seconds`` holds uid → seconds spent fetching that peer (a
+    peer cut off by the deadline: the whole gather's time; a peer never fetched, e.g. without a commitment:
+    absent)."""
+    fetch: Fetch = (partial(fetch_revealed, put=put, commitments_look=reveal.commitments_look) if reveal is not None
+                    else fetch_payload)
     timed: dict[int, float] = {}
     lock = threading.Lock()
 
@@ -304,14 +305,11 @@ def gather_window(window: int, peers: dict[int, BucketInfo | str | None], codec:
                 if expect.uid is not None:  # always set by gather (expect.for_uid)
                     timed[expect.uid] = time.monotonic() - started
 
-    options = GatherOptions(readers=readers or DEFAULT_READERS, fetch=fetch if peer_seconds is None else fetch_timed,
-                            priority=priority, judge=judge, hotkeys=hotkeys)
-    result = gather(window, peers, codec, expect, reveal_window_after(put) if commit_reveal else put, deadline_seconds,
-                    options)
-    if peer_seconds is not None:
-        with lock:  # workers cut off by the deadline may still finish (and write) after gather returned
-            peer_seconds.update(timed)
-        for uid, rejection in result.rejections.items():
-            if rejection.reason == Reason.TIMEOUT and uid not in peer_seconds:
-                peer_seconds[uid] = result.seconds
+    result = gather(window, peers, codec, expect, reveal_window_after(put) if reveal is not None else put,
+                    deadline_seconds, replace(options, fetch=fetch_timed))
+    with lock:  # workers cut off by the deadline may still finish (and write) after gather returned
+        result.peer_seconds.update(timed)
+    for uid, rejection in result.rejections.items():
+        if rejection.reason == Reason.TIMEOUT and uid not in result.peer_seconds:
+            result.peer_seconds[uid] = result.seconds
     return result

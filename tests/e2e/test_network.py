@@ -124,8 +124,8 @@ def test_restarted_validator_gives_the_uninterrupted_weights(network):
     from neurons import validator_state
     from neurons.engine import WindowInputs, run_window
     from neurons.validator import Validator
-    from storage.gather import ReaderCache
-    from storage.reveal import gather_window
+    from storage.gather import GatherOptions, ReaderCache
+    from storage.reveal import CommitReveal, gather_window
     from storage.wire import Expect
 
     net, snapshot = network
@@ -140,8 +140,9 @@ def test_restarted_validator_gives_the_uninterrupted_weights(network):
     clock = Clock(net.chain, hp.blocks_per_window, hp.put_window_seconds)
     codec = make_codec(parameter_shapes(model), hp)
     got = gather_window(t, {u: commitments.get(u) for u in active}, codec, Expect.from_hparams(hp, t, run=book.run),
-                        clock.put_window(t), cfg.storage.gather_deadline_seconds, commit_reveal=hp.commit_reveal,
-                        readers=ReaderCache.from_config(cfg.storage), priority=scores.standing())
+                        clock.put_window(t), cfg.storage.gather_deadline_seconds,
+                        GatherOptions(readers=ReaderCache.from_config(cfg.storage), priority=scores.standing()),
+                        CommitReveal() if hp.commit_reveal else None)
     dataset = Dataset.for_run(hp, cfg.data.corpus, cfg.data.cache_dir, cfg.data.tokenizer_file)
     inputs = WindowInputs(t, got.payloads, got.rejections, active, book.lists[t], clock.window_randomness(t),
                           clock.eval_randomness(t, hp.commit_reveal))

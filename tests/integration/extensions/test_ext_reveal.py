@@ -16,9 +16,10 @@ from dso.protocol.payload import Payload, PayloadMeta
 from dso.protocol.rejections import Reason
 from neurons.reveal import settings_problem
 from storage import keys
-from storage.gather import ReaderCache
+from storage.gather import GatherOptions, ReaderCache
 from storage.jsonobj import encode_json
 from storage.reveal import (
+    CommitReveal,
     commit_object,
     fetch_revealed,
     gather_window,
@@ -247,14 +248,15 @@ def test_gather_window_aggregation_set_is_the_same_for_every_reader(hp, codec, p
     put = PutWindow(W, min(commit_times) - 3, max(commit_times) + 0.5)
     commitments = {uid: peers[uid].commitment() for uid in (12, 13, 14, 15)}
     commitments[5] = None
-    results = [gather_window(W, commitments, codec, Expect.from_hparams(hp, W), put, 30, commit_reveal=True,
-                             readers=ReaderCache(timeout=20, allow_loopback=True)) for _ in range(2)]
+    results = [gather_window(W, commitments, codec, Expect.from_hparams(hp, W), put, 30,
+                             GatherOptions(readers=ReaderCache(timeout=20, allow_loopback=True)), CommitReveal())
+               for _ in range(2)]
     for result in results:
         assert sorted(result.payloads) == [12, 13]
         assert {u: r.reason for u, r in result.rejections.items()} == {
             5: Reason.MISSING, 14: Reason.NO_REVEAL, 15: Reason.NO_COMMIT}
     plain = gather_window(W, commitments, codec, Expect.from_hparams(hp, W), reveal_window_after(put), 30,
-                          commit_reveal=False, readers=ReaderCache(timeout=20, allow_loopback=True))
+                          GatherOptions(readers=ReaderCache(timeout=20, allow_loopback=True)))
     assert 15 in plain.payloads  # without commit-reveal the same objects would have been taken
 
 
@@ -277,7 +279,7 @@ def test_the_look_at_the_reveal_deadline_accepts_an_honest_reveal(hp, codec, pee
                  **NO_HURRY)
     assert sorted(found.seen) == [uid]
     result = gather_window(W, {uid: peer.commitment()}, codec, Expect.from_hparams(hp, W), put, 30.0,
-                           commit_reveal=True, readers=readers, judge=found.judge, hotkeys=hotkeys_of([uid]))
+                           GatherOptions(readers=readers, judge=found.judge, hotkeys=hotkeys_of([uid])), CommitReveal())
     assert sorted(result.payloads) == [uid], result.rejections
     got = result.payloads[uid]
     assert got.seen == found.started and got.evidence == found.seen[uid].evidence
@@ -311,16 +313,16 @@ def test_the_look_at_the_commitments_overrules_a_forged_last_modified(hp, codec,
     for uid, s in sealed.items():
         put_reveal(peers[uid].write_client(), peers[uid].bucket, s, v, run=RUN)
     result = gather_window(W, commitments, codec, Expect.from_hparams(hp, W, run=RUN), put, 30.0,
-                           commit_reveal=True, readers=readers, commitments_look=found)
+                           GatherOptions(readers=readers), CommitReveal(found))
     assert sorted(result.payloads) == [1], result.rejections
     assert {u: r.reason for u, r in result.rejections.items()} == {2: Reason.CHANGED, 3: Reason.NO_COMMIT}
     assert "commitment absent when the validator looked" in result.rejections[3].detail
     # without the look, the stamps alone would have taken 3 (and 2's rewritten commitment fails only its hash)
     plain = gather_window(W, commitments, codec, Expect.from_hparams(hp, W, run=RUN), put, 30.0,
-                          commit_reveal=True, readers=readers)
+                          GatherOptions(readers=readers), CommitReveal())
     assert sorted(plain.payloads) == [1, 3] and plain.rejections[2].reason == Reason.REVEAL_MISMATCH
     # a look that found nothing certain (asked too early, or no answer) leaves the stamp to decide
     early = Look(W, put.close, found.certain, absent={3: found.certain - 0.5}, unanswered={1})
     assert sorted(gather_window(W, {1: commitments[1], 3: commitments[3]}, codec,
-                                Expect.from_hparams(hp, W, run=RUN), put, 30.0, commit_reveal=True,
-                                readers=readers, commitments_look=early).payloads) == [1, 3]
+                                Expect.from_hparams(hp, W, run=RUN), put, 30.0, GatherOptions(readers=readers),
+                                CommitReveal(early)).payloads) == [1, 3]

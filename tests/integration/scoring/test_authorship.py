@@ -27,9 +27,9 @@ from signing import hotkeys_of, wallet_of
 from sim.copying_s3 import CopyingS3
 from storage import keys, signature
 from storage.commitment import BucketInfo, parse_commitment
-from storage.gather import ReaderCache
+from storage.gather import GatherOptions, ReaderCache
 from storage.look import SIGNATURE_LEAD_SECONDS, look, watch
-from storage.reveal import gather_window, put_commit, put_reveal, seal
+from storage.reveal import CommitReveal, gather_window, put_commit, put_reveal, seal
 from storage.server import EmbeddedS3
 from storage.wire import Expect, encode_payload
 
@@ -107,8 +107,9 @@ def one_window(s3, hp, net, creds, copier: CopyingS3, window: int, commit_reveal
     time.sleep(max(0.0, certain_after(uploads.close) - time.time()))
     found = look(window, peers, expect, uploads.close, readers=readers)
     found.first = first
-    got = gather_window(window, peers, net.codec, expect, put, 30.0, commit_reveal=commit_reveal, readers=readers,
-                        judge=found.judge, commitments_look=commitments_look, hotkeys=hotkeys_of(range(4)))
+    got = gather_window(window, peers, net.codec, expect, put, 30.0,
+                        GatherOptions(readers=readers, judge=found.judge, hotkeys=hotkeys_of(range(4))),
+                        CommitReveal(commitments_look) if commit_reveal else None)
     rejections = dict(got.rejections)
     times = {u: p.seen for u, p in got.payloads.items() if p.seen is not None}
     rejections.update(find_copies(net.codec, {u: p.update for u, p in got.payloads.items()}, times,

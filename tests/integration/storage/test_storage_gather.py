@@ -181,13 +181,12 @@ def test_gather_window_times_each_peer(fair, codec, hp):
     hang.listen(16)
     peers = {0: fair.commitment(), 5: BucketInfo(f"http://127.0.0.1:{hang.getsockname()[1]}", "us-east-1",
                                                  "dso-hang", "AKIAFAKE", "s" * 40), 6: None}
-    seconds: dict[int, float] = {}
     try:
         result = gather_window(WINDOW, peers, codec, Expect.from_hparams(hp, WINDOW), PutWindow(WINDOW, 0, 1e12),
-                               2.0, commit_reveal=False, readers=ReaderCache(timeout=30, allow_loopback=True),
-                               peer_seconds=seconds)
+                               2.0, GatherOptions(readers=ReaderCache(timeout=30, allow_loopback=True)))
     finally:
         hang.close()
+    seconds = result.peer_seconds
     assert sorted(result.payloads) == [0] and result.rejections[5].reason == Reason.TIMEOUT
     assert set(seconds) == {0, 5}
     # the silent peer is cut at its own deadline, which the fair schedule sets at about the whole budget
