@@ -20,8 +20,10 @@ an endpoint that does not answer, a missing object or a chunk that fails its che
 one line when it starts (a refused chunk is named with its shard and number), retries with backoff up to
 ``max_delay`` seconds, one line when the data checks out again; the read that needed it then returns.
 
-Chunks are fetched by a few worker threads, urgent ones (a batch being read now) before read-ahead, into
-a bounded disk cache (:class:`dso.data.chunk_cache.ChunkCache`).
+Chunks are fetched by a few worker threads, urgent ones (a batch being read now) before read-ahead. What a
+read needed now fetched goes into a bounded disk cache (:class:`dso.data.chunk_cache.ChunkCache`); what the
+read-ahead fetched stays in memory until read (:class:`dso.data.held_chunks.HeldChunks`, bounded too), and goes
+to the disk cache only if it must make room before it was read.
 """
 from __future__ import annotations
 
@@ -41,6 +43,7 @@ import numpy.typing as npt
 
 from dso.data.chunk_cache import ChunkCache
 from dso.data.corpus import DataError
+from dso.data.held_chunks import HeldChunks
 from dso.data.remote_source import DataStopped, Health, ObjectSource, Oversized, Sleep, Unreachable, plain_sleep
 from dso.data.shards import (
     DIGEST,
@@ -60,18 +63,23 @@ MANIFEST_LIMIT = TOKENIZER_LIMIT = 64 << 20   # bytes a manifest or tokenizer.js
 HEADER_MAX = 4096                              # bytes a shard's .npy header may take (numpy writes 128)
 WORKERS = 8
 LISTS_IN_MEMORY = 256                          # shards whose chunk digests stay in memory
+HELD_BYTES = 48 << 20                          # read-ahead chunks kept in memory (a window's 512 rows: 34 MB)
+
+
 @dataclass
 class _Job:
     future: Future[bytes] = field(default_factory=Future)
     started: bool = False
+    urgent: bool = False   # a read waits for it: the chunk goes to the disk cache, not to memory
 
 
 class RemoteCorpus:
     """Reads one corpus from ``source`` through ``cache``; :meth:`open` returns its :class:`ShardSet`."""
 
     def __init__(self, source: ObjectSource, cache: ChunkCache, sleep: Sleep = plain_sleep, workers: int = WORKERS,
-                 first_delay: float = 1.0, max_delay: float = 30.0):
+                 first_delay: float = 1.0, max_delay: float = 30.0, held_bytes: int = HELD_BYTES):
         self.source, self.cache, self.sleep = source, cache, sleep
+        self.held: HeldChunks[tuple[int, int]] = HeldChunks(held_bytes, self._to_cache)
         self.first_delay, self.max_delay, self.workers = first_delay, max_delay, workers
         self.health = Health(source.url, max_delay)
         self.manifest: Manifest | None = None
@@ -201,8 +209,15 @@ class RemoteCorpus:
     def key(file: str, index: int) -> str:
         return f"{file}.{index}"
 
+    def _to_cache(self, at: tuple[int, int], data: bytes) -> None:
+        self.cache.put(self.key(self.info(at[0])[0], at[1]), data)
+
     def chunk(self, shard: int, index: int) -> bytes:
-        """Chunk ``index`` of the shard, checked: from the cache, or fetched now (waiting out any outage)."""
+        """Chunk ``index`` of the shard, checked: held in memory (checked when it came), from the disk cache
+        (checked again), or fetched now (waiting out any outage)."""
+        held = self.held.take((shard, index))
+        if held is not None:
+            return held
         file, _, _ = self.info(shard)
         key = self.key(file, index)
         data = self.cache.get(key) if key in self.cache else None  # (no failed open for a chunk on its way)
@@ -215,7 +230,7 @@ class RemoteCorpus:
     def prefetch(self, shard: int, indices: list[int], urgent: bool) -> None:
         file, _, _ = self.info(shard)
         for index in indices:
-            if self.key(file, index) not in self.cache:
+            if self.key(file, index) not in self.cache and (shard, index) not in self.held:
                 self._submit(shard, index, urgent)
 
     def _submit(self, shard: int, index: int, urgent: bool) -> Future[bytes]:
@@ -223,9 +238,11 @@ class RemoteCorpus:
         with self._lock:
             job = self._jobs.get(key)
             if job is None:
-                job = self._jobs[key] = _Job()
-            elif not urgent or job.started:
-                return job.future
+                job = self._jobs[key] = _Job(urgent=urgent)
+            else:
+                job.urgent = job.urgent or urgent
+                if not urgent or job.started:
+                    return job.future
             self._queue.put((0 if urgent else 1, next(self._order), key))  # urgent: ahead of read-ahead
             while len(self._threads) < self.workers:
                 thread = threading.Thread(target=self._work, name=f"dso-data-{len(self._threads)}", daemon=True)
@@ -248,9 +265,12 @@ class RemoteCorpus:
                     self._jobs.pop(key, None)
                 job.future.set_exception(e)
                 continue
-            file, _, _ = self.info(key[0])
-            if data:
-                self.cache.put(self.key(file, key[1]), data)
+            with self._lock:
+                urgent = job.urgent
+            if data and urgent:
+                self._to_cache(key, data)
+            elif data:
+                self.held.hold(key, data)  # read-ahead: in memory until read, no cache file
             with self._lock:
                 self._jobs.pop(key, None)
                 self.fetched_bytes += len(data)

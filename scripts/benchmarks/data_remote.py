@@ -16,6 +16,7 @@ next window as this one trained on fetched in the background).
 * ``cache_peak_mb``: the largest size of the miner's cache folder on disk, sampled every 0.5 s by a thread
   of the worker (not the cache's own accounting, which ``cache_accounted_peak_mb`` gives), against
   ``cache_mb`` (``--data.cache_mb`` of the run; smaller than what the windows fetch, so chunks are evicted);
+  ``held_peak_mb``: the most read-ahead chunks held in memory for the reader (:mod:`dso.data.held_chunks`);
 * ``remote_rss_mb`` / ``remote_rss_growth_mb``: the remote miner's peak RSS on a small corpus (2 shards)
   and on the large one;
 * per window: MB fetched, chunks fetched (ranged GETs), seconds the miner waited for its data.
@@ -128,7 +129,8 @@ def miner_work(corpus: str, endpoint: str, keys: tuple[str, str], cache_dir: str
            "cpu_s": time.process_time(), "shards": len(shards.arrays)}
     if remote is not None:
         out.update(cache_peak_mb=max(peak[0], _dir_bytes(remote.cache.dir)) / 1e6,
-                   cache_accounted_peak_mb=remote.cache.peak / 1e6, outages=remote.health.outages)
+                   cache_accounted_peak_mb=remote.cache.peak / 1e6, outages=remote.health.outages,
+                   held_peak_mb=remote.held.peak / 1e6)
     return out
 
 
@@ -188,6 +190,7 @@ def summarise(runs: dict[str, list[dict]], small_run: dict, cfg: dict, engine: s
         "cache_peak_mb": round(max(r["cache_peak_mb"] for r in runs["remote"]), 1),
         "cache_accounted_peak_mb": round(max(r["cache_accounted_peak_mb"] for r in runs["remote"]), 1),
         "cache_mb": cfg["cache_mb"],
+        "held_peak_mb": round(max(r["held_peak_mb"] for r in runs["remote"]), 1),
         "cache_peak_share": round(max(r["cache_peak_mb"] for r in runs["remote"]) / cfg["cache_mb"], 3),
         "corpus_token_gb": round(nbytes / 2 ** 30, 2), "engine": engine,
         "tokens_per_s": {"local": [round(r["tokens_per_s"]) for r in runs["local"]],

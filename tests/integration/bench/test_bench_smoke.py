@@ -260,15 +260,17 @@ def test_remote_data_figures_by_hand(tmp_path):
     assert [a.shape[0] for a in shards.arrays] == [5000, 5000] and shards.manifest.chunk_bytes == 1 << 16
     window = {"seconds": 2.0, "data_wait_s": 0.1, "tokens": 100, "fetched_mb": 30.0, "chunks": 500}
     run = {"tokens_per_s": 0.0, "first_window_s": 3.0, "windows": [window, window], "rss_mb": 700.0, "cpu_s": 9.0,
-           "shards": 32, "cache_peak_mb": 90.0, "cache_accounted_peak_mb": 89.0, "outages": 0}
+           "shards": 32, "cache_peak_mb": 90.0, "cache_accounted_peak_mb": 89.0, "outages": 0, "held_peak_mb": 30.0}
     runs = {"local": [{**run, "tokens_per_s": 1000.0}, {**run, "tokens_per_s": 1200.0}],
-            "remote": [{**run, "tokens_per_s": 1050.0}, {**run, "tokens_per_s": 1040.0, "rss_mb": 705.0}]}
+            "remote": [{**run, "tokens_per_s": 1050.0},
+                       {**run, "tokens_per_s": 1040.0, "rss_mb": 705.0, "held_peak_mb": 34.0}]}
     out = data_remote.summarise(runs, {**run, "rss_mb": 690.0, "shards": 2}, data_remote.FULL, "seaweedfs",
                                 2 ** 31, 1.0, 2.0)
     assert out["remote_vs_local"] == pytest.approx((1050 / 1000 + 1040 / 1200) / 2, abs=1e-4)   # median of 2
     assert out["remote_vs_local_means"] == pytest.approx(1045 / 1100, abs=1e-4)
     assert out["cache_peak_share"] == pytest.approx(90 / 96, abs=1e-3) and out["corpus_token_gb"] == 2.0
     assert out["remote_rss_growth_mb"] == 15.0 and out["per_window"]["chunks"] == 500
+    assert out["held_peak_mb"] == 34.0
     assert "bucket ÷ local shards" in data_remote.markdown(out)
 # ------------------------------------------------------------- extra compute
 def test_extra_compute_figures_by_hand():

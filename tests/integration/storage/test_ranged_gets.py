@@ -3,6 +3,8 @@ failure is a StorageError of the kind botocore's would be (the S3 engines' behav
 from __future__ import annotations
 
 import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
@@ -19,6 +21,13 @@ class Handler(BaseHTTPRequestHandler):
     def do_GET(self):  # noqa: N802 — http.server's name
         Handler.seen.append(dict(self.headers.items()))
         mode = self.path.rsplit("/", 1)[-1]
+        if mode == "stalls":  # the status line and headers, then nothing for longer than the client waits
+            self.send_response(206)
+            self.send_header("Content-Length", "64")
+            self.end_headers()
+            self.wfile.flush()
+            time.sleep(4)
+            return
         start, stop = (int(x) for x in self.headers["Range"].removeprefix("bytes=").split("-"))
         status, body = {"ok": (206, BODY[start:stop + 1]), "more": (206, BODY[start:stop + 100]),
                         "whole": (200, BODY), "missing": (404, b""), "denied": (403, b""),
@@ -41,10 +50,10 @@ def endpoint():
     server.shutdown()
 
 
-def reader(endpoint: str, key: str = "") -> RangedGets:
+def reader(endpoint: str, key: str = "", timeout: float = 5, clock=time.monotonic) -> RangedGets:
     client = S3Client(endpoint, access_key_id=key, secret_access_key="secret" if key else "",
-                      use_environment=False, timeout=5)
-    return RangedGets(client.signed_get, timeout=5)
+                      use_environment=False, timeout=timeout)
+    return RangedGets(client.signed_get, timeout=timeout, clock=clock)
 
 
 def test_a_range_is_read_signed_or_unsigned(endpoint):
@@ -70,3 +79,36 @@ def test_an_endpoint_that_does_not_answer_is_unavailable():
     with pytest.raises(StorageError) as e:
         reader("http://127.0.0.1:9").get("bucket", "ok", 0, 64)    # the discard port: nothing listens
     assert e.value.kind == "unavailable" and e.value.retryable
+
+
+def test_one_signature_serves_every_range_of_an_object_until_it_is_old(endpoint):
+    now = [0.0]
+    ranges = reader(endpoint, "AKIDTEST", clock=lambda: now[0])
+    Handler.seen.clear()
+    assert ranges.get("bucket", "dir/ok", 0, 10) == BODY[:10]
+    assert ranges.get("bucket", "dir/ok", 500, 10) == BODY[500:510]
+    assert ranges.get("bucket", "other/ok", 0, 10) == BODY[:10]
+    now[0] = ranges.resign_after + 1
+    assert ranges.get("bucket", "dir/ok", 0, 10) == BODY[:10]
+    first, second, other, _ = (h["Authorization"] for h in Handler.seen)
+    assert first == second and other != first  # (the key is in the signature)
+    assert "SignedHeaders=host;x-amz-content-sha256;x-amz-date," in first  # the range is sent unsigned
+    assert [h["Range"] for h in Handler.seen] == ["bytes=0-9", "bytes=500-509", "bytes=0-9", "bytes=0-9"]
+    assert (ranges.signed, ranges.requests) == (3, 4)  # signed again once old (the same second: the same text)
+
+
+def test_threads_read_at_once_each_on_its_own_connection(endpoint):
+    ranges = reader(endpoint, "AKIDTEST")
+    starts = list(range(0, 16_000, 250))
+    with ThreadPoolExecutor(4) as pool:
+        got = list(pool.map(lambda s: ranges.get("bucket", "dir/ok", s, 300), starts))
+    assert got == [BODY[s:s + 300] for s in starts]
+    assert ranges.signed == 1
+
+
+def test_a_body_that_stops_coming_is_a_timeout(endpoint):
+    started = time.monotonic()
+    with pytest.raises(StorageError) as e:
+        reader(endpoint, timeout=1).get("bucket", "dir/stalls", 0, 64)
+    assert e.value.kind == "timeout" and "bytes 0-63" in str(e.value)
+    assert time.monotonic() - started < 3.5  # gave up before the server's 4 s stall ended

@@ -122,6 +122,25 @@ def test_the_cache_stays_within_its_bound(published, local, tmp_path, stop):
     assert corpus.cache.peak <= 50_000 and corpus.fetched_chunks > 12
 
 
+def chunk_files(corpus) -> set[str]:
+    return {p.name for p in corpus.cache.dir.glob("shard-*.npy.*")}
+
+
+def test_read_ahead_held_past_its_bound_goes_to_the_disk_cache(published, local, tmp_path, stop):
+    url, creds = published
+    ds, shards = remote(url, creds, tmp_path / "cache", stop)
+    corpus = shards.arrays[0].corpus
+    corpus.held.limit = 3 * CHUNK
+    rows = ds.assigned_rows(1, 4, 24)
+    ds.prefetch(rows)
+    settle(corpus)
+    fetched = corpus.fetched_chunks
+    assert corpus.held.peak <= 3 * CHUNK and corpus.held.spilled > 0
+    assert len(chunk_files(corpus)) >= corpus.held.spilled                 # unread: kept on disk
+    assert np.array_equal(ds.rows(rows), local.rows(rows))
+    assert corpus.fetched_chunks == fetched                                 # every chunk from memory or disk
+
+
 def settle(corpus) -> None:
     """Wait until the background fetches asked for so far are done."""
     deadline = time.monotonic() + 30
@@ -137,11 +156,13 @@ def test_an_assignment_is_read_as_training_reaches_it(published, local, tmp_path
     data = ds.assignment(2, 10, 24, 24, ahead=4, next_ahead=6)
     assert np.array_equal(data[0:4].numpy(), local.rows(rows[:4]))
     settle(corpus)
-    fetched = corpus.fetched_chunks
-    # the next 4 sequences of this window and the first 6 of the next were fetched in the background
+    fetched, files = corpus.fetched_chunks, chunk_files(corpus)
+    # the next 4 sequences of this window and the first 6 of the next were fetched in the background, and
+    # wait in memory for the reader: no cache file written for them
+    assert len(corpus.held) > 0 and len(corpus.held) + len(files) == fetched
     assert np.array_equal(ds.rows(rows[4:8]), local.rows(rows[4:8]))
     assert np.array_equal(ds.rows(nxt[:6]), local.rows(nxt[:6]))
-    assert corpus.fetched_chunks == fetched
+    assert corpus.fetched_chunks == fetched and chunk_files(corpus) == files
     # the rest of the window was not: training had not reached it
     assert np.array_equal(ds.rows(rows[8:]), local.rows(rows[8:]))
     assert corpus.fetched_chunks > fetched
@@ -186,9 +207,11 @@ def test_an_endpoint_that_stops_answering_is_waited_for_in_one_line(published, l
         proxy.close()
 
 
-def test_a_chunk_changed_in_the_bucket_is_refused_and_named(published, local, shards, tmp_path, caplog, stop):
+@pytest.mark.parametrize("read_ahead", [False, True])
+def test_a_chunk_changed_in_the_bucket_is_refused_and_named(published, local, shards, tmp_path, caplog, stop,
+                                                            read_ahead):
     url, creds = published
-    ds, _ = remote(url, creds, tmp_path / "cache", stop)
+    ds, shard_set = remote(url, creds, tmp_path / "cache", stop)
     row = int(ds.assigned_rows(4, 3, 1)[0])
     shard = int(np.searchsorted(ds._starts, row, side="right") - 1)
     offset = 128 + (row - int(ds._starts[shard])) * (SEQ + 1) * 2      # the .npy header is 128 bytes
@@ -200,9 +223,12 @@ def test_a_chunk_changed_in_the_bucket_is_refused_and_named(published, local, sh
     writer = creds.write_client()
     writer.put(creds.bucket, key, bytes(altered))
     with caplog.at_level(logging.INFO, logger="dso.data"):
+        if read_ahead:                                                  # fetched in the background first
+            ds.prefetch(np.array([row]))
         reader, got = reading(lambda: ds.rows(np.array([row])))
         time.sleep(1.0)
         assert reader.is_alive() and not got                            # no wrong token: nothing returned
+        assert (shard, chunk) not in shard_set.arrays[0].corpus.held     # nor held for a reader
         refused = [r for r in caplog.records if r.levelno == logging.ERROR]
         assert len(refused) == 1 and f"{name} chunk {chunk} " in refused[0].getMessage(), refused
         assert "refused: sha256" in refused[0].getMessage()
