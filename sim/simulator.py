@@ -33,9 +33,10 @@ from dso.inner import InnerLoop
 from dso.model import build_model, parameter_shapes, sync_sample_count
 from dso.outer import OuterState, apply_outer
 from dso.payload import Payload, PayloadMeta
-from dso.privacy import RdpAccountant, clip_and_noise, dp_settings
+from dso.privacy import RdpAccountant, dp_settings, noisy_release
 from dso.rejections import Reason, Rejection
 from dso.train import evaluate
+from dso.window_training import Start, train_window
 from neurons.engine import WindowInputs, WindowOutcome, announce_list, genesis_lists, run_window
 from scoring.state import ValidatorState
 from scoring.sync import sample_parameters, sync_positions
@@ -130,24 +131,20 @@ class SimNet:
     def _train(self, peer: SimPeer, t: int, batches: int) -> Update | None:
         """The peer's compressed update, or None once its privacy budget is spent; records the sequences it trained
         on in ``self.trained``."""
-        dp = self.hp.dp
         if peer.accountant is not None and peer.accountant.would_exceed(self.dp_budget):
             return None
-        model, hp, loop = self._peer_model(peer, t), self.hp, self.inner
-        # the miner's inner loop (neurons/miner.py runs the same): ``batches`` × inner_steps steps on the
-        # assignment, or in paper mode one gradient of ``batches`` batches
-        if peer.inner_state is None or not loop.load_state(peer.inner_state):
-            loop.fresh()
-        loop.start(dict(model.named_parameters()))
+        model, hp = self._peer_model(peer, t), self.hp
+        # the miner's window (dso/window_training.py) on the scratch loop, with the peer's own optimiser state:
+        # ``batches`` × inner_steps steps on the assignment, or in paper mode one gradient of ``batches`` batches
         batch_size, max_steps = self.inner_budget(batches)
         data = peer.behaviour.training_data(self.dataset, peer.uid, t, hp.assigned_sequences)
-        self.trained[peer.uid] = loop.train(t, data, batch_size=batch_size, max_steps=max_steps).sequences
-        peer.inner_state = loop.state()
-        grads = loop.pseudo_gradient()
-        if peer.accountant is not None:
-            grads = clip_and_noise(grads, dp.clip_norm, self.dp_noise_multiplier, self.noise)
-            peer.accountant.step()
-        return peer.feedback.step(grads, t, peer.uid)
+        release = None if peer.accountant is None else noisy_release(
+            hp.dp.clip_norm, self.dp_noise_multiplier, self.noise, peer.accountant)
+        done = train_window(self.inner, peer.feedback, t, peer.uid,
+                            lambda loop: loop.train(t, data, batch_size=batch_size, max_steps=max_steps),
+                            start=Start(dict(model.named_parameters()), state=peer.inner_state or {}), release=release)
+        self.trained[peer.uid], peer.inner_state = done.report.sequences, done.state
+        return done.update
 
     def inner_budget(self, batches: int) -> tuple[int, int]:
         """(sequences per inner step, inner steps) of a peer that trains ``batches`` times the baseline: more
