@@ -43,8 +43,6 @@ from scoring.sync import sample_parameters, sync_positions
 from sim import behaviours
 from sim.foresight import evaluation_chance
 
-MALFORMED = (Reason.MALFORMED, Reason.WRONG_COUNT, Reason.NON_FINITE, Reason.BAD_SHAPE)
-
 
 @dataclass
 class SimPeer:
@@ -113,11 +111,7 @@ class SimNet:
         self.dp_noise_multiplier, self.dp_budget = dp_settings(hp.dp)  # z and budget (hp.dp.target_epsilon)
 
     def _desynced(self, peer: SimPeer, t: int) -> bool:
-        if peer.behaviour.name != "desync":
-            return False
-        if self.desync_windows is not None:
-            return t in self.desync_windows
-        return not peer.behaviour.plan(t).apply_aggregate
+        return not peer.behaviour.follows(t, self.desync_windows)
 
     def _peer_model(self, peer: SimPeer, t: int) -> torch.nn.Module:
         if self._desynced(peer, t):
@@ -166,10 +160,8 @@ class SimNet:
         return None if self.last_outcome is None else self.last_outcome.aggregation.delta
 
     def plan(self, peer: SimPeer, t: int) -> behaviours.Plan:
-        """What the peer does in window t; the gamer decides from what it can foresee of the schedule."""
-        if peer.behaviour.name == "gamer":
-            return behaviours.gamer_plan(evaluation_chance(self.state, self.hp, t, peer.uid, self.active))
-        return peer.behaviour.plan(t)
+        """What the peer does in window t, given the most it could foresee of the evaluation schedule."""
+        return peer.behaviour.plan(t, lambda: evaluation_chance(self.state, self.hp, t, peer.uid, self.active))
 
     def honest_sequences(self) -> int:
         """The sequences an honest peer trains on per window (what a peer that did not train declares)."""
@@ -183,14 +175,14 @@ class SimNet:
         positions = sync_positions(self.randomness(t), self.shapes, sync_sample_count(hp))
         own: dict[int, Update | None] = {}
         sync: dict[int, torch.Tensor] = {}
-        sybil_update = None
+        sybil_update = None  # the update every peer that shares one uploads: the first of them trains it
         plans = {peer.uid: self.plan(peer, t) for peer in self.peers}
         self.trained = {}
         for peer in self.peers:
             plan = plans[peer.uid]
-            if plan.train and not (peer.behaviour.name == "sybil" and sybil_update is not None):
+            if plan.train and not (peer.behaviour.shares_update and sybil_update is not None):
                 own[peer.uid] = self._train(peer, t, plan.data_batches)
-                if peer.behaviour.name == "sybil":
+                if peer.behaviour.shares_update:
                     sybil_update = own[peer.uid]
             sync[peer.uid] = sample_parameters(dict(self._peer_model(peer, t).named_parameters()), positions)
         honest = [u for p in self.peers if p.behaviour.good and (u := own.get(p.uid)) is not None]
@@ -207,31 +199,33 @@ class SimNet:
         # a forged, earlier LastModified, which nothing may trust
         honest_count = self.honest_sequences()
         declared = {p.uid: p.behaviour.declared(self.trained.get(p.uid, 0), honest_count) for p in self.peers}
+        forges = {p.uid: p.behaviour.forges for p in self.peers}
         payloads = {u: Payload(PayloadMeta(u, t, hp.protocol_version, hp.digest(), trained=declared[u]), update,
-                               sync[u], 0, -behaviours.BACKDATE_BY if self.roles[u - 1] == "backdater" else 0.0,
-                               seen=0.0)
+                               sync[u], 0, -behaviours.BACKDATE_BY if forges[u] else 0.0, seen=0.0)
                     for u, update in updates.items()}
         return payloads, rejections
 
     def _outcome(self, peer: SimPeer, t: int, plan: behaviours.Plan, own: dict[int, Update | None],
                  sybil_update: Update | None, honest: list[Update]) -> Update | Rejection:
         """One peer's update, or the rejection the real gatherer would return for what it uploaded."""
-        b, hp = peer.behaviour.name, self.hp
-        if b == "absent":
+        behaviour, hp = peer.behaviour, self.hp
+        shared = behaviour.shares_update and sybil_update is not None
+        if not plan.upload:
             return Rejection(Reason.MISSING, "nothing uploaded")
-        if plan.train and own.get(peer.uid) is None and not (b == "sybil" and sybil_update is not None):
+        if plan.train and own.get(peer.uid) is None and not shared:
             return Rejection(Reason.MISSING, "privacy budget spent: nothing uploaded")
-        if b == "late":
-            return Rejection(Reason.NO_COMMIT, "commitment after the put window") if hp.commit_reveal else \
-                Rejection(Reason.TOO_LATE, "uploaded after the put window")
-        if b == "hider":  # its forged LastModified says in time; the look (at the commitments, under commit-reveal)
+        if plan.late and behaviour.forges:  # its forged LastModified says in time; the look (at the commitments,
+            # under commit-reveal) after the close did not see it
             return Rejection(Reason.NO_COMMIT, "commitment absent when the validator looked") if hp.commit_reveal \
                 else Rejection(Reason.TOO_LATE, "absent when the validator looked after the close")
+        if plan.late:
+            return Rejection(Reason.NO_COMMIT, "commitment after the put window") if hp.commit_reveal else \
+                Rejection(Reason.TOO_LATE, "uploaded after the put window")
         if hp.commit_reveal and plan.reads_peers:
             return Rejection(Reason.REVEAL_MISMATCH, "committed blind, revealed a copy")
-        if b == "malformed":
-            return Rejection(MALFORMED[t % len(MALFORMED)], "simulated broken payload")
-        if b == "sybil" and sybil_update is not None:
+        if (broken := behaviour.simulated_rejection(t)) is not None:
+            return broken
+        if shared and sybil_update is not None:
             return sybil_update
         inputs = behaviours.Inputs(self.codec, t, own.get(peer.uid), self.noise, honest, self.previous_aggregate())
         update = peer.behaviour.upload(inputs)
