@@ -41,6 +41,7 @@ from dso.protocol.clock import GATHER_SETTLE_SECONDS
 from dso.protocol.rejections import Rejection
 from dso.training.inner import Ahead, InnerReport
 from dso.training.train import bits_per_byte
+from dso.training.window_training import Feedback, Start, train_window
 from neurons import reveal
 from neurons.catchup import sync_to
 from neurons.context import NodeContext, build_context
@@ -213,17 +214,33 @@ class Miner(MinerUploads, MinerState):
 
     # ------------------------------------------------------ the three steps
     def train(self, t: int) -> tuple[CompressedUpdate | None, float]:
-        """Our compressed update of window t (None once the privacy budget is spent) and the training loss."""
-        ctx, hp = self.ctx, self.ctx.hp
+        """Our compressed update of window t and the training loss: the window's training
+        (dso/training/window_training.py)
+        from θ_t, or on from the steps taken ahead.  None once the privacy budget is spent or when no step fits."""
         if not self.privacy.allows(t):
             return None, float("nan")
         data = self.training_data(t)
-        gradient_mode = hp.inner.mode == "gradient"
         ahead = self.ahead.report if self.ahead is not None and self.ahead.window == t else InnerReport()
         self.ahead, self.ahead_steps = None, ahead.steps
-        if not ahead.steps:
-            self.inner.start(None)  # the model holds θ_t: the anchor the pseudo-gradient is measured from
-        # else the model holds the steps taken ahead, rebased onto θ_t (the anchor): go on from there
+        # without steps taken ahead the model holds θ_t, the anchor the pseudo-gradient is measured from; with
+        # them it holds those steps, rebased onto θ_t (the anchor) when the bundle came: training goes on from there
+        done = train_window(self.inner, self.compressor(), t, self.ctx.uid,
+                            lambda _loop: self.inner_steps(t, data, ahead), start=Start(ahead=ahead.steps > 0),
+                            release=self.privacy.release)
+        if done.update is None:
+            return None, float("nan")
+        # the model is back at θ_t: sync samples, the payload's model hash and the bundle start there
+        trained = data[:self.report.sequences]
+        self.last_sequences = self.report.sequences
+        self.trained = (trained.shape[0] * (trained.shape[1] - 1),
+                        max(1, self.ctx.dataset.target_bytes(trained)))  # tokens, bytes
+        return done.update, self.report.mean_loss
+
+    def inner_steps(self, t: int, data: Assignment, ahead: InnerReport) -> InnerReport | None:
+        """Window t's inner steps, on from the ``ahead`` ones, until the deadline that leaves time to upload (kept in
+        ``self.report``); None when not even one step can be uploaded before the put window closes."""
+        hp = self.ctx.hp
+        gradient_mode = hp.inner.mode == "gradient"
         deadline = self.deadline(t)
         rest = self.inner.train(t, data.skip(ahead.sequences), batch_size=self.sequences if gradient_mode
                                 else self.step_batch, max_steps=hp.inner.steps_max - ahead.steps if ahead.steps
@@ -240,17 +257,12 @@ class Miner(MinerUploads, MinerState):
             if not self.step_fits(t):
                 log.warning("window %d: no time left for a step (%.1f s each) before the put window closes; "
                             "not uploading", t, self.step_seconds)
-                return None, float("nan")
+                return None
             self.report = self.inner.train(t, data, batch_size=self.step_batch, max_steps=1)
             deadline = math.inf  # a step taken past the deadline on purpose is not an overrun
         self.trained_at = time.time()
         self.margin_from = min(self.trained_at, deadline)  # a step that overran the deadline counts against it
-        update, loss = self.compress(t), self.report.mean_loss
-        self.inner.restore_anchor()  # back to θ_t: sync samples, the payload's model hash and the bundle start there
-        done = data[:self.report.sequences]
-        self.last_sequences = self.report.sequences
-        self.trained = (done.shape[0] * (done.shape[1] - 1), max(1, ctx.dataset.target_bytes(done)))  # tokens, bytes
-        return update, loss
+        return self.report
 
     def training_data(self, t: int) -> Assignment:
         """The sequences it trains on in window t, in order: the first ``self.sequences`` of its assignment, read
@@ -284,12 +296,9 @@ class Miner(MinerUploads, MinerState):
         to compress, encode and upload inside the put window (what the last upload took, with a margin)."""
         return self.ctx.clock.put_window(t).close - UPLOAD_MARGIN - self.encode_seconds
 
-    def compress(self, t: int) -> CompressedUpdate:
-        """The window's update as it leaves the miner: pseudo-gradient → privacy → error feedback → compression."""
-        update = self.feedback.step(self.privacy.release(self.inner.pseudo_gradient()), t, self.ctx.uid)
-        if update is None:  # only a non-leading rank's feedback returns none, and those run no Miner
-            raise RuntimeError("the error feedback returned no update in a single-process miner")
-        return update
+    def compressor(self) -> Feedback:
+        """What compresses the window's pseudo-gradient with error feedback (one process: the feedback itself)."""
+        return self.feedback
 
     def follow(self, t: int) -> str:
         """Apply the leader's bundle of window t (θ_t → θ_{t+1}) once it is published; a summary for the log."""

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from dso.codec.codecs import Codec, make_codec
-from dso.codec.demo import CompressedUpdate
+from dso.codec.demo import CompressedUpdate, Release
 from dso.config.schema import Config, HParams
 from dso.distributed.fsdp import codec_shard_dims, shapes_of, sharded_model
 from dso.distributed.ranks import Ranks
@@ -79,12 +79,8 @@ class RankedMiner(Miner):
         self.orders.send("node", "save")
         super().save_state()
 
-    def compress(self, t: int) -> CompressedUpdate:
-        self.orders.send("feedback", "step", {"window": t})
-        release = self.privacy.release if self.ctx.hp.dp.enabled else None
-        update = self.feedback.step(self.inner.pseudo_gradient(), t, self.ctx.uid, release)
-        assert update is not None  # the leader's
-        return update
+    def compressor(self) -> OrderedFeedback:
+        return OrderedFeedback(self.feedback, self.orders)
 
     def theta_hash(self) -> str:
         return model_hash(self.ctx.model)  # the leader's model is θ_{model_window} throughout (its anchor)
@@ -94,6 +90,18 @@ class RankedMiner(Miner):
             return super().run()
         finally:
             self.orders.stop()
+
+
+class OrderedFeedback:
+    """The leader's error feedback step, a collective: it orders every other rank to take its part first."""
+
+    def __init__(self, feedback: ShardedFeedback, orders: Orders):
+        self.feedback, self.orders = feedback, orders
+
+    def step(self, grads: Mapping[str, torch.Tensor], window: int, uid: int = 0,
+             release: Release | None = None) -> CompressedUpdate | None:
+        self.orders.send("feedback", "step", {"window": window})
+        return self.feedback.step(grads, window, uid, release)
 
 
 class Follower:

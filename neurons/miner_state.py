@@ -2,25 +2,23 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Protocol
 
 import torch
 
-from dso.codec.demo import CompressedUpdate, ErrorFeedback
+from dso.codec.demo import ErrorFeedback
 from dso.training.inner import InnerLoop
+from dso.training.window_training import Feedback as WindowFeedback
 from neurons.context import NodeContext
 from neurons.persist import load_tensors, save_tensors
 
 log = logging.getLogger("dso.miner")
 
 
-class Feedback(Protocol):
-    """The miner's error feedback: :class:`dso.codec.demo.ErrorFeedback` in one process, or
-    :class:`dso.distributed.sharded_codec.ShardedFeedback` on ranks (whose non-leading ranks get no update back)."""
-
-    def step(self, grads: Mapping[str, torch.Tensor], window: int, uid: int = 0, /) -> CompressedUpdate | None: ...
+class Feedback(WindowFeedback, Protocol):
+    """The miner's error feedback (:class:`dso.training.window_training.Feedback`), whose buffers it keeps across
+    restarts."""
 
     def state(self) -> dict[str, torch.Tensor]: ...
 

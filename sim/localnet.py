@@ -36,6 +36,7 @@ from dso.config.schema import HParams
 from dso.data.dataset import Dataset, run_shards
 from dso.data.shards import ShardSet
 from dso.util.processes import reap, signal_group, spawn
+from sim import behaviours
 from storage.credentials import PeerCredentials
 from storage.dataset import DATA_KEY_ENV, DATA_SECRET_ENV
 from storage.dataset_upload import publish
@@ -73,13 +74,18 @@ class NodeSpec:
     ranks: int = 1            # > 1: the node runs as a torchrun group of this many ranks (docs/scale.md)
 
     @property
+    def plan(self) -> behaviours.Plan | None:
+        """What a miner's behaviour does in a window, as far as the network's setup must know (None: not a
+        miner's behaviour)."""
+        known = behaviours.REGISTRY.get(self.behaviour) if self.role == "miner" else None
+        return None if known is None else known().plan(0)
+
+    @property
     def program(self) -> list[str]:
         """Honest nodes run the production entry points (through torchrun on several ranks); other behaviours
         the experiment's miner or validator."""
-        if self.role == "miner" and self.behaviour not in ("honest", "diligent"):
-            return ["-m", "sim.miner", "--behaviour", self.behaviour]
-        if self.role == "validator" and self.behaviour != "honest":
-            return ["-m", "sim.validator", "--behaviour", self.behaviour]
+        if self.behaviour not in behaviours.GOOD:  # sim.miner and sim.validator refuse a name they do not know
+            return ["-m", f"sim.{self.role}", "--behaviour", self.behaviour]
         entry = str(ROOT / "neurons" / f"{self.role}.py")
         if self.ranks > 1:
             return ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={self.ranks}", entry]
@@ -198,14 +204,15 @@ class LocalNet:
         cmd = [sys.executable, *node.program, "--config", str(self.run_dir / "config.json"),
                "--wallet.name", node.name, "--wallet.path", str(self.run_dir / "wallets"),
                "--neuron.log_json", str(self.logs / f"{node.name}.jsonl")]
-        if node.behaviour == "diligent":
-            # it has about twice a miner's CPU (node_nice) and spends it as an operator should: paper mode, two
-            # batches to the baseline's one; inner steps, steps of twice the sequences (more steps of the same
-            # size score lower under the normalised evaluation step: docs/training.md, "Fifth pass")
-            twice = str(min(2 * self.hp.batch_size, self.hp.assigned_sequences))
+        plan = node.plan
+        if plan is not None and plan.data_batches > 1:
+            # the diligent miner has about twice a miner's CPU (node_nice) and spends it as an operator should:
+            # paper mode, two batches to the baseline's one; inner steps, steps of twice the sequences (more steps
+            # of the same size score lower under the normalised evaluation step: docs/training.md, "Fifth pass")
+            more = str(min(plan.data_batches * self.hp.batch_size, self.hp.assigned_sequences))
             cmd += ["--neuron.train_sequences" if self.hp.inner.mode == "gradient" else "--neuron.step_sequences",
-                    twice]
-        if node.behaviour in ("late", "hider") and self.hp.inner.mode == "steps":
+                    more]
+        if plan is not None and plan.late and self.hp.inner.mode == "steps":
             # its upload is judged late whatever it holds: one valid batch is enough to show that, and leaves the
             # CPU of the one machine to the miners and the validator whose timing the run measures
             cmd += ["--neuron.train_sequences", str(self.hp.batch_size)]
@@ -268,7 +275,8 @@ def node_nice(node: NodeSpec) -> int:
     """Scheduling niceness of a node's process: validators 0, miners MINER_NICE, the diligent miner less."""
     if node.role != "miner":
         return 0
-    return DILIGENT_NICE if node.behaviour == "diligent" else MINER_NICE
+    plan = node.plan
+    return DILIGENT_NICE if plan is not None and plan.data_batches > 1 else MINER_NICE
 
 
 def free_port(taken: set[int], host: str = "127.0.0.1") -> int:

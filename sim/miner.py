@@ -156,9 +156,9 @@ class AdversarialMiner(Miner):
         previous = self.previous_aggregate(t) if self.acts.needs_previous else None
         update = self.acts.upload(behaviours.Inputs(ctx.codec, t, own, self.noise_gen, [p.update for p in others],
                                                     previous))
-        if self.behaviour == "copier" and others:
+        if self.acts.copies_sync and others:
             sync = others[0].sync_values  # a careful copier copies the victim's sync samples as well
-        if self.behaviour == "sybil":
+        if self.acts.shares_update:
             update = self.sybil_update(t, update, sync, read_until)
         if update is None:
             return None

@@ -30,20 +30,19 @@ from dso.codec.demo import ErrorFeedback
 from dso.config.schema import HParams
 from dso.data.dataset import Dataset
 from dso.nn.model import build_model, parameter_shapes, sync_sample_count
-from dso.privacy.dp import RdpAccountant, clip_and_noise, dp_settings
+from dso.privacy.dp import RdpAccountant, dp_settings, noisy_release
 from dso.protocol.payload import Payload, PayloadMeta
 from dso.protocol.rejections import Reason, Rejection
 from dso.training.inner import InnerLoop
 from dso.training.outer import OuterState, apply_outer
 from dso.training.train import evaluate
+from dso.training.window_training import Start, train_window
 from neurons.engine import WindowInputs, WindowOutcome, announce_list, genesis_lists, run_window
 from scoring.schedules import DRAWN, EvalSchedule
 from scoring.state import ValidatorState
 from scoring.sync import sample_parameters, sync_positions
 from sim import behaviours
 from sim.foresight import evaluation_chance
-
-MALFORMED = (Reason.MALFORMED, Reason.WRONG_COUNT, Reason.NON_FINITE, Reason.BAD_SHAPE)
 
 
 @dataclass
@@ -114,11 +113,7 @@ class SimNet:
         self.dp_noise_multiplier, self.dp_budget = dp_settings(hp.dp)  # z and budget (hp.dp.target_epsilon)
 
     def _desynced(self, peer: SimPeer, t: int) -> bool:
-        if peer.behaviour.name != "desync":
-            return False
-        if self.desync_windows is not None:
-            return t in self.desync_windows
-        return not peer.behaviour.plan(t).apply_aggregate
+        return not peer.behaviour.follows(t, self.desync_windows)
 
     def _peer_model(self, peer: SimPeer, t: int) -> torch.nn.Module:
         if self._desynced(peer, t):
@@ -132,24 +127,20 @@ class SimNet:
     def _train(self, peer: SimPeer, t: int, batches: int) -> Update | None:
         """The peer's compressed update, or None once its privacy budget is spent; records the sequences it trained
         on in ``self.trained``."""
-        dp = self.hp.dp
         if peer.accountant is not None and peer.accountant.would_exceed(self.dp_budget):
             return None
-        model, hp, loop = self._peer_model(peer, t), self.hp, self.inner
-        # the miner's inner loop (neurons/miner.py runs the same): ``batches`` × inner_steps steps on the
-        # assignment, or in paper mode one gradient of ``batches`` batches
-        if peer.inner_state is None or not loop.load_state(peer.inner_state):
-            loop.fresh()
-        loop.start(dict(model.named_parameters()))
+        model, hp = self._peer_model(peer, t), self.hp
+        # the miner's window (dso/training/window_training.py) on the scratch loop, with the peer's own optimiser state:
+        # ``batches`` × inner_steps steps on the assignment, or in paper mode one gradient of ``batches`` batches
         batch_size, max_steps = self.inner_budget(batches)
         data = peer.behaviour.training_data(self.dataset, peer.uid, t, hp.assigned_sequences)
-        self.trained[peer.uid] = loop.train(t, data, batch_size=batch_size, max_steps=max_steps).sequences
-        peer.inner_state = loop.state()
-        grads = loop.pseudo_gradient()
-        if peer.accountant is not None:
-            grads = clip_and_noise(grads, dp.clip_norm, self.dp_noise_multiplier, self.noise)
-            peer.accountant.step()
-        return peer.feedback.step(grads, t, peer.uid)
+        release = None if peer.accountant is None else noisy_release(
+            hp.dp.clip_norm, self.dp_noise_multiplier, self.noise, peer.accountant)
+        done = train_window(self.inner, peer.feedback, t, peer.uid,
+                            lambda loop: loop.train(t, data, batch_size=batch_size, max_steps=max_steps),
+                            start=Start(dict(model.named_parameters()), state=peer.inner_state or {}), release=release)
+        self.trained[peer.uid], peer.inner_state = done.report.sequences, done.state
+        return done.update
 
     def inner_budget(self, batches: int) -> tuple[int, int]:
         """(sequences per inner step, inner steps) of a peer that trains ``batches`` times the baseline: more
@@ -171,11 +162,9 @@ class SimNet:
         return None if self.last_outcome is None else self.last_outcome.aggregation.delta
 
     def plan(self, peer: SimPeer, t: int) -> behaviours.Plan:
-        """What the peer does in window t; the gamer decides from what it can foresee of the schedule."""
-        if peer.behaviour.name == "gamer":
-            chance = evaluation_chance(self.state, self.hp, self.schedule, t, peer.uid, self.active)
-            return behaviours.gamer_plan(chance)
-        return peer.behaviour.plan(t)
+        """What the peer does in window t, given the most it could foresee of the evaluation schedule."""
+        return peer.behaviour.plan(t, lambda: evaluation_chance(self.state, self.hp, self.schedule, t, peer.uid,
+                                                                          self.active))
 
     def honest_sequences(self) -> int:
         """The sequences an honest peer trains on per window (what a peer that did not train declares)."""
@@ -189,14 +178,14 @@ class SimNet:
         positions = sync_positions(self.randomness(t), self.shapes, sync_sample_count(hp))
         own: dict[int, Update | None] = {}
         sync: dict[int, torch.Tensor] = {}
-        sybil_update = None
+        sybil_update = None  # the update every peer that shares one uploads: the first of them trains it
         plans = {peer.uid: self.plan(peer, t) for peer in self.peers}
         self.trained = {}
         for peer in self.peers:
             plan = plans[peer.uid]
-            if plan.train and not (peer.behaviour.name == "sybil" and sybil_update is not None):
+            if plan.train and not (peer.behaviour.shares_update and sybil_update is not None):
                 own[peer.uid] = self._train(peer, t, plan.data_batches)
-                if peer.behaviour.name == "sybil":
+                if peer.behaviour.shares_update:
                     sybil_update = own[peer.uid]
             sync[peer.uid] = sample_parameters(dict(self._peer_model(peer, t).named_parameters()), positions)
         honest = [u for p in self.peers if p.behaviour.good and (u := own.get(p.uid)) is not None]
@@ -213,31 +202,33 @@ class SimNet:
         # a forged, earlier LastModified, which nothing may trust
         honest_count = self.honest_sequences()
         declared = {p.uid: p.behaviour.declared(self.trained.get(p.uid, 0), honest_count) for p in self.peers}
+        forges = {p.uid: p.behaviour.forges for p in self.peers}
         payloads = {u: Payload(PayloadMeta(u, t, hp.protocol_version, hp.digest(), trained=declared[u]), update,
-                               sync[u], 0, -behaviours.BACKDATE_BY if self.roles[u - 1] == "backdater" else 0.0,
-                               seen=0.0)
+                               sync[u], 0, -behaviours.BACKDATE_BY if forges[u] else 0.0, seen=0.0)
                     for u, update in updates.items()}
         return payloads, rejections
 
     def _outcome(self, peer: SimPeer, t: int, plan: behaviours.Plan, own: dict[int, Update | None],
                  sybil_update: Update | None, honest: list[Update]) -> Update | Rejection:
         """One peer's update, or the rejection the real gatherer would return for what it uploaded."""
-        b, hp = peer.behaviour.name, self.hp
-        if b == "absent":
+        behaviour, hp = peer.behaviour, self.hp
+        shared = behaviour.shares_update and sybil_update is not None
+        if not plan.upload:
             return Rejection(Reason.MISSING, "nothing uploaded")
-        if plan.train and own.get(peer.uid) is None and not (b == "sybil" and sybil_update is not None):
+        if plan.train and own.get(peer.uid) is None and not shared:
             return Rejection(Reason.MISSING, "privacy budget spent: nothing uploaded")
-        if b == "late":
-            return Rejection(Reason.NO_COMMIT, "commitment after the put window") if hp.commit_reveal else \
-                Rejection(Reason.TOO_LATE, "uploaded after the put window")
-        if b == "hider":  # its forged LastModified says in time; the look (at the commitments, under commit-reveal)
+        if plan.late and behaviour.forges:  # its forged LastModified says in time; the look (at the commitments,
+            # under commit-reveal) after the close did not see it
             return Rejection(Reason.NO_COMMIT, "commitment absent when the validator looked") if hp.commit_reveal \
                 else Rejection(Reason.TOO_LATE, "absent when the validator looked after the close")
+        if plan.late:
+            return Rejection(Reason.NO_COMMIT, "commitment after the put window") if hp.commit_reveal else \
+                Rejection(Reason.TOO_LATE, "uploaded after the put window")
         if hp.commit_reveal and plan.reads_peers:
             return Rejection(Reason.REVEAL_MISMATCH, "committed blind, revealed a copy")
-        if b == "malformed":
-            return Rejection(MALFORMED[t % len(MALFORMED)], "simulated broken payload")
-        if b == "sybil" and sybil_update is not None:
+        if (broken := behaviour.simulated_rejection(t)) is not None:
+            return broken
+        if shared and sybil_update is not None:
             return sybil_update
         inputs = behaviours.Inputs(self.codec, t, own.get(peer.uid), self.noise, honest, self.previous_aggregate())
         update = peer.behaviour.upload(inputs)

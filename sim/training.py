@@ -27,10 +27,11 @@ from dso.codec.demo import ErrorFeedback
 from dso.config.schema import HParams
 from dso.data.dataset import Dataset
 from dso.nn.model import Decoder, build_model, parameter_shapes
-from dso.privacy.dp import clip_and_noise, dp_settings
+from dso.privacy.dp import dp_settings, noisy_release
 from dso.training.inner import InnerLoop, inner_lr, make_optimizer
 from dso.training.outer import OuterState, aggregate, apply_outer
 from dso.training.train import compute_gradients, evaluate
+from dso.training.window_training import Start, train_window
 
 
 class DenseCodec:
@@ -106,22 +107,18 @@ class Peer:
         window t+1 from θ_t as the miner does while θ_{t+1} is on its way (neurons/miner.py ``train_ahead``).
         Returns (compressed update, mean training loss)."""
         data = assignment(dataset, self.uid, t, hp, steps)
-        if self.pre_steps:
-            self.loop.rebase(theta)
-        else:
-            self.loop.start(theta)
-        report = self.loop.train(t, data[self.pre_steps * hp.batch_size:], max_steps=steps - self.pre_steps)
-        grads = self.loop.pseudo_gradient()
-        if self.dp_noise is not None:
-            grads = clip_and_noise(grads, hp.dp.clip_norm, self.dp_noise[0], self.dp_noise[1])
-        update = self.feedback.step(grads, t, self.uid)
+        release = None if self.dp_noise is None else noisy_release(hp.dp.clip_norm, *self.dp_noise)
+        done = train_window(self.loop, self.feedback, t, self.uid,
+                            lambda loop: loop.train(t, data[self.pre_steps * hp.batch_size:],
+                                                    max_steps=steps - self.pre_steps),
+                            start=Start(theta, ahead=self.pre_steps > 0), release=release)
         self.pre_steps = 0
         if overlap and not last and hp.inner.mode == "steps":
-            self.loop.restore_anchor()  # θ_t, as the miner (its upload and the bundle start from there)
-            self.loop.start(None)       # anchor = θ_t; rebased onto θ_{t+1}: local ← θ_{t+1} + (local − θ_t)
+            # the model is back at θ_t, as the miner's (its upload and the bundle start from there)
+            self.loop.start(None)  # anchor = θ_t; rebased onto θ_{t+1}: local ← θ_{t+1} + (local − θ_t)
             early = self.loop.train(t + 1, assignment(dataset, self.uid, t + 1, hp, steps), max_steps=overlap)
             self.pre_steps = early.steps
-        return update, report.mean_loss
+        return done.update, done.report.mean_loss
 
 
 def run_network(hp: HParams, dataset: Dataset, peers: int, windows: int, steps: int | None = None, *,

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
@@ -37,6 +37,8 @@ class TensorUpdate:
 
 
 CompressedUpdate = dict[str, TensorUpdate]
+# what a miner may send of a pseudo-gradient (its differential privacy: clipped and noised), before error feedback
+Release = Callable[[dict[str, torch.Tensor]], dict[str, torch.Tensor]]
 
 
 class LevelQuantiser:
@@ -314,7 +316,11 @@ class ErrorFeedback:
         self.codec, self.beta = codec, beta
         self.buffers = {n: torch.zeros(s, device=device) for n, s in codec.shapes.items()}
 
-    def step(self, grads: Mapping[str, torch.Tensor], window: int, uid: int = 0) -> CompressedUpdate:
+    def step(self, grads: Mapping[str, torch.Tensor], window: int, uid: int = 0,
+             release: Release | None = None) -> CompressedUpdate:
+        """This window's compressed update; ``release`` (differential privacy) sees the gradient first."""
+        if release is not None:
+            grads = release(dict(grads))
         update: CompressedUpdate = {}
         for name, e in self.buffers.items():
             e.mul_(self.beta).add_(grads[name].to(e.device, torch.float32))

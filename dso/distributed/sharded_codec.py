@@ -15,16 +15,14 @@ Only the leader ends up with the compressed update; the others return None.
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 
 import torch
 
 from dso.codec.codecs import Codec
-from dso.codec.demo import DeMoCodec, TensorUpdate
+from dso.codec.demo import DeMoCodec, Release, TensorUpdate
 from dso.distributed.ranks import Ranks, all_gather_flat, gather_flat, gather_rows
 from dso.distributed.sharding import LocalPart, assemble, local_part, local_rows, shard_dim, slice_range
-
-Release = Callable[[dict[str, torch.Tensor]], dict[str, torch.Tensor]]
 
 
 class ShardedFeedback:

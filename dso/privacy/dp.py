@@ -27,6 +27,7 @@ from dso.protocol.rejections import Reason, Rejection
 from dso.util.atomic import atomic_write
 
 if TYPE_CHECKING:
+    from dso.codec.demo import Release
     from dso.config.schema import DPConfig
 
 __all__ = ["REPLACE_ONE", "PrivacyStateError", "RdpAccountant", "clip_and_noise", "dp_settings", "gaussian_rdp",
@@ -204,6 +205,19 @@ class RdpAccountant:
         fresh = cls(noise_multiplier, delta, orders)  # validates the new settings
         acc.noise_multiplier, acc.delta = fresh.noise_multiplier, fresh.delta
         return acc
+
+
+def noisy_release(clip_norm: float, noise_multiplier: float, generator: torch.Generator,
+                  accountant: RdpAccountant | None = None) -> Release:
+    """What a peer may send of its pseudo-gradient: :func:`clip_and_noise` of it, the round counted on
+    ``accountant`` (the simulator's peers; a miner also saves the count first: neurons/miner_privacy.py)."""
+
+    def release(grads: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        out = clip_and_noise(grads, clip_norm, noise_multiplier, generator)
+        if accountant is not None:
+            accountant.step()
+        return out
+    return release
 
 
 def _list(value: object) -> list[Any]:

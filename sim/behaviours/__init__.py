@@ -3,8 +3,14 @@
 A behaviour is a class: it decides how much a miner trains and on what data (:meth:`Behaviour.plan`,
 :meth:`Behaviour.training_data`), what it uploads (:meth:`Behaviour.upload`: its own update, a transform of it, or
 something built from the updates of others it can read in the put window, the public aggregates and its own
-history), how many sequences it declares it trained on (:meth:`Behaviour.declared`), and when it uploads.  One
-instance per miner keeps what that miner remembers between windows.  Everything is codec-generic: updates are
+history), how many sequences it declares it trained on (:meth:`Behaviour.declared`), and when it uploads.  What the
+simulator and the local network treat differently is asked of the class, never of its name: the plan given what it
+can foresee of the evaluation schedule (``plan(window, foresight)``), whether it applies the network's aggregate
+(:meth:`Behaviour.follows`), whether several uids upload one update (``shares_update``), copy the victim's sync
+samples (``copies_sync``) or serve a forged LastModified (``forges``), and the gatherer's rejection of bytes the
+simulator does not build (:meth:`Behaviour.simulated_rejection`); tests/unit/sim/test_behaviour_names.py fails on a
+comparison of a behaviour's name outside this package.  One instance per miner keeps what that miner remembers
+between windows.  Everything is codec-generic: updates are
 decoded, changed in parameter space and compressed again with the run's codec.  The production miner
 (neurons/miner.py) knows none of this; sim/miner.py (real processes) and sim/simulator.py (one process) apply them.
 
@@ -76,6 +82,7 @@ from sim.behaviours.base import (
     REPLAY_LAG,
     SCALE,
     Behaviour,
+    Foresight,
     Inputs,
     Plan,
 )
@@ -88,13 +95,14 @@ from sim.behaviours.copies import (
     Mixer,
     NoisyCopy,
     NoisyMix,
+    PeerReader,
     ScaledCopy,
     ScaledMix,
     StaleCopy,
 )
 from sim.behaviours.data import FixedBatch, OtherText, WrongData
 from sim.behaviours.forgery import LYING_LEADER, VALIDATOR_BEHAVIOURS, forged_payload, forged_time
-from sim.behaviours.no_work import Absent, Freerider, Malformed, Noise, malformed_bytes
+from sim.behaviours.no_work import MALFORMED, Absent, Freerider, Malformed, Noise, malformed_bytes
 from sim.behaviours.own_work import (
     Desync,
     Diligent,
@@ -131,11 +139,11 @@ def make(name: str) -> Behaviour:
 __all__ = [
     "ALIE_Z", "BACKDATE_BY", "BEHAVIOURS", "COPY_NOISE", "COPY_SCALE", "DESYNC_EVERY", "DESYNC_LENGTH", "FIXED_BATCH",
     "FORGERS", "GAMER_PERIOD", "GAMER_THRESHOLD", "GOOD", "HIDE_BY", "IPM_EPSILON", "LATE_BY", "LYING_LEADER",
-    "MIX_SCALE", "OTHER_DATA_UID", "REGISTRY", "REPLAY_LAG", "SCALE", "VALIDATOR_BEHAVIOURS",
-    "Absent", "Alie", "Backdater", "Behaviour", "Copier", "Desync", "Diligent", "FixedBatch", "Freerider", "Gamer",
-    "Hider", "Honest", "Inputs", "Ipm", "Late", "Malformed", "MixAll", "Mixer", "Noise", "NoisyCopy", "NoisyMix",
-    "OldReplayer", "OtherText", "PartTime", "PartTime2Zeros", "PartTime3", "PartTime5", "Plan", "Replayer", "Scaler",
-    "ScaledCopy", "ScaledMix", "SelfReplay", "Signflip", "StaleCopy", "Sybil", "WrongData",
-    "alie", "forged_payload", "forged_time", "gamer_plan", "ipm", "make", "malformed_bytes", "mix", "noise",
-    "noisy_copy", "replay", "scaled", "sybil_exchange", "zeros",
+    "MALFORMED", "MIX_SCALE", "OTHER_DATA_UID", "REGISTRY", "REPLAY_LAG", "SCALE", "VALIDATOR_BEHAVIOURS",
+    "Absent", "Alie", "Backdater", "Behaviour", "Copier", "Desync", "Diligent", "FixedBatch", "Foresight", "Freerider",
+    "Gamer", "Hider", "Honest", "Inputs", "Ipm", "Late", "Malformed", "MixAll", "Mixer", "Noise", "NoisyCopy",
+    "NoisyMix", "OldReplayer", "OtherText", "PartTime", "PartTime2Zeros", "PartTime3", "PartTime5", "PeerReader",
+    "Plan", "Replayer", "Scaler", "ScaledCopy", "ScaledMix", "SelfReplay", "Signflip", "StaleCopy", "Sybil",
+    "WrongData", "alie", "forged_payload", "forged_time", "gamer_plan", "ipm", "make", "malformed_bytes", "mix",
+    "noise", "noisy_copy", "replay", "scaled", "sybil_exchange", "zeros",
 ]

@@ -2,12 +2,14 @@
 defaults, and the constants that tune the attacks."""
 from __future__ import annotations
 
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar
 
 import torch
 
 from dso.codec.codecs import Codec, Update
+from dso.protocol.rejections import Rejection
 
 if TYPE_CHECKING:
     from dso.data.dataset import Dataset
@@ -32,6 +34,9 @@ REPLAY_LAG = 4       # oldreplayer / stalecopy: windows back
 OTHER_DATA_UID = 1 << 20  # wrongdata trains on the assignment of this uid + its own (no miner has it)
 FIXED_BATCH = 8      # fixedbatch: the sequences it trains on in every step
 BACKDATE_BY = 3.0    # backdater/hider: seconds its forged LastModified claims before the true time
+
+
+Foresight = Callable[[], float]  # the miner's chance of being evaluated in the window, as far as it can foresee it
 
 
 @dataclass(frozen=True)
@@ -74,9 +79,23 @@ class Behaviour:
     peers_wanted: ClassVar[int] = 1    # a peer reader waits for this many others' uploads before it builds on them
     forges: ClassVar[bool] = False     # serves its bucket through a server that forges LastModified
     needs_previous: ClassVar[bool] = False  # reads the previous window's public aggregate
+    copies_sync: ClassVar[bool] = False    # uploads the sync samples of the payload it copies with it
+    shares_update: ClassVar[bool] = False  # every miner of this behaviour uploads the update the first one trained
 
-    def plan(self, window: int) -> Plan:
+    def plan(self, window: int, foresight: Foresight | None = None) -> Plan:
+        """What it does in ``window``; ``foresight`` gives its chance of being evaluated there, for a behaviour
+        that decides by it (the gamer; sim/foresight.py)."""
         return Plan(train=not self.reads_peers, reads_peers=self.reads_peers)
+
+    def follows(self, window: int, behind: Collection[int] | None = None) -> bool:
+        """Whether it applies the network's aggregate of ``window`` (``behind``: the windows a behaviour that falls
+        behind does so in, instead of its own schedule; the others ignore it)."""
+        return self.plan(window).apply_aggregate
+
+    def simulated_rejection(self, window: int) -> Rejection | None:
+        """The gatherer's rejection of what it uploads, for a behaviour whose bytes the simulator does not build
+        (None: its payload decodes)."""
+        return None
 
     def training_data(self, dataset: Dataset, uid: int, window: int, assigned: int) -> torch.Tensor:
         """The sequences it trains on, in order (honest: its assignment)."""

@@ -9,39 +9,48 @@ from sim.behaviours.base import COPY_SCALE, MIX_SCALE, REPLAY_LAG, Behaviour, In
 from sim.behaviours.updates import alie, ipm, mix, noisy_copy, scaled
 
 
-class Copier(Behaviour):
-    name, reads_peers = "copier", True
+class PeerReader(Behaviour):
+    """Builds its upload from other miners' updates read in the put window (the base of this module's behaviours):
+    the first one it read, unchanged."""
+
+    reads_peers = True
 
     def upload(self, inputs: Inputs) -> Update | None:
         return inputs.others[0] if inputs.others else None
 
 
-class Backdater(Copier):
+class Copier(PeerReader):
+    """A careful copier: it copies the victim's sync samples as well."""
+
+    name, copies_sync = "copier", True
+
+
+class Backdater(PeerReader):
     name, forges = "backdater", True
 
 
-class NoisyCopy(Copier):
+class NoisyCopy(PeerReader):
     name = "noisycopy"
 
     def upload(self, inputs: Inputs) -> Update | None:
         return noisy_copy(inputs.codec, inputs.window, inputs.others[0], inputs.generator) if inputs.others else None
 
 
-class ScaledCopy(Copier):
+class ScaledCopy(PeerReader):
     name = "scaledcopy"
 
     def upload(self, inputs: Inputs) -> Update | None:
         return scaled(inputs.codec, inputs.window, inputs.others[0], COPY_SCALE) if inputs.others else None
 
 
-class Mixer(Copier):
+class Mixer(PeerReader):
     name, peers_wanted = "mixer", 2
 
     def upload(self, inputs: Inputs) -> Update | None:
         return mix(inputs.codec, inputs.window, inputs.others[:2]) if len(inputs.others) >= 2 else None
 
 
-class MixAll(Copier):
+class MixAll(PeerReader):
     name, peers_wanted = "mixall", 2
 
     def upload(self, inputs: Inputs) -> Update | None:
@@ -64,21 +73,21 @@ class ScaledMix(MixAll):
         return None if mixed is None else scaled(inputs.codec, inputs.window, mixed, MIX_SCALE)
 
 
-class Alie(Copier):
+class Alie(PeerReader):
     name, peers_wanted = "alie", 2
 
     def upload(self, inputs: Inputs) -> Update | None:
         return alie(inputs.codec, inputs.window, inputs.others)
 
 
-class Ipm(Copier):
+class Ipm(PeerReader):
     name = "ipm"
 
     def upload(self, inputs: Inputs) -> Update | None:
         return ipm(inputs.codec, inputs.window, inputs.others)
 
 
-class StaleCopy(Copier):
+class StaleCopy(PeerReader):
     """Uploads another miner's update of ``REPLAY_LAG`` windows ago."""
 
     name = "stalecopy"

@@ -5,16 +5,19 @@ import numpy as np
 import safetensors.numpy
 
 from dso.codec.codecs import Update
-from dso.protocol.rejections import Rejection
-from sim.behaviours.base import Behaviour, Inputs, Plan
+from dso.protocol.rejections import Reason, Rejection
+from sim.behaviours.base import Behaviour, Foresight, Inputs, Plan
 from sim.behaviours.updates import noise, zeros
 from storage.tensorfile import load_arrays, read_header
+
+# what the gatherer rejects a malformed payload for, rotating by window (the simulator does not build its bytes)
+MALFORMED = (Reason.MALFORMED, Reason.WRONG_COUNT, Reason.NON_FINITE, Reason.BAD_SHAPE)
 
 
 class Freerider(Behaviour):
     name = "freerider"
 
-    def plan(self, window: int) -> Plan:
+    def plan(self, window: int, foresight: Foresight | None = None) -> Plan:
         return Plan(train=False)
 
     def upload(self, inputs: Inputs) -> Update | None:
@@ -24,7 +27,7 @@ class Freerider(Behaviour):
 class Absent(Behaviour):
     name = "absent"
 
-    def plan(self, window: int) -> Plan:
+    def plan(self, window: int, foresight: Foresight | None = None) -> Plan:
         return Plan(train=False, upload=False)
 
     def upload(self, inputs: Inputs) -> Update | None:
@@ -40,6 +43,9 @@ class Noise(Freerider):
 
 class Malformed(Freerider):
     name = "malformed"
+
+    def simulated_rejection(self, window: int) -> Rejection | None:
+        return Rejection(MALFORMED[window % len(MALFORMED)], "simulated broken payload")
 
     def wire(self, data: bytes, window: int) -> bytes:
         return malformed_bytes(data, window)

@@ -3,7 +3,7 @@ out of step with the network (desync), shared by two uids (sybil) or trained onl
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import ClassVar
 
@@ -16,6 +16,7 @@ from sim.behaviours.base import (
     HIDE_BY,
     SCALE,
     Behaviour,
+    Foresight,
     Inputs,
     Plan,
 )
@@ -29,7 +30,7 @@ class Honest(Behaviour):
 class Diligent(Behaviour):
     name, good = "diligent", True
 
-    def plan(self, window: int) -> Plan:
+    def plan(self, window: int, foresight: Foresight | None = None) -> Plan:
         return Plan(data_batches=2)
 
 
@@ -48,28 +49,31 @@ class Signflip(Scaler):
 class Late(Behaviour):
     name = "late"
 
-    def plan(self, window: int) -> Plan:
+    def plan(self, window: int, foresight: Foresight | None = None) -> Plan:
         return Plan(late=True)
 
 
 class Hider(Behaviour):
     name, forges = "hider", True
 
-    def plan(self, window: int) -> Plan:
+    def plan(self, window: int, foresight: Foresight | None = None) -> Plan:
         return Plan(late=True, late_by=HIDE_BY)
 
 
 class Desync(Behaviour):
     name = "desync"
 
-    def plan(self, window: int) -> Plan:
+    def plan(self, window: int, foresight: Foresight | None = None) -> Plan:
         return Plan(apply_aggregate=window % DESYNC_EVERY >= DESYNC_LENGTH)
+
+    def follows(self, window: int, behind: Collection[int] | None = None) -> bool:
+        return window not in behind if behind is not None else super().follows(window)
 
 
 class Sybil(Behaviour):
     """Both uids of a pair upload the update one of them trained (the transport shares it: sybil_exchange)."""
 
-    name = "sybil"
+    name, shares_update = "sybil", True
 
 
 class Gamer(Behaviour):
@@ -77,7 +81,11 @@ class Gamer(Behaviour):
 
     name = "gamer"
 
-    def plan(self, window: int) -> Plan:
+    def plan(self, window: int, foresight: Foresight | None = None) -> Plan:
+        """With foresight (the simulator), from its chance of being evaluated; without it (the local network), one
+        window in ``GAMER_PERIOD``."""
+        if foresight is not None:
+            return gamer_plan(foresight())
         return gamer_plan(1.0 if window % GAMER_PERIOD == 0 else 0.0)
 
     def upload(self, inputs: Inputs) -> Update | None:

@@ -8,7 +8,7 @@ from typing import ClassVar
 import torch
 
 from dso.codec.codecs import Update
-from sim.behaviours.base import REPLAY_LAG, Behaviour, Inputs, Plan
+from sim.behaviours.base import REPLAY_LAG, Behaviour, Foresight, Inputs, Plan
 from sim.behaviours.no_work import Freerider
 from sim.behaviours.updates import replay, zeros
 
@@ -40,7 +40,7 @@ class SelfReplay(Behaviour):
     def __init__(self) -> None:
         self.first: Update | None = None
 
-    def plan(self, window: int) -> Plan:
+    def plan(self, window: int, foresight: Foresight | None = None) -> Plan:
         return Plan(train=self.first is None)
 
     def upload(self, inputs: Inputs) -> Update | None:
@@ -57,7 +57,7 @@ class PartTime(Behaviour):
     def __init__(self) -> None:
         self.last: Update | None = None
 
-    def plan(self, window: int) -> Plan:
+    def plan(self, window: int, foresight: Foresight | None = None) -> Plan:
         return Plan(train=window % self.every == 0)
 
     def upload(self, inputs: Inputs) -> Update | None:
