@@ -25,6 +25,7 @@ from dso.config.schema import HParams
 from dso.distributed.fsdp import shapes_of
 from dso.nn.model import build_model, parameter_shapes, tensor_count
 from dso.training.inner import InnerLoop
+from sim.rss import PhasePeaks
 
 
 def relative_l2(a: Mapping[str, Any], b: Mapping[str, Any]) -> float:
@@ -138,17 +139,33 @@ def window_memory_one(hp: HParams, steps: int, activation_checkpointing: bool = 
     torch.set_num_threads(1)
     return_freed_tensors()  # the same allocator settings as a rank's (dso/distributed/ranks.py)
     before = peak_rss_mb()
-    model = build_model(hp.model, hp.seed)
-    model.activation_checkpointing = activation_checkpointing
-    loop = InnerLoop(model, hp)
-    feedback = ErrorFeedback(make_codec(parameter_shapes(model), hp), hp.ef_beta)
+    with PhasePeaks("build") as peaks:
+        model = build_model(hp.model, hp.seed)
+        model.activation_checkpointing = activation_checkpointing
+        loop = InnerLoop(model, hp)
+        feedback = ErrorFeedback(make_codec(parameter_shapes(model), hp), hp.ef_beta)
+        seconds = _window(peaks, loop, feedback, hp, steps)
+    return {"peak_rss_mb": peak_rss_mb(), "rss_before_mb": before, "train_seconds": seconds,
+            "phase_peaks_mb": peaks.peaks_mb}
+
+
+def _window(peaks: PhasePeaks, loop: InnerLoop, feedback: Any, hp: HParams, steps: int) -> float:
+    """A miner's window after the build, each part its own phase of ``peaks`` (``feedback``: an ErrorFeedback or
+    a ShardedFeedback): the training's seconds."""
+    peaks.phase("start")
     loop.start(None)
+    peaks.phase("train")
     started = time.perf_counter()
     loop.train(0, batches(hp, steps), max_steps=steps)
     seconds = time.perf_counter() - started
-    feedback.step(loop.pseudo_gradient(), 0, 1)
+    peaks.phase("pseudo_gradient")
+    grads = loop.pseudo_gradient()
+    peaks.phase("feedback")
+    feedback.step(grads, 0, 1)
+    del grads
+    peaks.phase("restore")
     loop.restore_anchor()
-    return {"peak_rss_mb": peak_rss_mb(), "rss_before_mb": before, "train_seconds": seconds}
+    return seconds
 
 
 def window_memory_ranks(hp: HParams, steps: int, activation_checkpointing: bool = False) -> dict[str, Any]:
@@ -160,19 +177,16 @@ def window_memory_ranks(hp: HParams, steps: int, activation_checkpointing: bool 
 
     return_freed_tensors()
     before = peak_rss_mb()
-    ranks = join_group("cpu")
-    theta = build_model(hp.model, hp.seed) if ranks.leader else None
-    codec = make_codec(shapes_of(hp.model), hp)
-    dims = codec_shard_dims(codec, ranks.world)
-    loop = ShardedInnerLoop(sharded_model(hp.model, ranks, dims, activation_checkpointing), hp, ranks, dims, theta)
-    feedback = ShardedFeedback(codec, hp.ef_beta, ranks, dims)
-    loop.start(None)
-    started = time.perf_counter()
-    loop.train(0, batches(hp, steps), max_steps=steps)
-    seconds = time.perf_counter() - started
-    feedback.step(loop.pseudo_gradient(), 0, 1)
-    loop.restore_anchor()
-    return {"peak_rss_mb": peak_rss_mb(), "rss_before_mb": before, "train_seconds": seconds, "rank": ranks.rank}
+    with PhasePeaks("build") as peaks:
+        ranks = join_group("cpu")
+        theta = build_model(hp.model, hp.seed) if ranks.leader else None
+        codec = make_codec(shapes_of(hp.model), hp)
+        dims = codec_shard_dims(codec, ranks.world)
+        model = sharded_model(hp.model, ranks, dims, activation_checkpointing)
+        loop = ShardedInnerLoop(model, hp, ranks, dims, theta)
+        seconds = _window(peaks, loop, ShardedFeedback(codec, hp.ef_beta, ranks, dims), hp, steps)
+    return {"peak_rss_mb": peak_rss_mb(), "rss_before_mb": before, "train_seconds": seconds, "rank": ranks.rank,
+            "phase_peaks_mb": peaks.peaks_mb}
 
 
 def throughput_ranks(hp: HParams, steps: int, device: str = "cuda") -> dict[str, Any] | None:

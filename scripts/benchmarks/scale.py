@@ -12,7 +12,9 @@ sharded checkpoint's stall (docs/scale.md).
   (θ, inner steps, pseudo-gradient, error feedback, compression) in a fresh interpreter with the same
   settings: activation checkpointing on in both (the setting for models that do not fit), and a rank's
   allocator setting in both; the ``125m`` preset in full mode (target ≤ 0.65);
-  ``rank_rss_ratio_no_checkpointing`` the same with checkpointing off in both.  Quick mode reports
+  ``rank_rss_ratio_no_checkpointing`` the same with checkpointing off in both; ``phase_peaks_mb`` the highest
+  resident memory of each process in each part of the window (build, start, train, pseudo_gradient,
+  feedback, restore: where the peak is, sim/rss.py).  Quick mode reports
   ``rank_rss_ratio_small`` at the default model, where the interpreter and torch themselves dominate.
 * ``checkpoint_stall_s`` — how long a validator is blocked by a checkpoint (``CheckpointSaver``: start, then
   ``idle_s`` of the validator's own work — forward passes of its model — then the wait before it changes
@@ -124,7 +126,8 @@ def window_memory(preset: str, steps: int, checkpointing: bool) -> dict:
             "one_process_mb": one["peak_rss_mb"], "rank_mb": peaks,
             "ratio": max(peaks) / one["peak_rss_mb"], "mean_ratio": statistics.mean(peaks) / one["peak_rss_mb"],
             "interpreter_mb": one["rss_before_mb"], "one_train_seconds": one["train_seconds"],
-            "ranks_train_seconds": max(r["train_seconds"] for r in ranks)}
+            "ranks_train_seconds": max(r["train_seconds"] for r in ranks),
+            "phase_peaks_mb": {"one_process": one["phase_peaks_mb"], "ranks": [r["phase_peaks_mb"] for r in ranks]}}
 
 
 # ------------------------------------------------------------- checkpoint
