@@ -46,16 +46,24 @@ def stdlib_corpus() -> Path:
     return stdlib_prose()
 
 
-@pytest.fixture
-def tiny_hparams():
+@pytest.fixture(scope="session")
+def make_tiny_hparams():
+    """The tests' tiny model, a factory (a fresh object each call): for fixtures wider than one test."""
     from dso.config.schema import HParams, ModelConfig
 
-    # tests train on raw bytes (no tokeniser to train, small embedding): the byte tokeniser, explicitly
-    hp = HParams(tokenizer="bytes",
-                 model=ModelConfig(vocab_size=256, d_model=32, n_layers=1, n_heads=2, ffn_hidden=64, seq_len=16))
-    hp.batch_size, hp.assigned_sequences, hp.micro_batch, hp.chunk, hp.topk = 4, 8, 4, 16, 8
-    hp.inner.steps_max = 2  # the assignment holds steps_max × batch_size sequences
-    return hp
+    def make() -> HParams:
+        # tests train on raw bytes (no tokeniser to train, small embedding): the byte tokeniser, explicitly
+        hp = HParams(tokenizer="bytes", model=ModelConfig(vocab_size=256, d_model=32, n_layers=1, n_heads=2,
+                                                          ffn_hidden=64, seq_len=16))
+        hp.batch_size, hp.assigned_sequences, hp.micro_batch, hp.chunk, hp.topk = 4, 8, 4, 16, 8
+        hp.inner.steps_max = 2  # the assignment holds steps_max × batch_size sequences
+        return hp
+    return make
+
+
+@pytest.fixture
+def tiny_hparams(make_tiny_hparams):
+    return make_tiny_hparams()
 
 
 @pytest.fixture(scope="session")

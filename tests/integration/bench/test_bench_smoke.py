@@ -330,16 +330,6 @@ def test_privacy_markdown_and_epsilon():
     assert "| 0.01 | 4e+06 | +0.3800 | +0.4800 | +0.2600 |" in text and "| no_dp | — | — | 5.0000 | 7.2000 |" in text
 
 
-# ----------------------------------------------------------------- device
-def test_device_section_measures_the_cpu_and_names_a_missing_gpu():
-    from benchmarks import device
-    got = device.run(True)
-    assert got["cpu_tokens_per_second"] > 0 and got["steps"] == 3
-    if not torch.cuda.is_available():
-        assert got["cuda_tokens_per_second"] is None and "not measured" in got["cuda_device"]
-    assert "device" in SECTIONS
-
-
 # --------------------------------------------------------------- training
 def test_bits_per_byte():
     from dso.training.train import bits_per_byte

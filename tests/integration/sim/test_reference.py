@@ -27,29 +27,44 @@ def test_reference_points_sit_where_the_network_had_as_many_tokens():
     assert reference.on_windows([0, 10], {}) == []
 
 
-def test_a_curve_for_fewer_rounds_is_the_prefix_of_one_for_more(tmp_path, tiny_hparams, stdlib_corpus):
+@pytest.fixture(scope="module")
+def three_rounds(tmp_path_factory, make_tiny_hparams, stdlib_corpus):
+    """One reference trained from nothing on two and a half rounds' tokens (three rounds are trained), shared by
+    the tests below: (hparams, dataset, cache folder, what ``adamw_reference`` returned)."""
+    hp, tmp = make_tiny_hparams(), tmp_path_factory.mktemp("reference")
+    dataset = Dataset.for_run(hp, str(stdlib_corpus), str(tmp / "data"))
+    per_round = reference.ROUND_STEPS * hp.batch_size * dataset.seq_len
+    tokens = 2 * per_round + per_round // 2
+    cache = tmp / "cache"
+    ref = reference.adamw_reference(hp, dataset, tokens, cache, seconds=600, say=lambda line: None,
+                                    shipped=tmp / "nothing shipped")
+    return hp, dataset, cache, ref
+
+
+def stored_curve(hp, dataset, cache) -> dict:
+    return json.loads((cache / "reference" / reference.cache_name(hp, dataset.data_hash)).read_text())
+
+
+def test_a_curve_for_fewer_rounds_is_the_prefix_of_one_for_more(three_rounds):
     """What lets one cached curve serve every run: the trajectory does not depend on how far it will go."""
-    dataset = Dataset.for_run(tiny_hparams, str(stdlib_corpus), str(tmp_path / "data"))
-    short = reference.train_curve(tiny_hparams, dataset, 2, math.inf, say=lambda line: None)
-    long = reference.train_curve(tiny_hparams, dataset, 3, math.inf, say=lambda line: None)
-    per_round = reference.ROUND_STEPS * tiny_hparams.batch_size * dataset.seq_len
+    hp, dataset, cache, _ = three_rounds
+    short = reference.train_curve(hp, dataset, 2, math.inf, say=lambda line: None)
+    long = stored_curve(hp, dataset, cache)  # three rounds, trained by adamw_reference
+    per_round = reference.ROUND_STEPS * hp.batch_size * dataset.seq_len
     assert long["tokens"] == [0, per_round, 2 * per_round, 3 * per_round] and long["complete"]
     assert short["val_loss"] == long["val_loss"][:3] and long["val_loss"][-1] < long["val_loss"][0]
     assert long["bits_per_byte"][0] == pytest.approx(long["val_loss"][0] / math.log(2))  # byte tokens
 
 
-def test_adamw_reference_reads_the_prefix_at_the_networks_tokens_and_is_cached(tmp_path, tiny_hparams,
-                                                                               stdlib_corpus):
-    hp = tiny_hparams
-    dataset = Dataset.for_run(hp, str(stdlib_corpus), str(tmp_path / "data"))
+def test_adamw_reference_reads_the_prefix_at_the_networks_tokens_and_is_cached(tmp_path, three_rounds):
+    hp, dataset, cache, ref = three_rounds
     per_round = reference.ROUND_STEPS * hp.batch_size * dataset.seq_len
     tokens = 2 * per_round + per_round // 2  # two and a half rounds: three are trained, the last point interpolated
-    cache, none = tmp_path / "cache", tmp_path / "nothing shipped"
-    ref = reference.adamw_reference(hp, dataset, tokens, cache, seconds=600, say=lambda line: None, shipped=none)
+    none = tmp_path / "nothing shipped"
     assert ref is not None and ref["complete"] and not ref["cached"]
     assert ref["tokens"] == [0, per_round, 2 * per_round, tokens] and ref["target_tokens"] == tokens
     assert ref["steps"] == math.ceil(tokens / (hp.batch_size * dataset.seq_len))
-    stored = json.loads((cache / "reference" / reference.cache_name(hp, dataset.data_hash)).read_text())
+    stored = stored_curve(hp, dataset, cache)
     assert stored["tokens"][-1] == 3 * per_round      # the cache keeps the whole curve
     assert ref["val_loss"][-1] == pytest.approx((stored["val_loss"][2] + stored["val_loss"][3]) / 2)
     fewer = reference.adamw_reference(hp, dataset, per_round, cache, seconds=0, say=lambda line: None, shipped=none)
@@ -57,7 +72,7 @@ def test_adamw_reference_reads_the_prefix_at_the_networks_tokens_and_is_cached(t
     more = reference.adamw_reference(hp, dataset, 4 * per_round, cache, seconds=0, say=lambda line: None,
                                      shipped=none)
     assert not more["complete"] and not more["cached"] and more["tokens"] == [0]  # no time: only θ_0
-    assert json.loads((cache / "reference" / reference.cache_name(hp, dataset.data_hash)).read_text()) == stored
+    assert stored_curve(hp, dataset, cache) == stored
 
 
 def test_a_shipped_curve_serves_a_fresh_cache_and_a_bad_one_is_ignored(tmp_path, tiny_hparams, stdlib_corpus):
