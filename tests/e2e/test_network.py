@@ -2,7 +2,8 @@
 
 One of the miners runs as a torchrun group of 2 ranks (docs/scale.md); every check below holds for it too.
 
-A small model and fast windows (4 s) keep it to about a minute and a half.  Checks: weights reach the
+A small model and fast windows (4 s) keep it to about a minute (the first four or five windows pass while the
+miners start up).  Checks: weights reach the
 chain and pay every honest miner; after every applied window each miner's model hash equals the
 validator's; the validation loss falls; and a restart of the validator changes nothing — a validator
 rebuilt from the state it had saved after window k produces, for window k+1, exactly what the
@@ -21,7 +22,7 @@ from scrape import by_label, one, scrape
 from dso.config_sources import from_dict
 from sim.localnet import LocalNet, plan_nodes, wait_for
 
-WINDOWS = 20
+WINDOWS = 14
 RESTART_AFTER = 5  # k: the state saved after this window is the restart point
 # The 2-rank miner starts a few windows after the others (torchrun, a second interpreter, FSDP's start-up:
 # 10-25 s on a loaded 2-core machine) and, every collective waiting for the other rank to be scheduled, may
@@ -204,7 +205,8 @@ def test_nodes_serve_their_metrics(network):
     assert one(m, "dso_trained_tokens_total") == sum(r["tokens"] for r in records)
     assert all(r["tokens"] % per_batch == 0 and r["tokens"] <= most for r in records), records
     assert one(m, "dso_uploads_total", result="ok") >= windows - 1
-    assert 0 < one(m, "dso_train_loss_nats_per_token") < 6
+    # below a uniform guess over the vocabulary (θ_0 scores about that): the miner's model has learned
+    assert 0 < one(m, "dso_train_loss_nats_per_token") < math.log(net.hp.model.vocab_size)
     assert 0 < one(m, "dso_train_loss_bits_per_byte") < one(m, "dso_train_loss_nats_per_token") / math.log(2)
     assert 0 < one(m, "dso_utilisation_ratio") <= 1 and one(m, "dso_s3_sent_bytes_total") > 0
     assert one(m, "dso_chain_writes_total", call="register", result="ok") == 1
