@@ -34,6 +34,16 @@ def every_miner_weighted(net: LocalNet) -> bool:
     return all(posted.get(m.uid, 0.0) > 0 for m in net.nodes if m.role == "miner")
 
 
+def worked_enough(net: LocalNet) -> bool:
+    """WINDOWS scored, two of them aggregated, every miner paid and on WINDOWS − JOINING of them (on a loaded
+    machine the miners join later: the run goes on for them, bounded)."""
+    lines = net.validator_lines()
+    scored = {line["window"] for line in lines}
+    return (len(lines) >= WINDOWS and sum(bool(line["aggregated"]) for line in lines) >= 2
+            and every_miner_weighted(net)
+            and all(sum(m["window"] in scored for m in ms) >= WINDOWS - JOINING for ms in net.miner_lines().values()))
+
+
 def seaweedfs_facts(net: LocalNet) -> dict:
     """What the run left on the store and in its logs, read while the store still holds the run."""
     validator = next(n for n in net.nodes if n.role == "validator")
@@ -52,8 +62,7 @@ def run_once(root, name, s3, hp, corpus) -> tuple[list[dict], dict[str, list[dic
     with net:
         net.prepare()
         net.start()
-        ready = lambda: len(net.validator_lines()) >= WINDOWS and every_miner_weighted(net)  # noqa: E731
-        done = wait_for(lambda: ready() or bool(net.dead()), timeout=240, step=0.5)
+        done = wait_for(lambda: worked_enough(net) or bool(net.dead()), timeout=240, step=0.5)
         logs = {p.name: p.read_text()[-2000:] for p in net.logs.glob("*.log")}
         assert done and not net.dead(), logs
         latest = net.validator_lines()[-1]["window"]
