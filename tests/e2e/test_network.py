@@ -2,7 +2,8 @@
 
 One of the miners runs as a torchrun group of 2 ranks (docs/scale.md); every check below holds for it too.
 
-A small model and fast windows (4 s) keep it to about a minute and a half.  Checks: weights reach the
+A small model and fast windows (4 s) keep it to about a minute (the first four or five windows pass while the
+miners start up).  Checks: weights reach the
 chain and pay every honest miner; after every applied window each miner's model hash equals the
 validator's; the validation loss falls; and a restart of the validator changes nothing — a validator
 rebuilt from the state it had saved after window k produces, for window k+1, exactly what the
@@ -21,7 +22,7 @@ from scrape import by_label, one, scrape
 from dso.config.sources import from_dict
 from sim.localnet import LocalNet, plan_nodes, wait_for
 
-WINDOWS = 20
+WINDOWS = 14
 RESTART_AFTER = 5  # k: the state saved after this window is the restart point
 # The 2-rank miner starts a few windows after the others (torchrun, a second interpreter, FSDP's start-up:
 # 10-25 s on a loaded 2-core machine) and, every collective waiting for the other rank to be scheduled, may
@@ -31,6 +32,11 @@ RANKED_WINDOWS = 10
 
 def ranked_miner(net):
     return next(n for n in net.nodes if n.ranks > 1)
+
+
+def paid_windows(lines: list[dict], uid: int) -> int:
+    """In how many of the validator's windows its row paid ``uid``."""
+    return sum(line["weights"].get(str(uid), 0.0) > 0 for line in lines)
 
 
 @pytest.fixture(scope="module")
@@ -57,8 +63,11 @@ def network(tmp_path_factory, stdlib_corpus, network_hparams):
             return True
 
         def enough() -> bool:
-            return (len(net.validator_lines()) >= WINDOWS
-                    and len(net.miner_lines()[ranked_miner(net).name]) >= RANKED_WINDOWS)
+            """WINDOWS scored, the 2-rank miner's RANKED_WINDOWS, and every miner paid in two windows (on a
+            loaded machine the miners join and get paid later: the network runs on for it, bounded)."""
+            lines = net.validator_lines()
+            return (len(lines) >= WINDOWS and len(net.miner_lines()[ranked_miner(net).name]) >= RANKED_WINDOWS
+                    and all(paid_windows(lines, m.uid) >= 2 for m in net.nodes if m.role == "miner"))
 
         done = wait_for(lambda: copy_restart_point() and enough() or bool(net.dead()), timeout=420, step=0.2)
         logs = {p.name: p.read_text()[-3000:] for p in net.logs.glob("*.log")}
@@ -75,10 +84,10 @@ def test_weights_reach_the_chain_and_pay_every_honest_miner(network):
     posted = net.chain.weights().get(validator.uid)
     assert posted, "the validator posted no weights"
     assert sum(posted.values()) == pytest.approx(1.0)
-    rows = [line["weights"] for line in net.validator_lines()]
+    lines = net.validator_lines()
     for miner in (n for n in net.nodes if n.role == "miner"):
-        paid = [row.get(str(miner.uid), 0.0) > 0 for row in rows]
-        assert sum(paid) >= 2, f"honest {miner.name} was paid in {sum(paid)} windows: {rows}"
+        paid = paid_windows(lines, miner.uid)
+        assert paid >= 2, f"honest {miner.name} was paid in {paid} windows: {[line['weights'] for line in lines]}"
 
 
 def test_the_two_rank_miner_runs_in_step_with_the_network(network):
@@ -205,7 +214,8 @@ def test_nodes_serve_their_metrics(network):
     assert one(m, "dso_trained_tokens_total") == sum(r["tokens"] for r in records)
     assert all(r["tokens"] % per_batch == 0 and r["tokens"] <= most for r in records), records
     assert one(m, "dso_uploads_total", result="ok") >= windows - 1
-    assert 0 < one(m, "dso_train_loss_nats_per_token") < 6
+    # below a uniform guess over the vocabulary (θ_0 scores about that): the miner's model has learned
+    assert 0 < one(m, "dso_train_loss_nats_per_token") < math.log(net.hp.model.vocab_size)
     assert 0 < one(m, "dso_train_loss_bits_per_byte") < one(m, "dso_train_loss_nats_per_token") / math.log(2)
     assert 0 < one(m, "dso_utilisation_ratio") <= 1 and one(m, "dso_s3_sent_bytes_total") > 0
     assert one(m, "dso_chain_writes_total", call="register", result="ok") == 1
