@@ -183,7 +183,10 @@ def test_nodes_serve_their_metrics(network):
     assert one(v, "dso_validation_loss_bits_per_byte") == pytest.approx(line["val_bits_per_byte"])
     assert 0 < line["val_bits_per_byte"] < nats / math.log(2)  # a BPE token stands for more than one byte
     weights = by_label(v, "dso_peer_weight_ratio", "uid")
-    assert set(weights) == {str(n.uid) for n in miners} and sum(weights.values()) == pytest.approx(1.0)
+    # the gauges show the window of that record: its weights sum to 1, or are all 0 in a window nobody earned
+    assert set(weights) == {str(n.uid) for n in miners}
+    assert weights == pytest.approx({u: float(line["weights"].get(u, 0.0)) for u in weights})
+    assert sum(weights.values()) == pytest.approx(1.0 if any(line["weights"].values()) else 0.0)
     assert set(by_label(v, "dso_peer_score", "uid")) == set(weights)
     # one post per window (its weights, or a heartbeat repeating the last row) and one at genesis; the
     # window that ended last may still be on the writer's thread
