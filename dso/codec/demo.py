@@ -330,16 +330,27 @@ class ErrorFeedback:
         return update
 
     def state(self) -> dict[str, torch.Tensor]:
-        return {f"ef.{n}": b.detach().cpu().contiguous() for n, b in self.buffers.items()}
+        return buffers_state(self.buffers)
 
-    def load_state(self, tensors: dict[str, torch.Tensor]) -> bool:
+    def load_state(self, tensors: Mapping[str, torch.Tensor]) -> bool:
         """Restore buffers saved by :meth:`state`; returns False (and keeps zeros) on any mismatch."""
-        want = {f"ef.{n}": b.shape for n, b in self.buffers.items()}
-        if set(tensors) != set(want) or any(tensors[k].shape != s for k, s in want.items()):
-            return False
-        if not all(bool(torch.isfinite(t).all()) for t in tensors.values()):
-            return False
-        for n, b in self.buffers.items():
-            b.copy_(tensors[f"ef.{n}"])
-        return True
+        return load_buffers(self.buffers, tensors)
+
+
+def buffers_state(buffers: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Error-feedback buffers as flat tensors ``ef.<param>`` (one process's, or one rank's slices)."""
+    return {f"ef.{n}": b.detach().cpu().contiguous() for n, b in buffers.items()}
+
+
+def load_buffers(buffers: Mapping[str, torch.Tensor], tensors: Mapping[str, torch.Tensor]) -> bool:
+    """Copy :func:`buffers_state` back into ``buffers``; False (and nothing changed) on any mismatch of keys,
+    shapes or finiteness."""
+    want = {f"ef.{n}": b.shape for n, b in buffers.items()}
+    if set(tensors) != set(want) or any(tensors[k].shape != s for k, s in want.items()):
+        return False
+    if not all(bool(torch.isfinite(t).all()) for t in tensors.values()):
+        return False
+    for n, b in buffers.items():
+        b.copy_(tensors[f"ef.{n}"])
+    return True
 

@@ -20,7 +20,7 @@ from collections.abc import Mapping
 import torch
 
 from dso.codec.codecs import Codec
-from dso.codec.demo import DeMoCodec, Release, TensorUpdate
+from dso.codec.demo import DeMoCodec, Release, TensorUpdate, buffers_state, load_buffers
 from dso.distributed.ranks import Ranks, all_gather_flat, gather_flat, gather_rows
 from dso.distributed.sharding import LocalPart, assemble, local_part, local_rows, shard_dim, slice_range
 
@@ -124,15 +124,8 @@ class ShardedFeedback:
     # ------------------------------------------------------------- state
     def state(self) -> dict[str, torch.Tensor]:
         """This rank's buffers (slices, and on the leader the gathered parameters' whole buffers)."""
-        return {f"ef.{n}": b.detach().cpu().contiguous() for n, b in self.buffers.items()}
+        return buffers_state(self.buffers)
 
     def load_state(self, tensors: Mapping[str, torch.Tensor]) -> bool:
         """Restore :meth:`state` of this rank; False (and zeros kept) on any mismatch."""
-        want = {f"ef.{n}": b.shape for n, b in self.buffers.items()}
-        if set(tensors) != set(want) or any(tensors[k].shape != s for k, s in want.items()):
-            return False
-        if not all(bool(torch.isfinite(t).all()) for t in tensors.values()):
-            return False
-        for n, b in self.buffers.items():
-            b.copy_(tensors[f"ef.{n}"])
-        return True
+        return load_buffers(self.buffers, tensors)

@@ -36,7 +36,7 @@ from dso.distributed.fsdp import local_slices
 from dso.distributed.ranks import Ranks, all_sum, broadcast_flag, broadcast_tensor, gather_rows, release_free_memory
 from dso.distributed.sharding import slice_range
 from dso.nn.model import Decoder
-from dso.training.inner import STATE_PREFIX, InnerLoop, InnerReport, Sequences, make_optimizer
+from dso.training.inner import STATE_PREFIX, InnerLoop, InnerReport, Sequences, make_optimizer, optimizer_state
 from dso.training.train import mixed_precision
 
 Announce = Callable[[str, dict[str, Any]], None]
@@ -327,16 +327,8 @@ class ShardedInnerLoop(InnerLoop):
     # ------------------------------------------------------------- state
     def state(self) -> dict[str, torch.Tensor]:
         """This rank's slices of the optimiser's state (see :meth:`InnerLoop.state`; a rank's file)."""
-        out = {f"{STATE_PREFIX}step_count": torch.tensor([self.step_count], dtype=torch.int64)}
-        if self.optimizer is None:
-            return out
-        for name, p in self.params.items():
-            for key, value in self.optimizer.state.get(p, {}).items():
-                if isinstance(value, torch.Tensor):
-                    local = value.to_local() if isinstance(value, DTensor) else value
-                    out[f"{STATE_PREFIX}opt.{name}.{key}"] = local.detach().cpu().reshape(
-                        local.shape or (1,)).clone().contiguous()
-        return out
+        return optimizer_state(self.step_count, self.optimizer, self.params,
+                               lambda v: v.to_local() if isinstance(v, DTensor) else v)
 
     def load_state(self, tensors: Mapping[str, torch.Tensor]) -> bool:
         """Restore :meth:`state` (this rank's file); on any mismatch keep a fresh state and return False."""

@@ -293,15 +293,7 @@ class InnerLoop:
     # ------------------------------------------------------------- state
     def state(self) -> dict[str, torch.Tensor]:
         """Flat tensors: ``inner.step_count`` and ``inner.opt.<param>.<key>`` (0-d values as shape (1,))."""
-        out = {f"{STATE_PREFIX}step_count": torch.tensor([self.step_count], dtype=torch.int64)}
-        if self.optimizer is None:
-            return out
-        for name, p in self.params.items():
-            for key, value in self.optimizer.state.get(p, {}).items():
-                if isinstance(value, torch.Tensor):
-                    out[f"{STATE_PREFIX}opt.{name}.{key}"] = value.detach().cpu().reshape(
-                        value.shape or (1,)).clone().contiguous()
-        return out
+        return optimizer_state(self.step_count, self.optimizer, self.params)
 
     def load_state(self, tensors: Mapping[str, torch.Tensor]) -> bool:
         """Restore :meth:`state`; on any mismatch (keys, shapes, non-finite values) keep a fresh state
@@ -332,3 +324,18 @@ class InnerLoop:
             self.optimizer.load_state_dict({"state": state, "param_groups": groups})
         self.step_count = int(count[0])
         return True
+
+
+def optimizer_state(step_count: int, optimizer: torch.optim.Optimizer | None, params: Mapping[str, torch.Tensor],
+                    local: Callable[[torch.Tensor], torch.Tensor] = lambda t: t) -> dict[str, torch.Tensor]:
+    """``inner.step_count`` and each parameter's optimiser tensors as ``inner.opt.<param>.<key>`` (0-d values as
+    shape (1,)); ``local`` turns a tensor into the part this process holds (a rank's slice of a DTensor)."""
+    out = {f"{STATE_PREFIX}step_count": torch.tensor([step_count], dtype=torch.int64)}
+    if optimizer is None:
+        return out
+    for name, p in params.items():
+        for key, value in optimizer.state.get(p, {}).items():
+            if isinstance(value, torch.Tensor):
+                mine = local(value).detach().cpu()
+                out[f"{STATE_PREFIX}opt.{name}.{key}"] = mine.reshape(mine.shape or (1,)).clone().contiguous()
+    return out
