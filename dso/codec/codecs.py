@@ -98,3 +98,12 @@ def make_codec(shapes: Shapes, hp: HParams) -> Codec:
         return SketchCodec.from_hparams(shapes, hp)
     from dso.codec.demo import DeMoCodec
     return DeMoCodec.from_hparams(shapes, hp)
+
+
+def unit_vector(values: torch.Tensor) -> torch.Tensor | None:
+    """``values`` scaled to unit L2 norm; None when they carry no direction (zero or non-finite norm)."""
+    norm = torch.linalg.vector_norm(values)
+    if not torch.isfinite(norm) or norm == 0:
+        return None
+    unit: torch.Tensor = values / norm
+    return unit

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from dso.codec.codecs import DEFAULT_THRESHOLDS, NearCopyThresholds
+from dso.codec.codecs import DEFAULT_THRESHOLDS, NearCopyThresholds, unit_vector
 from dso.codec.dct import ChunkPlan
 from dso.codec.packing import EliasFano, PackingError, codes_nbytes, index_bound_bits, pack_codes, unpack_codes
 from dso.nn.model import parameter_kind
@@ -193,12 +193,7 @@ class DeMoCodec:
 
     def normalised_values(self, u: TensorUpdate) -> torch.Tensor | None:
         """A peer's values for one tensor scaled to unit L2 norm; None when they carry no direction."""
-        vals = self.values(u)
-        norm = torch.linalg.vector_norm(vals)
-        if not torch.isfinite(norm) or norm == 0:
-            return None
-        unit: torch.Tensor = vals / norm
-        return unit
+        return unit_vector(self.values(u))
 
     def mean_delta(self, updates: list[CompressedUpdate],
                    device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:

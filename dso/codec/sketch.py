@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
+from dso.codec.codecs import unit_vector
 from dso.codec.packing import PackingError, codes_nbytes, pack_codes, unpack_codes
 from dso.protocol.rejections import Reason
 
@@ -180,12 +181,7 @@ class SketchCodec:
         return dequantise(u.codes, u.scale, self.bits)
 
     def normalised_values(self, u: SketchUpdate) -> torch.Tensor | None:
-        vals = self.values(u)
-        norm = torch.linalg.vector_norm(vals)
-        if not torch.isfinite(norm) or norm == 0:
-            return None
-        unit: torch.Tensor = vals / norm
-        return unit
+        return unit_vector(self.values(u))
 
     def to_dense(self, name: str, u: SketchUpdate, device: str | torch.device = "cpu") -> torch.Tensor:
         return self.transpose(name, self.values(u), u.window, device)
