@@ -158,8 +158,9 @@ class EventLog:
 
 @dataclass
 class NodeContext:
-    """A node's connections and shared state.  ``model`` holds the node's θ; ``run`` is the network run
-    the node takes part in ("" until it is known: a validator's genesis, or the leader's manifest)."""
+    """A node's connections and shared state.  ``model`` holds the node's θ (a miner on several ranks: the
+    structure only, θ is in its ranks' slices, neurons/miner_ranks.py); ``run`` is the network run the node
+    takes part in ("" until it is known: a validator's genesis, or the leader's manifest)."""
 
     cfg: Config
     role: str
@@ -252,9 +253,10 @@ class NodeContext:
                     return None
 
 
-def build_context(cfg: Config, role: str, handle_signals: bool = True) -> NodeContext:
+def build_context(cfg: Config, role: str, handle_signals: bool = True, whole_model: bool = True) -> NodeContext:
     """Wire a node; any problem ends the process with one line (:class:`Fatal`).  ``handle_signals``: SIGINT
-    and SIGTERM stop the node after its current step (off when a node is embedded in another program)."""
+    and SIGTERM stop the node after its current step (off when a node is embedded in another program).
+    ``whole_model`` False: the model is its structure only (meta device), for a node whose ranks hold θ."""
     hp = cfg.hparams
     torch.set_num_threads(cfg.threads)
     device = torch.device(cfg.device)
@@ -281,7 +283,7 @@ def build_context(cfg: Config, role: str, handle_signals: bool = True) -> NodeCo
         dataset = open_dataset(hp, cfg.data, cfg.storage, sleep=stop.sleep)
     except DataError as e:
         raise Fatal(str(e)) from None
-    model = build_model(hp.model, hp.seed, device)
+    model = build_model(hp.model, hp.seed, device) if whole_model else structure_only(hp)
     state_dir = expand(cfg.neuron.state_dir) / f"{cfg.wallet.name}-{cfg.wallet.hotkey}" / role
     state_dir.mkdir(parents=True, exist_ok=True)
     clock = Clock(chain, hp.blocks_per_window, hp.put_window_seconds)
@@ -297,6 +299,12 @@ def build_context(cfg: Config, role: str, handle_signals: bool = True) -> NodeCo
     log.info("%s uid %d hotkey %s… bucket %s, data %s… from %s, hparams %s", role, uid, hotkey[:8], own.bucket,
              dataset.data_hash[:10], cfg.data.corpus, hp.digest())
     return ctx
+
+
+def structure_only(hp: HParams) -> Decoder:
+    """The model's structure, without memory for its parameters (meta device)."""
+    with torch.device("meta"):
+        return Decoder(hp.model)
 
 
 def _metrics(cfg: Config, role: str) -> NodeMetrics | None:

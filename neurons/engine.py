@@ -38,13 +38,14 @@ from dso.aggregation.robust import AggregationInfo, decoded_rows
 from dso.codec.codecs import Codec, Update
 from dso.config.schema import HParams
 from dso.data.dataset import Dataset
-from dso.nn.model import Decoder, model_hash
+from dso.nn.model import Decoder
 from dso.protocol.payload import Payload
 from dso.protocol.provenance import make_record
 from dso.protocol.rejections import Rejection
-from dso.training.outer import OuterState, aggregate, apply_outer, outer_lr
+from dso.training.outer import OuterState, aggregate, outer_lr
 from dso.training.outer_rules import outer_rule
 from dso.training.train import learning_rate
+from neurons.theta import Theta, as_theta
 from scoring.copies import assigned_gains, find_copies
 from scoring.evaluation import ParameterSnapshot, PeerEvaluator
 from scoring.history import find_replays
@@ -107,17 +108,19 @@ def announce_list(lists: Mapping[int, list[int]], window: int, top_g: list[int])
     return upcoming
 
 
-def aggregate_window(model: torch.nn.Module, codec: Codec, hp: HParams, window: int,
+def aggregate_window(model: torch.nn.Module | Theta, codec: Codec, hp: HParams, window: int,
                      payloads: Mapping[int, Payload], aggregation_list: Sequence[int], outer: OuterState,
                      device: str | torch.device = "cpu") -> Aggregation:
     """θ_t → θ_{t+1} and the outer state, in place: the run's outer step with the aggregate of the listed
-    peers' payloads (bit-identical on every node for the default aggregation, dso/training/outer.py)."""
+    peers' payloads (bit-identical on every node for the default aggregation, dso/training/outer.py).
+    ``model``: the node's model, or its θ (neurons/theta.py: a miner on ranks holds it in slices)."""
+    theta = as_theta(model)
     used = [u for u in aggregation_list if u in payloads]
     agg = aggregate(codec, [payloads[u].update for u in used], hp, used)
-    before, outer_before = model_hash(model), outer.digest()
-    moved = apply_outer(dict(model.named_parameters()), agg.delta, outer, hp, window)
+    before, outer_before = theta.hash(), outer.digest()
+    moved = theta.step(agg.delta, outer, hp, window)
     return Aggregation(window, used, {u: payloads[u] for u in used}, agg.delta, outer_lr(hp, window), before,
-                       model_hash(model), agg.info, agg.reference_norms, moved, outer_before, outer.digest())
+                       theta.hash(), agg.info, agg.reference_norms, moved, outer_before, outer.digest())
 
 
 def run_window(state: ValidatorState, model: Decoder, codec: Codec, dataset: Dataset, hp: HParams,

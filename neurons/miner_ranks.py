@@ -1,14 +1,15 @@
 """One miner on several ranks: ``torchrun --nproc_per_node N neurons/miner.py …``.
 
-Rank 0 is the miner of neurons/miner.py — it alone talks to the chain and S3, follows the network in the
-node's ordinary model (the whole θ) and decides every step.  The training state is spread over every rank
-with FSDP2: each rank holds its slices of the local weights, the anchor θ_t, the gradients, the AdamW
-moments and the error-feedback buffer (dso/distributed/fsdp.py, dso/distributed/sharded_inner.py,
-dso/distributed/sharded_codec.py).  Each
-window every rank starts from the same θ_t (the leader's model, scattered slice by slice), trains its slice
-of every step's batch, and compresses its slices; the leader puts the update together and uploads it.  The
-update is the one a single process would send for the same pseudo-gradient, bit for bit, and the
-pseudo-gradient is a single process's up to rounding (docs/scale.md has the measurements).
+Rank 0 is the miner of neurons/miner.py — it alone talks to the chain and S3 and decides every step.  No
+rank holds the whole θ: the training state is spread over every rank with FSDP2 — each rank holds its
+slices of the local weights, the anchor θ_t, the gradients, the AdamW moments and the error-feedback buffer
+(dso/distributed/fsdp.py, dso/distributed/sharded_inner.py, dso/distributed/sharded_codec.py) — and the
+anchor slices are the node's θ, which it follows the network in (dso/distributed/sliced_theta.py: bundles
+applied, checkpoints loaded, θ hashed and sampled, collectively; the leader's ``ctx.model`` is the structure
+only).  Each window every rank starts from its anchor slices, trains its slice of every step's batch, and
+compresses its slices; the leader puts the update together and uploads it.  The update is the one a single
+process would send for the same pseudo-gradient, bit for bit, and the pseudo-gradient is a single process's
+up to rounding (docs/scale.md has the measurements).
 
 The other ranks never open a connection: they build the sharded model from the leader's hyper-parameters
 and carry out its orders (neurons/ranks.py) until it stops them.  Each rank keeps its own state files
@@ -30,8 +31,9 @@ from dso.config.schema import Config, HParams
 from dso.distributed.fsdp import codec_shard_dims, shapes_of, sharded_model
 from dso.distributed.ranks import Ranks
 from dso.distributed.sharded_codec import ShardedFeedback
-from dso.distributed.sharded_inner import Announce, ShardedInnerLoop
-from dso.nn.model import Decoder, model_hash
+from dso.distributed.sharded_inner import ShardedInnerLoop
+from dso.distributed.sliced_theta import SlicedTheta
+from dso.nn.model import initial_tensors
 from neurons.context import build_context
 from neurons.miner import Miner
 from neurons.persist import load_tensors, save_tensors
@@ -41,12 +43,15 @@ log = logging.getLogger("dso.miner")
 
 
 def ranked_training(hp: HParams, codec: Codec, ranks: Ranks, activation_checkpointing: bool,
-                    theta: Decoder | None, announce: Announce | None) -> tuple[ShardedFeedback, ShardedInnerLoop]:
-    """The sharded error feedback and inner loop, built alike on every rank (the leader passes its model)."""
+                    orders: Orders | None) -> tuple[ShardedFeedback, ShardedInnerLoop, SlicedTheta]:
+    """The sharded error feedback, inner loop and θ (the inner loop's anchor), built alike on every rank (the
+    leader passes its orders)."""
     dims = codec_shard_dims(codec, ranks.world)
     model = sharded_model(hp.model, ranks, dims, activation_checkpointing)
-    inner = ShardedInnerLoop(model, hp, ranks, dims, theta, announce)
-    return ShardedFeedback(codec, hp.ef_beta, ranks, dims, whole=hp.dp.enabled), inner
+    inner = ShardedInnerLoop(model, hp, ranks, dims, None if orders is None else orders.announcer("inner"))
+    theta = SlicedTheta(inner.anchor, codec.shapes, dims, ranks, hp, None if orders is None else
+                        orders.announcer("theta"))
+    return ShardedFeedback(codec, hp.ef_beta, ranks, dims, whole=hp.dp.enabled), inner, theta
 
 
 def state_files(state_dir: Path, ranks: Ranks) -> tuple[Path, Path]:
@@ -68,9 +73,16 @@ class RankedMiner(Miner):
                  len(self.feedback.parts), len(self.feedback.gathered))
 
     def training_parts(self) -> tuple[ShardedFeedback, ShardedInnerLoop]:
+        """The training parts and the node's θ, which starts as θ_0, streamed a tensor at a time."""
         ctx = self.ctx
-        return ranked_training(ctx.hp, ctx.codec, self.ranks, ctx.cfg.neuron.activation_checkpointing, ctx.model,
-                               self.orders.announcer("inner"))
+        feedback, inner, self.sliced = ranked_training(ctx.hp, ctx.codec, self.ranks,
+                                                       ctx.cfg.neuron.activation_checkpointing, self.orders)
+        self.sliced.load(initial_tensors(ctx.hp.model, ctx.hp.seed))
+        return feedback, inner
+
+    @property
+    def theta(self) -> SlicedTheta:
+        return self.sliced
 
     def state_files(self) -> tuple[Path, Path]:
         return state_files(self.ctx.state_dir, self.ranks)
@@ -83,7 +95,7 @@ class RankedMiner(Miner):
         return OrderedFeedback(self.feedback, self.orders)
 
     def theta_hash(self) -> str:
-        return model_hash(self.ctx.model)  # the leader's model is θ_{model_window} throughout (its anchor)
+        return self.sliced.hash()  # the anchor slices are θ_{model_window} throughout
 
     def run(self) -> int:
         try:
@@ -105,14 +117,14 @@ class OrderedFeedback:
 
 
 class Follower:
-    """A rank other than the leader: its slices of the training state, and the leader's orders about them
-    (``node``: save the state; ``feedback``: compress the window's slices)."""
+    """A rank other than the leader: its slices of the training state and of θ, and the leader's orders about
+    them (``node``: save the state; ``feedback``: compress the window's slices; ``theta``: follow the network)."""
 
     def __init__(self, cfg: Config, ranks: Ranks, hp: HParams):
         self.ranks = ranks
         self.codec = make_codec(shapes_of(hp.model), hp)
-        self.feedback, self.inner = ranked_training(hp, self.codec, ranks, cfg.neuron.activation_checkpointing,
-                                                    None, None)
+        self.feedback, self.inner, self.theta = ranked_training(hp, self.codec, ranks,
+                                                                cfg.neuron.activation_checkpointing, None)
         state_dir = Path(cfg.neuron.state_dir).expanduser() / f"{cfg.wallet.name}-{cfg.wallet.hotkey}" / "miner"
         state_dir.mkdir(parents=True, exist_ok=True)
         self.ef_file, self.inner_file = state_files(state_dir, ranks)
@@ -124,7 +136,8 @@ class Follower:
             self.inner.load_state(saved)
 
     def parts(self) -> dict[str, Part]:
-        return {"inner": self.inner, "feedback": _Orders(self.compress), "node": _Orders(self.node)}
+        return {"inner": self.inner, "theta": self.theta, "feedback": _Orders(self.compress),
+                "node": _Orders(self.node)}
 
     def node(self, op: str, args: Mapping[str, Any]) -> None:
         if op != "save":
@@ -153,11 +166,8 @@ def serve_ranks(cfg: Config) -> int:
     """This process's part of a torchrun miner: the miner on rank 0, a follower elsewhere."""
 
     def lead(ranks: Ranks, orders: Orders) -> int:
-        ctx = build_context(cfg, "miner")
+        ctx = build_context(cfg, "miner", whole_model=False)  # θ lives in the ranks' slices
         orders.hello(ctx.hp)
-        if ranks.device.type == "cuda":  # the node's whole θ (what it follows the network with) stays in host
-            ctx.model.to("cpu")          # memory: the GPUs hold the training slices only
-            ctx.device = torch.device("cpu")
         return RankedMiner(ctx, ranks, orders).run()
 
     return run_group(cfg, lead, follower_parts)

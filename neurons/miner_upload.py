@@ -9,14 +9,15 @@ import time
 import torch
 
 from dso.codec.demo import CompressedUpdate
-from dso.nn.model import model_hash, sync_sample_count
+from dso.nn.model import sync_sample_count
 from dso.protocol.clock import PutWindow
 from dso.protocol.payload import PayloadMeta
 from dso.training.inner import InnerReport
 from neurons import reveal
 from neurons.context import NodeContext
 from neurons.publish import publish_payload
-from scoring.sync import sample_parameters, sync_positions
+from neurons.theta import Theta, as_theta
+from scoring.sync import sync_positions
 from storage.cleanup import cleanup
 from storage.client import StorageError
 from storage.look import SIGNATURE_LEAD_SECONDS, signature_lead
@@ -37,6 +38,12 @@ class MinerUploads:
     report: InnerReport       # the window's inner training (the payload declares its sequences)
     encode_seconds: float     # what the training deadline leaves before the put window closes
     margin_from: float        # when the last training ended, or its deadline if earlier
+
+    @property
+    def theta(self) -> Theta:
+        """The node's θ_t, which the payload samples and hashes: one process's model (a miner on ranks: every
+        rank's slice, neurons/miner_ranks.py)."""
+        return as_theta(self.ctx.model)
 
     def upload(self, t: int, own: CompressedUpdate | None, put: PutWindow) -> bool:
         """Put window t's payload in our bucket (with commit-reveal: commit now, reveal after the put window)."""
@@ -79,7 +86,7 @@ class MinerUploads:
             log.warning("window %d: no chain randomness for the sync samples; not uploading", t)
             return None
         positions = sync_positions(randomness, ctx.shapes, sync_sample_count(ctx.hp))
-        return sample_parameters(dict(ctx.model.named_parameters()), positions)
+        return self.theta.sample(positions)
 
     def put_payload(self, t: int, data: bytes) -> bool:
         """Signed: the signature first, the payload a lead later from a thread (neurons/publish.py)."""
@@ -97,4 +104,4 @@ class MinerUploads:
         """The payload's header: with the sequences of its assignment this window's update was trained on."""
         ctx = self.ctx
         return PayloadMeta(ctx.uid, t, ctx.hp.protocol_version, ctx.hp.digest(), ctx.dataset.data_hash,
-                           model_hash(ctx.model), trained=self.report.sequences)
+                           self.theta.hash(), trained=self.report.sequences)

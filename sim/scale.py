@@ -14,7 +14,7 @@ import copy
 import math
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -23,9 +23,13 @@ from dso.codec.codecs import make_codec
 from dso.codec.demo import ErrorFeedback, TensorUpdate
 from dso.config.schema import HParams
 from dso.distributed.fsdp import shapes_of
-from dso.nn.model import build_model, parameter_shapes, tensor_count
+from dso.nn.model import build_model, initial_tensors, parameter_shapes, tensor_count
 from dso.training.inner import InnerLoop
 from sim.rss import PhasePeaks
+
+if TYPE_CHECKING:
+    from dso.distributed.ranks import Ranks
+    from dso.distributed.sharded_inner import ShardedInnerLoop
 
 
 def relative_l2(a: Mapping[str, Any], b: Mapping[str, Any]) -> float:
@@ -74,16 +78,14 @@ def one_process(hp: HParams, data: torch.Tensor, steps: int, uid: int = 1) -> di
 
 def on_ranks(hp: HParams, data: torch.Tensor, steps: int, uid: int = 1) -> dict[str, Any] | None:
     """The same window on this rank of a torchrun-style group (call on every rank; the leader's result)."""
-    from dso.distributed.fsdp import codec_shard_dims, sharded_model
+    from dso.distributed.fsdp import codec_shard_dims
     from dso.distributed.ranks import join_group
     from dso.distributed.sharded_codec import ShardedFeedback
-    from dso.distributed.sharded_inner import ShardedInnerLoop
 
     ranks = join_group("cpu")
-    theta = build_model(hp.model, hp.seed) if ranks.leader else None
     codec = make_codec(shapes_of(hp.model), hp)
     dims = codec_shard_dims(codec, ranks.world)
-    loop = ShardedInnerLoop(sharded_model(hp.model, ranks, dims), hp, ranks, dims, theta)
+    loop = ranked_loop(hp, ranks, dims)
     loop.start(None)
     started = time.perf_counter()
     report = loop.train(0, data, max_steps=steps)
@@ -98,6 +100,20 @@ def on_ranks(hp: HParams, data: torch.Tensor, steps: int, uid: int = 1) -> dict[
     return {"pseudo_gradient": {n: g.numpy().copy() for n, g in whole.items() if g is not None},
             "update": as_arrays(update), "seconds": seconds, "sequences": report.sequences,
             "losses": report.losses, "sharded": sorted(feedback.parts), "gathered": feedback.gathered}
+
+
+def ranked_loop(hp: HParams, ranks: Ranks, dims: Mapping[str, int],
+                activation_checkpointing: bool = False) -> ShardedInnerLoop:
+    """The sharded inner loop on this rank with θ_0 in its anchor slices, streamed from the leader a tensor at a
+    time, as a torchrun miner starts (neurons/miner_ranks.py): no rank builds the whole θ (call on every rank)."""
+    from dso.distributed.fsdp import sharded_model
+    from dso.distributed.sharded_inner import ShardedInnerLoop
+    from dso.distributed.sliced_theta import SlicedTheta
+
+    loop = ShardedInnerLoop(sharded_model(hp.model, ranks, dims, activation_checkpointing), hp, ranks, dims)
+    theta = SlicedTheta(loop.anchor, shapes_of(hp.model), dims, ranks, hp)
+    theta.load(initial_tensors(hp.model, hp.seed) if ranks.leader else ())
+    return loop
 
 
 def compare(hp: HParams, steps: int, world: int = 2, seed: int = 0) -> dict[str, Any]:
@@ -170,20 +186,17 @@ def _window(peaks: PhasePeaks, loop: InnerLoop, feedback: Any, hp: HParams, step
 
 def window_memory_ranks(hp: HParams, steps: int, activation_checkpointing: bool = False) -> dict[str, Any]:
     """The same window on this rank of a group (call on every rank): each rank's peak RSS."""
-    from dso.distributed.fsdp import codec_shard_dims, sharded_model
+    from dso.distributed.fsdp import codec_shard_dims
     from dso.distributed.ranks import join_group, return_freed_tensors
     from dso.distributed.sharded_codec import ShardedFeedback
-    from dso.distributed.sharded_inner import ShardedInnerLoop
 
     return_freed_tensors()
     before = peak_rss_mb()
     with PhasePeaks("build") as peaks:
         ranks = join_group("cpu")
-        theta = build_model(hp.model, hp.seed) if ranks.leader else None
         codec = make_codec(shapes_of(hp.model), hp)
         dims = codec_shard_dims(codec, ranks.world)
-        model = sharded_model(hp.model, ranks, dims, activation_checkpointing)
-        loop = ShardedInnerLoop(model, hp, ranks, dims, theta)
+        loop = ranked_loop(hp, ranks, dims, activation_checkpointing)  # θ_0 streamed into the anchor slices
         seconds = _window(peaks, loop, ShardedFeedback(codec, hp.ef_beta, ranks, dims), hp, steps)
     return {"peak_rss_mb": peak_rss_mb(), "rss_before_mb": before, "train_seconds": seconds, "rank": ranks.rank,
             "phase_peaks_mb": peaks.peaks_mb}
@@ -192,14 +205,12 @@ def window_memory_ranks(hp: HParams, steps: int, activation_checkpointing: bool 
 def throughput_ranks(hp: HParams, steps: int, device: str = "cuda") -> dict[str, Any] | None:
     """Tokens/s of the sharded inner loop on this rank's device (call on every rank; the leader's result):
     one warm-up step, then ``steps`` timed steps of the run's batch."""
-    from dso.distributed.fsdp import codec_shard_dims, sharded_model
+    from dso.distributed.fsdp import codec_shard_dims
     from dso.distributed.ranks import join_group
-    from dso.distributed.sharded_inner import ShardedInnerLoop
 
     ranks = join_group(device)
-    theta = build_model(hp.model, hp.seed) if ranks.leader else None  # host memory: the leader's θ
     dims = codec_shard_dims(make_codec(shapes_of(hp.model), hp), ranks.world)
-    loop = ShardedInnerLoop(sharded_model(hp.model, ranks, dims), hp, ranks, dims, theta)
+    loop = ranked_loop(hp, ranks, dims)
     loop.start(None)
     data = batches(hp, steps + 1)
     loop.train(0, data[:hp.batch_size], max_steps=1)

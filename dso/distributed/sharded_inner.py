@@ -1,11 +1,11 @@
 """A miner's inner loop (dso/training/inner.py) over a model FSDP2 shards across the node's ranks.
 
 Every rank holds its slices of the local weights, of the anchor θ_t, of the gradients and of the AdamW
-moments.  The leader (rank 0) also holds the whole θ in the node's ordinary model (``theta``): what the
-node follows the network with, samples for SyncScore and hashes.  So on the leader the node's model is
-always θ_{model_window} — the anchor: the leader's anchor slices are views of it, not copies — and the
-local weights live only in the slices.  Steps taken ahead are kept as ``local − anchor`` before θ moves
-(:meth:`ShardedInnerLoop.local_weights`) and put back onto the new θ after (:meth:`rebase_local`).
+moments; no rank holds the whole θ.  The anchor slices are the node's θ_{model_window}: the node follows
+the network in them (dso/distributed/sliced_theta.py applies a bundle to every rank's anchor slices), so a
+window starts with slices ← anchor on every rank, with no message.  Steps taken ahead are kept as
+``local − anchor`` before θ moves (:meth:`ShardedInnerLoop.local_weights`) and put back onto the new anchor
+after (:meth:`rebase_local`), each rank on its own slices.
 
 Collective methods run on every rank in the same order.  On the leader each one first announces itself
 (``announce(op, args)``, neurons/ranks.py sends it to the other ranks, which call :meth:`handle`), so the
@@ -28,40 +28,33 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 from dso.config.schema import HParams
 from dso.distributed.fsdp import local_slices
 from dso.distributed.ranks import Ranks, all_sum, broadcast_flag, broadcast_tensor, gather_rows, release_free_memory
-from dso.distributed.sharding import slice_range
+from dso.distributed.sharding import slice_range, slice_shape
 from dso.nn.model import Decoder
 from dso.training.inner import STATE_PREFIX, InnerLoop, InnerReport, Sequences, make_optimizer, optimizer_state
 from dso.training.train import mixed_precision
 
 Announce = Callable[[str, dict[str, Any]], None]
-SCATTER_BUCKET_BYTES = 64 * 1024 * 1024  # the most of one rank's slices the leader packs into one message
 
 
 class ShardedInnerLoop(InnerLoop):
     def __init__(self, model: Decoder, hp: HParams, ranks: Ranks, dims: Mapping[str, int],
-                 theta: Decoder | None = None, announce: Announce | None = None):
+                 announce: Announce | None = None):
         """``model``: the FSDP-sharded model (dso/distributed/fsdp.py); ``dims``: the dimension each parameter is sliced
-        along; ``theta``: the leader's whole model (None on the other ranks); ``announce``: the leader's way
-        to tell the other ranks (None on them)."""
-        self.ranks, self.dims, self.theta = ranks, dict(dims), theta
+        along; ``announce``: the leader's way to tell the other ranks (None on them)."""
+        self.ranks, self.dims = ranks, dict(dims)
         self._announce = announce
         self.slices = local_slices(model)
         super().__init__(model, hp)
         self.stash: dict[str, torch.Tensor] | None = None
 
     def new_anchor(self) -> dict[str, torch.Tensor]:
-        """The anchor θ_t's slices: on the leader, views of its own model (which holds θ_t whenever the anchor
-        matters: it follows the network in that model), elsewhere copies."""
-        if self.theta is not None and next(self.theta.parameters()).device == self.ranks.device:
-            whole = dict(self.theta.named_parameters())
-            return {n: self.slice_of(n, whole[n].detach(), 0) for n in self.slices}
-        return {n: s.detach().clone() for n, s in self.slices.items()}  # (a GPU rank 0: θ is in host memory)
+        """The anchor θ_t's slices: this rank's part of the node's θ (dso/distributed/sliced_theta.py fills it)."""
+        return {n: s.detach().clone() for n, s in self.slices.items()}
 
     def new_optimizer(self) -> torch.optim.Optimizer:
         # one tensor at a time: the foreach form's temporaries would hold a whole slice of the model each
@@ -81,8 +74,6 @@ class ShardedInnerLoop(InnerLoop):
             self.local_weights()
         elif op == "set_weights":
             self.set_weights({})
-        elif op == "rebase_local":
-            self.rebase_local({})
         elif op == "step":
             self.step_slices(None, float(args["lr"]), tuple(args["shape"]), bool(args["cut"]))
         elif op == "warm_up":
@@ -92,83 +83,30 @@ class ShardedInnerLoop(InnerLoop):
         else:
             raise ValueError(f"unknown inner-loop operation {op!r}")
 
-    # ------------------------------------------------------- θ on the ranks
-    def slice_of(self, name: str, full: torch.Tensor, rank: int) -> torch.Tensor:
-        dim = self.dims[name]
-        start, end = slice_range(full.shape[dim], rank, self.ranks.world)
-        return full.narrow(dim, start, end - start)
-
-    def slice_shape(self, name: str, rank: int) -> tuple[int, ...]:
-        shape, dim = list(self.params[name].shape), self.dims[name]
-        start, end = slice_range(shape[dim], rank, self.ranks.world)
-        shape[dim] = end - start
-        return tuple(shape)
-
-    def buckets(self, rank: int) -> list[list[str]]:
-        """The parameters in order, grouped into messages of at most SCATTER_BUCKET_BYTES of rank's slices."""
-        groups: list[list[str]] = [[]]
-        size = 0
-        for name in self.slices:
-            nbytes = 4 * math.prod(self.slice_shape(name, rank))
-            if groups[-1] and size + nbytes > SCATTER_BUCKET_BYTES:
-                groups.append([])
-                size = 0
-            groups[-1].append(name)
-            size += nbytes
-        return groups
-
-    def scatter(self, source: Mapping[str, torch.Tensor] | None) -> dict[str, torch.Tensor]:
-        """The leader's whole tensors (``source``, in parameter order) → every rank's slices.  The leader sends
-        each rank its slices packed in a few messages (a message per collective round is what costs on a
-        busy machine); no rank holds more than a bucket of another's slices in transit."""
-        ranks = self.ranks
-        out: dict[str, torch.Tensor] = {}
-        if ranks.leader:
-            assert source is not None
-            for name in self.slices:
-                out[name] = self.slice_of(name, source[name].detach(), 0).to(self.slices[name].device, torch.float32)
-            for rank in range(1, ranks.world):
-                for group in self.buckets(rank):
-                    pieces = [self.slice_of(n, source[n].detach(), rank).reshape(-1).float() for n in group]
-                    flat = torch.cat(pieces).to(ranks.comm_device)
-                    if flat.numel():
-                        dist.send(flat, rank)
-            return out
-        for group in self.buckets(ranks.rank):
-            shapes = [self.slice_shape(n, ranks.rank) for n in group]
-            flat = torch.empty(sum(math.prod(s) for s in shapes), dtype=torch.float32, device=ranks.comm_device)
-            if flat.numel():
-                dist.recv(flat, 0)
-            for name, piece in zip(group, torch.split(flat, [math.prod(s) for s in shapes]), strict=True):
-                out[name] = piece.reshape(self.slice_shape(name, ranks.rank)).to(self.slices[name].device)
-        return out
-
-    def theta_tensors(self) -> dict[str, torch.Tensor] | None:
-        return None if self.theta is None else dict(self.theta.named_parameters())
-
     def gather_full(self, name: str, mine: torch.Tensor) -> torch.Tensor | None:
         """The whole tensor from every rank's slice, on the leader (None elsewhere)."""
-        shapes = [self.slice_shape(name, r) for r in range(self.ranks.world)]
-        pieces = gather_rows(self.ranks, mine.detach(), shapes)
-        return None if pieces is None else torch.cat(pieces, dim=self.dims[name])
+        shape, dim = tuple(self.params[name].shape), self.dims[name]
+        pieces = gather_rows(self.ranks, mine.detach(), [slice_shape(shape, dim, r, self.ranks.world)
+                                                         for r in range(self.ranks.world)])
+        return None if pieces is None else torch.cat(pieces, dim=dim)
 
     # ------------------------------------------------------------ window
     @torch.no_grad()
     def start(self, theta: Mapping[str, torch.Tensor] | None = None) -> None:
-        """Every rank's slices ← θ (the leader's model, or ``theta`` given on the leader), and the anchor."""
+        """Every rank's slices ← its anchor slices, θ_t (the node's θ lives in the anchor: it follows the network
+        in it, dso/distributed/sliced_theta.py)."""
+        if theta is not None:
+            raise NotImplementedError("ShardedInnerLoop: load θ into the anchor with SlicedTheta.load()")
         self.announce("start")
-        received = self.scatter(theta if theta is not None else self.theta_tensors())
         for name, s in self.slices.items():
-            s.copy_(received[name])
-            if self.anchor[name].data_ptr() != received[name].data_ptr():  # the leader's anchor is θ itself
-                self.anchor[name].copy_(received[name])
+            s.copy_(self.anchor[name])
         self.gradient = None
         if not self.cfg.persist_state:
             self.reset_optimizer()
 
     def rebase(self, theta_new: Mapping[str, torch.Tensor]) -> None:
-        """Not offered: the leader's anchor is its model, so the steps taken must be kept before θ moves —
-        :meth:`local_weights`, then :meth:`rebase_local` once the model holds θ_new."""
+        """Not offered: the anchor is the node's θ, which moves on every rank when a bundle is applied — keep the
+        steps with :meth:`local_weights` before, put them back with :meth:`rebase_local` after."""
         raise NotImplementedError("ShardedInnerLoop: keep the steps with local_weights(), then rebase_local()")
 
     @torch.no_grad()
@@ -188,17 +126,10 @@ class ShardedInnerLoop(InnerLoop):
         for name, s in self.slices.items():
             torch.add(self.anchor[name], stash[name], out=s)
 
-    @torch.no_grad()
     def rebase_local(self, local: Mapping[str, torch.Tensor]) -> None:
-        """The leader's model now holds θ_new: anchor ← θ_new, local ← θ_new + the kept steps (as
-        :meth:`InnerLoop.rebase` does in one process)."""
-        self.announce("rebase_local")
-        stash = self._take_stash(local)
-        received = self.scatter(self.theta_tensors())
-        for name, s in self.slices.items():
-            if self.anchor[name].data_ptr() != received[name].data_ptr():
-                self.anchor[name].copy_(received[name])
-            torch.add(self.anchor[name], stash[name], out=s)
+        """The anchor now holds θ_new on every rank (the bundle was applied to it): local ← θ_new + the kept
+        steps, as :meth:`InnerLoop.rebase` does in one process — each rank on its own slices."""
+        self.set_weights(local)
 
     def _take_stash(self, token: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         if self.stash is None or (self.ranks.leader and token is not self.stash):
@@ -208,7 +139,7 @@ class ShardedInnerLoop(InnerLoop):
 
     @torch.no_grad()
     def restore_anchor(self) -> None:
-        """Every rank's slices ← its anchor slices (the leader's model already holds θ_t)."""
+        """Every rank's slices ← its anchor slices (θ_t)."""
         self.announce("restore_anchor")
         for name, s in self.slices.items():
             s.copy_(self.anchor[name])

@@ -26,6 +26,18 @@ def slice_range(n: int, rank: int, world: int) -> tuple[int, int]:
     return start, min(start + size, n)
 
 
+def slice_shape(shape: tuple[int, ...], dim: int, rank: int, world: int) -> tuple[int, ...]:
+    """The shape of rank's slice of a tensor of ``shape`` sliced along ``dim``."""
+    start, end = slice_range(shape[dim], rank, world)
+    return shape[:dim] + (end - start,) + shape[dim + 1:]
+
+
+def narrow_slice(full: torch.Tensor, dim: int, rank: int, world: int) -> torch.Tensor:
+    """Rank's slice of the whole tensor ``full`` (a view)."""
+    start, end = slice_range(full.shape[dim], rank, world)
+    return full.narrow(dim, start, end - start)
+
+
 def aligned(n: int, edge: int, world: int) -> bool:
     """Whether every rank's slice of a dimension of length ``n`` starts on a chunk edge (ends follow: each
     slice is the same whole number of chunks, the last one ending at ``n`` where the plan pads)."""

@@ -11,7 +11,7 @@ import dataclasses
 import functools
 import hashlib
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import torch
@@ -158,16 +158,32 @@ def build_model(cfg: ModelConfig, seed: int, device: str | torch.device = "cpu")
     """The run's θ_0: same seed, same weights on every node and device."""
     model = Decoder(cfg)
     gen = torch.Generator().manual_seed(seed)
-    resid_std = cfg.init_std / math.sqrt(2 * cfg.n_layers)  # GPT-2 style scaling of residual outputs
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if name.endswith("norm.weight"):
-                p.fill_(1.0)
-            elif name.endswith(("attn.wo.weight", "ffn.w_down.weight")):
-                p.normal_(0.0, resid_std, generator=gen)
-            else:
-                p.normal_(0.0, cfg.init_std, generator=gen)
+            _initialise(cfg, name, p, gen)
     return model.to(device)
+
+
+def initial_tensors(cfg: ModelConfig, seed: int) -> Iterator[tuple[str, torch.Tensor]]:
+    """The run's θ_0 one tensor at a time, in :func:`build_model`'s order and with its values, without a whole
+    model in memory (a node on ranks scatters each tensor and drops it: dso/distributed/sliced_theta.py)."""
+    with torch.device("meta"):
+        shapes = parameter_shapes(Decoder(cfg))
+    gen = torch.Generator().manual_seed(seed)
+    for name, shape in shapes.items():
+        tensor = torch.empty(shape, dtype=torch.float32)
+        _initialise(cfg, name, tensor, gen)
+        yield name, tensor
+
+
+def _initialise(cfg: ModelConfig, name: str, p: torch.Tensor, gen: torch.Generator) -> None:
+    resid_std = cfg.init_std / math.sqrt(2 * cfg.n_layers)  # GPT-2 style scaling of residual outputs
+    if name.endswith("norm.weight"):
+        p.fill_(1.0)
+    elif name.endswith(("attn.wo.weight", "ffn.w_down.weight")):
+        p.normal_(0.0, resid_std, generator=gen)
+    else:
+        p.normal_(0.0, cfg.init_std, generator=gen)
 
 
 def parameter_count(model: nn.Module) -> int:

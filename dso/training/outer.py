@@ -172,17 +172,25 @@ def apply_outer(params: Mapping[str, torch.Tensor], delta: Mapping[str, torch.Te
     One elementwise float32 operation at a time (no fused multiply-add): the same bits everywhere."""
     rule = outer_rule(hp)
     lr = rule.lr(window)
-    lr32 = torch.tensor(lr, dtype=torch.float32)
     moved, count = 0.0, 0
     for name, p in params.items():
         d = rule.direction(name, delta[name].to(device=p.device, dtype=torch.float32), state.momentum)
-        before = p.detach().clone()
-        rule.decay(p, lr)
-        p.copy_(torch.sub(p, torch.mul(d, lr32.to(p.device))))
-        moved += float(torch.sub(p, before).abs().double().sum())
+        moved += outer_step_tensor(p, d, rule, lr)
         count += p.numel()
     state.steps += 1
     return moved / max(count, 1)
+
+
+@torch.no_grad()
+def outer_step_tensor(param: torch.Tensor, direction: torch.Tensor, rule: OuterRule, lr: float) -> float:
+    """One tensor of :func:`apply_outer` in place (the rule's decay, then ``param − lr·direction``); elementwise,
+    so a slice of the tensor steps exactly as the whole one does (dso/distributed/sliced_theta.py).  Returns
+    Σ |moved| over its elements."""
+    lr32 = torch.tensor(lr, dtype=torch.float32, device=param.device)
+    before = param.detach().clone()
+    rule.decay(param, lr)
+    param.copy_(torch.sub(param, torch.mul(direction, lr32)))
+    return float(torch.sub(param, before).abs().double().sum())
 
 
 # ------------------------------------------------------------ evaluation

@@ -27,11 +27,13 @@ def _window(miner) -> dict:
     own, loss = miner.train(1)
     return {"applied": applied, "summary": summary, "steps": miner.report.steps, "ahead": miner.ahead_steps,
             "losses": miner.report.losses, "update": as_arrays(own), "theta": miner.theta_hash(),
-            "dense": {n: t.numpy().copy() for n, t in miner.ctx.codec.decompress(own).items()}}
+            "dense": {n: t.numpy().copy() for n, t in miner.ctx.codec.decompress(own).items()},
+            "sync": miner.sync_samples(1).numpy().copy(), "payload_hash": miner.meta(1).model_hash}
 
 
 def _ranked(tmp, world: int) -> dict | None:
     from dso.distributed.ranks import join_group
+    from neurons.context import structure_only
     from neurons.miner_ranks import RankedMiner, follower_parts
     from neurons.ranks import Orders, follow_leader
 
@@ -44,10 +46,11 @@ def _ranked(tmp, world: int) -> dict | None:
     orders = Orders(ranks)
     orders.hello(single.ctx.hp)
     ctx = single.ctx
+    ctx.model = structure_only(ctx.hp)  # as a torchrun miner's leader: θ only in the ranks' slices
     ctx.state_dir = tmp / "leader"
     ctx.state_dir.mkdir(parents=True)
     miner = RankedMiner(ctx, ranks, orders)
-    miner.follower = Follower(ctx.model, delta, after=3)
+    miner.follower = Follower(miner.theta, delta, 3, ctx.hp)
     miner.model_window = 0
     out = _window(miner)
     miner.save_state()
@@ -67,6 +70,9 @@ def test_a_two_rank_miner_trains_and_compresses_as_one_process(tmp_path):
     assert (leader["steps"], leader["ahead"]) == (single["steps"], single["ahead"]) == (5, 3)
     assert np.allclose(leader["losses"], single["losses"], rtol=1e-5, atol=0)
     assert leader["theta"] == single["theta"]  # θ_1 = θ_0 + the bundle's Δ, the same bits
+    assert leader["payload_hash"] == single["payload_hash"] == single["theta"]  # the upload's model_hash
+    assert leader["sync"].shape == single["sync"].shape and leader["sync"].size >= 2
+    assert np.array_equal(leader["sync"], single["sync"])  # SyncScore samples of θ_1, read from the slices
     agreement = index_agreement({n: u["idx"] for n, u in leader["update"].items()},
                                 {n: u["idx"] for n, u in single["update"].items()})
     assert agreement >= 0.999

@@ -18,6 +18,7 @@ from dso.config.schema import Config, ModelConfig
 from dso.data.assignment import Assignment
 from dso.nn.model import build_model, parameter_shapes, state_hash
 from dso.protocol.clock import PutWindow
+from dso.training.outer import OuterState
 from neurons.miner import Miner
 
 torch.set_num_threads(1)
@@ -25,10 +26,13 @@ PUBLISHED = "bundle"
 
 
 class Follower:
-    """Publishes the bundle of window t after ``after`` looks; applying it moves θ_t by ``delta``."""
+    """Publishes the bundle of window t after ``after`` looks; applying it moves θ_t by ``delta``: an outer step
+    of the miner's θ (neurons/theta.py) under the run's rule, plain SGD at lr 1 (make_miner), with Δ = −delta,
+    so θ_t − 1·(−delta) = θ_t + delta exactly."""
 
-    def __init__(self, model, delta, after: int):
-        self.model, self.delta, self.after, self.looks, self.applied = model, delta, after, 0, 0
+    def __init__(self, theta, delta, after: int, hp):
+        self.theta, self.delta, self.after, self.looks, self.applied = theta, delta, after, 0, 0
+        self.hp = hp
 
     def arrived(self, t: int):
         self.looks += 1
@@ -42,8 +46,7 @@ class Follower:
     def apply(self, t: int, got):
         if got != PUBLISHED:
             return False, "no bundle"
-        for n, p in self.model.named_parameters():
-            p.add_(self.delta[n])
+        self.theta.step({n: -d for n, d in self.delta.items()}, OuterState(), self.hp, t)
         self.applied += 1
         return True, "applied"
 
@@ -56,6 +59,8 @@ class Clock:
 
 
 class Dataset:
+    data_hash = "d" * 64
+
     def training_batch(self, uid: int, t: int, assigned: int, n: int) -> torch.Tensor:
         g = torch.Generator().manual_seed(1000 + t)
         return torch.randint(0, 256, (min(assigned, n), 17), generator=g)
@@ -75,14 +80,16 @@ def make_miner(tmp_path, after: int, steps_max: int = 5, step_sequences: int = 0
                                                   seq_len=16)
     hp.batch_size, hp.micro_batch, hp.chunk, hp.topk = 4, 4, 16, 8
     hp.inner.steps_max, hp.assigned_sequences, hp.inner.warmup_steps = steps_max, 4 * steps_max, 0
-    model = build_model(hp.model, 1)
-    ctx = SimpleNamespace(cfg=cfg, hp=hp, model=model, codec=make_codec(parameter_shapes(model), hp),
+    hp.outer.rule, hp.outer.lr = "sgd", 1.0  # the stand-in bundle's step adds its delta exactly (Follower)
+    model = build_model(hp.model, hp.seed)
+    codec = make_codec(parameter_shapes(model), hp)
+    ctx = SimpleNamespace(cfg=cfg, hp=hp, model=model, codec=codec, shapes=codec.shapes,
                           device=torch.device("cpu"), state_dir=tmp_path, dataset=Dataset(), clock=Clock(), uid=3,
-                          stop=lambda: False)
+                          stop=lambda: False, wait_randomness=lambda t: bytes([t]) * 32)
     miner = Miner(ctx)
     g = torch.Generator().manual_seed(7)
     delta = {n: 1e-2 * torch.randn(p.shape, generator=g) for n, p in model.named_parameters()}
-    miner.follower = Follower(model, delta, after)
+    miner.follower = Follower(miner.theta, delta, after, hp)
     miner.model_window = 0
     return miner, delta
 
