@@ -3,7 +3,7 @@
 Built on the meta device, so no rank ever holds the whole model: consecutive blocks form FSDP units of at
 least UNIT_BYTES of parameters (one block each from the ``125m`` preset on; a small model is one unit) and
 the root holds the embedding (tied with the output head) and the final norm; ``to_empty`` then gives each rank
-memory for its own slices only, which the caller fills slice by slice (dso/distributed/sharded_inner.py scatters θ from
+memory for its own slices only, which the caller fills slice by slice (dso/distributed/sliced_theta.py streams θ from
 the leader, one parameter at a time).  Parameters, gradients and the optimiser's moments all live as
 slices; a unit's whole parameters exist only while it runs (all-gathered, freed after its forward and
 backward).

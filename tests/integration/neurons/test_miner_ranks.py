@@ -3,8 +3,10 @@
 The stand-in context of test_miner_ahead.py (no chain, no S3; the leader's bundle arrives after three looks)
 drives both: train window 1 while window 0's bundle is on its way, rebase onto θ_1, finish window 1 and
 compress it.  The two-rank miner is rank 0 of a gloo group whose rank 1 follows its orders
-(neurons/ranks.py).  Checks: the same steps and losses, the same θ and θ hash in the record, an update
-keeping the same indices, every rank's state file written, and a restarted leader restoring its own.
+(neurons/ranks.py); its θ lives only in the ranks' slices (the leader's model is structure only), and the
+stand-in bundle is an outer step of that θ.  Checks: the same steps and losses, the same θ hash in the record
+and in the payload's header, the same SyncScore samples, an update keeping the same indices, every rank's
+state file written, and a restarted leader restoring its own.
 The inner loop on its own: the pseudo-gradient within 1e-5 relative L2 of one process's, >= 99.9 % of the kept
 indices the same, and the sharded compression one process's, bit for bit.
 """
