@@ -49,3 +49,26 @@ def test_every_rank_encodes_its_part_of_the_whole_tensors_chunks(shape, world, t
                                    rtol=1e-5, atol=1e-5)
         mine.append(piece)
     torch.testing.assert_close(assemble(plan, dim, mine), whole, rtol=0, atol=0)
+
+
+# (3, 2) along dim 1 on 3 ranks: the last slice is empty
+@pytest.mark.parametrize("shape,dim", [((5, 7), 1), ((7, 5), 0), ((3, 2), 1), ((11,), 0)])
+@pytest.mark.parametrize("world", [1, 2, 3])
+def test_every_flat_index_is_found_in_the_slice_that_holds_it(shape, dim, world):
+    """A sliced θ's SyncScore sample (dso/distributed/sliced_theta.py ``owner``): the rank and the index into its
+    slice of each flat index of the whole tensor, uneven and empty slices included."""
+    from dso.config.schema import HParams
+    from dso.distributed.ranks import Ranks
+    from dso.distributed.sharding import narrow_slice, slice_shape
+    from dso.distributed.sliced_theta import SlicedTheta
+
+    whole = torch.arange(float(torch.tensor(shape).prod())).reshape(shape)
+    mine = narrow_slice(whole, dim, 0, world)
+    assert tuple(mine.shape) == slice_shape(shape, dim, 0, world)
+    theta = SlicedTheta({"w": mine}, {"w": shape}, {"w": dim}, Ranks(0, world, torch.device("cpu")), HParams())
+    held = [0] * world
+    for index in range(whole.numel()):
+        rank, local = theta.owner("w", index)
+        assert narrow_slice(whole, dim, rank, world).reshape(-1)[local] == index
+        held[rank] += 1
+    assert held == [int(torch.tensor(slice_shape(shape, dim, r, world)).prod()) for r in range(world)]
