@@ -12,12 +12,12 @@ run: $(VENV)/.installed
 # every tier (tests/conftest.py says what each holds): unit and integration spread over one process per core
 # (a module stays in one process: its fixtures are built once; the modules are handed out in the order given,
 # the slow integration files first and the many short unit files last, so the processes finish together),
-# then the e2e networks, which run on the real clock and get the machine to themselves; with ARGS, one plain
-# pytest run of what they select
+# then the e2e networks, two at a time (they wait on the real clock for most of their windows: one network
+# keeps the 2 cores about 45 % busy); with ARGS, one plain pytest run of what they select
 test: $(VENV)/.installed
 ifeq ($(strip $(ARGS)),)
 	$(PY) -m pytest -q -n auto --dist loadfile --no-loadscope-reorder tests/integration tests/unit
-	$(PY) -m pytest -q tests/e2e
+	$(PY) -m pytest -q -n 2 --dist loadfile tests/e2e
 else
 	$(PY) -m pytest -q $(ARGS)
 endif

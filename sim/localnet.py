@@ -35,7 +35,8 @@ from dso.chain.wallets import create_local_wallet, hotkey_address
 from dso.config.schema import HParams
 from dso.data.dataset import Dataset, run_shards
 from dso.data.shards import ShardSet
-from dso.util.processes import reap, signal_group, spawn
+from dso.util import fork_server
+from dso.util.processes import Child, reap, signal_group, spawn
 from sim import behaviours
 from storage.credentials import PeerCredentials
 from storage.dataset import DATA_KEY_ENV, DATA_SECRET_ENV
@@ -68,7 +69,7 @@ class NodeSpec:
     behaviour: str = "honest"
     stake: float = 0.0
     uid: int = -1
-    process: subprocess.Popen[bytes] | None = None
+    process: Child | None = None
     extra_args: list[str] = field(default_factory=list)
     metrics_port: int = 0     # 0: no metrics endpoint
     ranks: int = 1            # > 1: the node runs as a torchrun group of this many ranks (docs/scale.md)
@@ -107,8 +108,10 @@ class LocalNet:
     def __init__(self, run_dir: Path, hp: HParams, nodes: list[NodeSpec], *, block_time: float = 1.0,
                  corpus: str = "shakespeare", cache_dir: str = "~/.cache/dso", tempo: int = 10,
                  engine: str = DEFAULT_ENGINE, s3: Engine | None = None, tokenizer_file: str = "",
-                 metrics: bool = True, data_bucket: bool = True):
-        """``engine``: the S3 server the network starts (and stops at the end): moto or SeaweedFS.  ``s3``: an
+                 metrics: bool = True, data_bucket: bool = True, fork: bool = True):
+        """``fork``: start the single-process nodes from one pre-imported interpreter (dso/util/fork_server.py:
+        a node starts in a fraction of a second instead of importing torch afresh) where the platform allows.
+        ``engine``: the S3 server the network starts (and stops at the end): moto or SeaweedFS.  ``s3``: an
         engine to run against instead, left running (e.g. a store an earlier run used, or an external one).
         ``data_bucket``: publish the corpus to a dataset bucket and have every node read it from there (else
         every node reads the local shards)."""
@@ -117,6 +120,8 @@ class LocalNet:
         self.engine, self.s3, self.tokenizer_file = engine, s3, tokenizer_file
         self._own_s3 = s3 is None
         self.metrics, self.data_bucket = metrics, data_bucket
+        self.fork = fork and fork_server.available()
+        self._forks: fork_server.ForkServer | None = None
         self.data_source = ""            # where the nodes read the corpus: an s3:// URL, or the local shards
         self._data_keys: tuple[str, str] | None = None
         self.chain: LocalChain | None = None
@@ -191,13 +196,11 @@ class LocalNet:
 
     def env_for(self, node: NodeSpec) -> dict[str, str]:
         creds = self.credentials(node)
-        env = dict(os.environ)
+        env = node_environment()
         env.update({"AWS_ACCESS_KEY_ID": creds.write_key_id, "AWS_SECRET_ACCESS_KEY": creds.write_secret,
-                    "DSO_READ_ACCESS_KEY_ID": creds.read_key_id, "DSO_READ_SECRET_ACCESS_KEY": creds.read_secret,
-                    "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"})
+                    "DSO_READ_ACCESS_KEY_ID": creds.read_key_id, "DSO_READ_SECRET_ACCESS_KEY": creds.read_secret})
         if self._data_keys is not None:
             env[DATA_KEY_ENV], env[DATA_SECRET_ENV] = self._data_keys
-        env["PYTHONPATH"] = str(ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         return env
 
     def command(self, node: NodeSpec) -> list[str]:
@@ -232,9 +235,20 @@ class LocalNet:
         """Start one node: its own process group, niced if a miner, and SIGTERMed by the kernel if we die."""
         env = self.env_for(node)
         cmd = self.command(node) + ["--storage.bucket", self.credentials(node).bucket]
-        with open(self.logs / f"{node.name}.log", "ab") as out:
+        log = self.logs / f"{node.name}.log"
+        if self.fork and node.ranks == 1:  # torchrun starts its ranks' interpreters itself
+            node.process = self._fork_server().spawn(cmd[1:], log=log, env=env, cwd=ROOT, nice=node_nice(node))
+            return
+        with open(log, "ab") as out:
             node.process = spawn(cmd, nice=node_nice(node), stdout=out,
                                  stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, cwd=ROOT)
+
+    def _fork_server(self) -> fork_server.ForkServer:
+        """The interpreter the nodes are forked from, with every node program's modules imported."""
+        if self._forks is None:
+            programs = {n.program[1] if n.program[0] == "-m" else f"neurons.{n.role}" for n in self.nodes}
+            self._forks = fork_server.ForkServer(sorted(programs), env=node_environment(), cwd=ROOT)
+        return self._forks
 
     # ------------------------------------------------------------ running
     def validator_lines(self, name: str = "validator0") -> list[dict[str, Any]]:
@@ -260,6 +274,9 @@ class LocalNet:
         for node in self.nodes:
             if node.process is not None:
                 reap(node.process, deadline - time.time())
+        if self._forks is not None:
+            self._forks.close()
+            self._forks = None
         if self.s3 is not None and self._own_s3:
             self.s3.stop()
             self.s3 = None
@@ -269,6 +286,15 @@ class LocalNet:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def node_environment() -> dict[str, str]:
+    """This process's environment as every node gets it: one thread, unbuffered output, the repository
+    importable."""
+    env = dict(os.environ)
+    env.update({"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"})
+    env["PYTHONPATH"] = str(ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    return env
 
 
 def node_nice(node: NodeSpec) -> int:

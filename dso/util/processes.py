@@ -15,9 +15,20 @@ import signal
 import subprocess
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+class Child(Protocol):
+    """What stopping a child needs: a ``subprocess.Popen``, or a child of the fork server
+    (dso/util/fork_server.py)."""
+
+    pid: int
+
+    def poll(self) -> int | None: ...
+
+    def wait(self, timeout: float | None = None) -> int: ...
 
 
 def _prctl() -> Callable[..., int] | None:
@@ -78,7 +89,7 @@ def autogroup_nice(nice: int) -> None:
         pass
 
 
-def signal_group(process: subprocess.Popen[Any], sig: int) -> None:
+def signal_group(process: Child, sig: int) -> None:
     """Send ``sig`` to the child's process group (it leads it: see :func:`spawn`)."""
     if process.poll() is None:
         try:
@@ -87,13 +98,13 @@ def signal_group(process: subprocess.Popen[Any], sig: int) -> None:
             pass
 
 
-def stop(process: subprocess.Popen[Any], timeout: float, sig: int = signal.SIGTERM) -> int:
+def stop(process: Child, timeout: float, sig: int = signal.SIGTERM) -> int:
     """Ask the child's group to stop, wait up to ``timeout`` seconds, then SIGKILL the group; the exit code."""
     signal_group(process, sig)
     return reap(process, timeout)
 
 
-def reap(process: subprocess.Popen[Any], timeout: float) -> int:
+def reap(process: Child, timeout: float) -> int:
     """Wait for an already-signalled child; SIGKILL its group when it does not exit in time."""
     try:
         return process.wait(max(0.1, timeout))
