@@ -76,7 +76,8 @@ class Aggregation:
     window: int
     used: list[int]                        # uids whose updates were aggregated, in aggregation order
     payloads: dict[int, Payload]           # their payloads (what the window's bundle carries)
-    delta: dict[str, torch.Tensor]         # the Δ the outer rule applied (sign(Δ) for the signed rule)
+    delta: dict[str, torch.Tensor]         # the Δ the outer rule applied (sign(Δ) for the signed rule); kept
+    #                                        only when asked (keep_delta: a validator reads it again), else empty
     learning_rate: float                   # the outer step's rate (α_t for the signed rule)
     hash_before: str                       # θ_t
     hash_after: str                        # θ_{t+1}
@@ -110,16 +111,23 @@ def announce_list(lists: Mapping[int, list[int]], window: int, top_g: list[int])
 
 def aggregate_window(model: torch.nn.Module | Theta, codec: Codec, hp: HParams, window: int,
                      payloads: Mapping[int, Payload], aggregation_list: Sequence[int], outer: OuterState,
-                     device: str | torch.device = "cpu") -> Aggregation:
+                     device: str | torch.device = "cpu", keep_delta: bool = False) -> Aggregation:
     """θ_t → θ_{t+1} and the outer state, in place: the run's outer step with the aggregate of the listed
     peers' payloads (bit-identical on every node for the default aggregation, dso/training/outer.py).
-    ``model``: the node's model, or its θ (neurons/theta.py: a miner on ranks holds it in slices)."""
+    ``model``: the node's model, or its θ (neurons/theta.py: a miner on ranks holds it in slices).
+
+    Δ is decoded tensor by tensor as θ steps, each tensor freed before the next (``StreamedDelta``): a follower
+    never holds the whole Δ.  ``keep_delta``: keep it in ``Aggregation.delta`` (a validator's contributions and
+    its next window's copy check read it)."""
     theta = as_theta(model)
     used = [u for u in aggregation_list if u in payloads]
     agg = aggregate(codec, [payloads[u].update for u in used], hp, used)
+    if keep_delta:
+        agg.delta.keep()  # each tensor decoded once: the step reads it, and so does dict() below
     before, outer_before = theta.hash(), outer.digest()
     moved = theta.step(agg.delta, outer, hp, window)
-    return Aggregation(window, used, {u: payloads[u] for u in used}, agg.delta, outer_lr(hp, window), before,
+    kept = dict(agg.delta) if keep_delta else {}
+    return Aggregation(window, used, {u: payloads[u] for u in used}, kept, outer_lr(hp, window), before,
                        theta.hash(), agg.info, agg.reference_norms, moved, outer_before, outer.digest())
 
 
@@ -141,7 +149,7 @@ def run_window(state: ValidatorState, model: Decoder, codec: Codec, dataset: Dat
     theta_t = ParameterSnapshot(model)
     to_aggregate = payloads if inputs.bundle is None else inputs.bundle
     order = inputs.aggregation_list if inputs.bundle is None else list(inputs.bundle)
-    aggregation = aggregate_window(model, codec, hp, t, to_aggregate, order, outer, device)
+    aggregation = aggregate_window(model, codec, hp, t, to_aggregate, order, outer, device, keep_delta=True)
     theta_next = ParameterSnapshot(model)
     if on_aggregate is not None:
         on_aggregate(aggregation)

@@ -223,7 +223,7 @@ class AdversarialMiner(Miner):
         if not isinstance(got, Bundle):
             return None
         used = [u for u in got.uids if u in got.payloads]
-        return aggregate(self.ctx.codec, [got.payloads[u].update for u in used], self.ctx.hp, used).delta
+        return dict(aggregate(self.ctx.codec, [got.payloads[u].update for u in used], self.ctx.hp, used).delta)
 
     def sybil_update(self, t: int, update: CompressedUpdate | None, sync: torch.Tensor,
                      until: float) -> CompressedUpdate | None:

@@ -19,12 +19,14 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from dso.codec.codecs import make_codec
+from dso.codec.codecs import Codec, make_codec
 from dso.codec.demo import ErrorFeedback, TensorUpdate
 from dso.config.schema import HParams
 from dso.distributed.fsdp import shapes_of
+from dso.distributed.sliced_theta import SlicedTheta
 from dso.nn.model import build_model, initial_tensors, parameter_shapes, tensor_count
 from dso.training.inner import InnerLoop
+from neurons.theta import Theta, WholeTheta
 from sim.rss import PhasePeaks
 
 if TYPE_CHECKING:
@@ -148,9 +150,11 @@ def peak_rss_mb() -> float:
     return float("nan")
 
 
-def window_memory_one(hp: HParams, steps: int, activation_checkpointing: bool = False) -> dict[str, Any]:
+def window_memory_one(hp: HParams, steps: int, activation_checkpointing: bool = False,
+                      bundle: bool = False) -> dict[str, Any]:
     """Peak RSS of one process doing a miner's window: θ, ``steps`` inner steps, pseudo-gradient, error
-    feedback and compression (call in a fresh process)."""
+    feedback and compression, and with ``bundle`` a bundle applied while the steps are kept, as in train-ahead
+    (call in a fresh process)."""
     from dso.distributed.ranks import return_freed_tensors
     torch.set_num_threads(1)
     return_freed_tensors()  # the same allocator settings as a rank's (dso/distributed/ranks.py)
@@ -160,14 +164,16 @@ def window_memory_one(hp: HParams, steps: int, activation_checkpointing: bool = 
         model.activation_checkpointing = activation_checkpointing
         loop = InnerLoop(model, hp)
         feedback = ErrorFeedback(make_codec(parameter_shapes(model), hp), hp.ef_beta)
-        seconds = _window(peaks, loop, feedback, hp, steps)
+        seconds = _window(peaks, loop, feedback, hp, steps, WholeTheta(model) if bundle else None)
     return {"peak_rss_mb": peak_rss_mb(), "rss_before_mb": before, "train_seconds": seconds,
             "phase_peaks_mb": peaks.peaks_mb}
 
 
-def _window(peaks: PhasePeaks, loop: InnerLoop, feedback: Any, hp: HParams, steps: int) -> float:
+def _window(peaks: PhasePeaks, loop: InnerLoop, feedback: Any, hp: HParams, steps: int,
+            theta: Theta | None = None) -> float:
     """A miner's window after the build, each part its own phase of ``peaks`` (``feedback``: an ErrorFeedback or
-    a ShardedFeedback): the training's seconds."""
+    a ShardedFeedback; ``theta``: the node's θ, to apply a bundle of the window's own update to, if given): the
+    training's seconds."""
     peaks.phase("start")
     loop.start(None)
     peaks.phase("train")
@@ -177,14 +183,42 @@ def _window(peaks: PhasePeaks, loop: InnerLoop, feedback: Any, hp: HParams, step
     peaks.phase("pseudo_gradient")
     grads = loop.pseudo_gradient()
     peaks.phase("feedback")
-    feedback.step(grads, 0, 1)
+    update = feedback.step(grads, 0, 1)
     del grads
+    if theta is not None:
+        peaks.phase("apply")
+        apply_own_bundle(loop, theta, hp, feedback.codec, update)
     peaks.phase("restore")
     loop.restore_anchor()
     return seconds
 
 
-def window_memory_ranks(hp: HParams, steps: int, activation_checkpointing: bool = False) -> dict[str, Any]:
+BUNDLE_PEERS = 3  # the window's own update under this many uids: a bundle's decode does not grow with its peers
+
+
+def apply_own_bundle(loop: Any, theta: Theta, hp: HParams, codec: Codec, update: Any) -> None:
+    """A bundle landing during train-ahead, as neurons/miner.py applies it: keep the steps taken, θ_t back into
+    the model, the window's outer step (the update under BUNDLE_PEERS uids; the leader's, None elsewhere)
+    with θ hashed before and after, the steps rebased onto θ_{t+1}.  On ranks every rank calls it."""
+    from dso.protocol.payload import Payload, PayloadMeta
+    from dso.training.outer import OuterState
+    from neurons.engine import aggregate_window
+
+    local = loop.local_weights()
+    loop.restore_anchor()
+    if update is None:  # not the leader: take part in what the leader announces (neurons/ranks.py)
+        assert isinstance(theta, SlicedTheta)
+        for op, args in (("hash", {}), ("step", {"window": 0}), ("hash", {})):
+            theta.handle(op, args)
+    else:
+        payloads = {uid: Payload(PayloadMeta(uid, 0, hp.protocol_version, hp.digest()), update,
+                                 torch.zeros(0), 0) for uid in range(1, BUNDLE_PEERS + 1)}
+        aggregate_window(theta, codec, hp, 0, payloads, list(payloads), OuterState.fresh(codec.shapes, hp))
+    loop.rebase_local(local)
+
+
+def window_memory_ranks(hp: HParams, steps: int, activation_checkpointing: bool = False,
+                        bundle: bool = False) -> dict[str, Any]:
     """The same window on this rank of a group (call on every rank): each rank's peak RSS."""
     from dso.distributed.fsdp import codec_shard_dims
     from dso.distributed.ranks import join_group, return_freed_tensors
@@ -197,7 +231,8 @@ def window_memory_ranks(hp: HParams, steps: int, activation_checkpointing: bool 
         codec = make_codec(shapes_of(hp.model), hp)
         dims = codec_shard_dims(codec, ranks.world)
         loop = ranked_loop(hp, ranks, dims, activation_checkpointing)  # θ_0 streamed into the anchor slices
-        seconds = _window(peaks, loop, ShardedFeedback(codec, hp.ef_beta, ranks, dims), hp, steps)
+        theta = SlicedTheta(loop.anchor, codec.shapes, dims, ranks, hp) if bundle else None
+        seconds = _window(peaks, loop, ShardedFeedback(codec, hp.ef_beta, ranks, dims), hp, steps, theta)
     return {"peak_rss_mb": peak_rss_mb(), "rss_before_mb": before, "train_seconds": seconds, "rank": ranks.rank,
             "phase_peaks_mb": peaks.peaks_mb}
 

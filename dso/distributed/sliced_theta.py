@@ -8,9 +8,9 @@ what one process gives with the whole model:
 * :meth:`SlicedTheta.hash`: every tensor gathered to the leader one at a time and hashed in the model's
   order — :func:`dso.nn.model.model_hash`'s bytes;
 * :meth:`SlicedTheta.sample`: the values at SyncScore's positions, each read by the rank that holds it;
-* :meth:`SlicedTheta.step`: the network's outer step (a bundle applied): the leader decodes Δ and takes the
-  rule's direction (with the outer state, which it alone keeps), every rank steps its own rows with
-  :func:`dso.training.outer.outer_step_tensor`, elementwise as in one process;
+* :meth:`SlicedTheta.step`: the network's outer step (a bundle applied), tensor by tensor: the leader decodes
+  one tensor of Δ and takes the rule's direction (with the outer state, which it alone keeps), every rank
+  steps its own rows with :func:`dso.training.outer.outer_step_tensor`, elementwise as in one process;
 * :meth:`SlicedTheta.load` and :meth:`SlicedTheta.load_checkpoint`: θ_0 or a checkpoint, one tensor (or one
   rank's slice of it) at a time from the leader.
 
@@ -151,7 +151,8 @@ class SlicedTheta:
 
     @torch.no_grad()
     def step(self, delta: Mapping[str, torch.Tensor], outer: OuterState, hp: HParams, window: int) -> float:
-        """The run's outer step with the aggregate Δ (the leader's, whole; ignored elsewhere), as
+        """The run's outer step with the aggregate Δ (the leader's, read one tensor at a time — a
+        :class:`dso.training.outer.StreamedDelta` is decoded as it goes; ignored elsewhere), as
         :func:`dso.training.outer.apply_outer`: θ and the leader's outer state in place; the mean |θ_{t+1} − θ_t|
         per parameter (summed over the ranks: equal to one process's up to the order of the sum)."""
         if hp.outer != self.hp.outer:
@@ -165,6 +166,7 @@ class SlicedTheta:
             part = self.distribute(name, None if d is None else self._slicer(name, d))
             moved += outer_step_tensor(mine, part, rule, lr)
             count += math.prod(self.shapes[name])
+            del d, part  # before the leader decodes the next tensor of Δ
         if self.ranks.leader:
             outer.steps += 1
         return all_sum(self.ranks, [moved])[0] / max(count, 1)

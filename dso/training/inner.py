@@ -152,10 +152,12 @@ class InnerLoop:
     def rebase_local(self, local: Mapping[str, torch.Tensor]) -> None:
         """The model now holds θ_new (the anchor's successor, e.g. the anchor with the network's bundle
         applied); put the local weights ``local`` (trained from the anchor) back, rebased onto it:
-        ``local ← θ_new + (local − anchor)``, ``anchor ← θ_new`` (:meth:`rebase`)."""
-        theta_new = self.local_weights()
-        self.set_weights(local)
-        self.rebase(theta_new)
+        ``local ← θ_new + (local − anchor)``, ``anchor ← θ_new``: :meth:`rebase`'s arithmetic, a tensor at a time
+        in place (no copy of θ_new: a bundle landing in train-ahead is a miner's highest point)."""
+        for name, p in self.params.items():
+            moved = local[name].double() - self.anchor[name].double()
+            self.anchor[name].copy_(p)
+            p.copy_(self.anchor[name].double() + moved)
 
     @torch.no_grad()
     def set_weights(self, weights: Mapping[str, torch.Tensor]) -> None:

@@ -20,7 +20,7 @@ the network would apply it.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -92,11 +92,46 @@ def _rule(rule: HParams | OuterRule) -> OuterRule:
 
 
 # -------------------------------------------------------------- aggregate
+class StreamedDelta(Mapping[str, torch.Tensor]):
+    """Δ one tensor at a time: each tensor is decoded when it is read and not kept, so a step that reads Δ tensor
+    by tensor (:func:`apply_outer`, a sliced θ's step) holds one decoded tensor, never the whole Δ (4 B/param).
+    ``dict(delta)`` decodes all of it; :meth:`keep` keeps what is decoded for a caller that reads Δ again."""
+
+    def __init__(self, names: Sequence[str], decode: Callable[[str], torch.Tensor]):
+        self.names = list(names)
+        self._known = set(self.names)
+        self._decode = decode
+        self._kept: dict[str, torch.Tensor] | None = None
+
+    def keep(self) -> dict[str, torch.Tensor]:
+        """From now on keep every tensor decoded (read again from there): the dict they go in."""
+        if self._kept is None:
+            self._kept = {}
+        return self._kept
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        if name not in self._known:
+            raise KeyError(name)
+        if self._kept is not None and name in self._kept:
+            return self._kept[name]
+        tensor = self._decode(name)
+        if self._kept is not None:
+            self._kept[name] = tensor
+        return tensor
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.names)
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+
 @dataclass
 class Aggregate:
-    """One window's aggregate: Δ per parameter (signs for the signed rule) and how it was made."""
+    """One window's aggregate: Δ per parameter (signs for the signed rule), decoded as it is read, and how it was
+    made."""
 
-    delta: dict[str, torch.Tensor]
+    delta: StreamedDelta
     reference_norms: dict[str, float]
     info: AggregationInfo
 
@@ -140,20 +175,27 @@ def exact_path(codec: Any, hp: HParams) -> bool:
 
 def aggregate(codec: Any, updates: list[Any], hp: HParams, ids: Sequence[int] | None = None) -> Aggregate:
     """The aggregate of the selected peers' updates (callers pass them in uid order) under the run's
-    outer rule; Δ is zero without updates."""
+    outer rule; Δ is zero without updates.
+
+    Δ is streamed (:class:`StreamedDelta`): on the exact path each tensor is the mean of the peers' normalised
+    values for that tensor, decoded, rescaled and finished when it is read — no rule needs anything across
+    tensors (the reference norm is per tensor, from the compressed values).  The robust path's rules do
+    (rows dropped when not finite anywhere, Multi-Krum's and the geometric median's distances over whole rows,
+    the coherence gate's cosines): it computes Δ whole from the peers' decoded rows first, then hands it out
+    tensor by tensor."""
     ids = list(range(len(updates))) if ids is None else list(ids)
     norms = [peer_norms(codec, u) for u in updates]
     names = list(codec.shapes)
     refs = reference_norms(norms, names)
     rule = outer_rule(hp)
     if exact_path(codec, hp):
-        delta = {n: exact_decode(codec.plans[n], _exact_mean(codec, updates, norms, n, rule.mean_scale(refs[n])))
-                 for n in names}
-        info = AggregationInfo("mean", kept=ids, selected=ids)
-    else:
-        delta, info = robust_delta(codec, updates, hp, ids)
-        delta = {n: rule.rescale(d, refs[n]) for n, d in delta.items()}
-    return Aggregate({n: rule.finish(d) for n, d in delta.items()}, refs, info)
+        def decode(name: str) -> torch.Tensor:
+            mean = _exact_mean(codec, updates, norms, name, rule.mean_scale(refs[name]))
+            return rule.finish(exact_decode(codec.plans[name], mean))
+        return Aggregate(StreamedDelta(names, decode), refs, AggregationInfo("mean", kept=ids, selected=ids))
+    whole, info = robust_delta(codec, updates, hp, ids)
+    return Aggregate(StreamedDelta(names, lambda name: rule.finish(rule.rescale(whole[name], refs[name]))), refs,
+                     info)
 
 
 # ------------------------------------------------------------------ step
@@ -169,7 +211,9 @@ def apply_outer(params: Mapping[str, torch.Tensor], delta: Mapping[str, torch.Te
     outer state; returns the mean |θ_{t+1} − θ_t| per parameter (SyncScore's unit for the optimiser
     rules; exactly α for the signed one without weight decay).
 
-    One elementwise float32 operation at a time (no fused multiply-add): the same bits everywhere."""
+    One elementwise float32 operation at a time (no fused multiply-add): the same bits everywhere.  Δ is read
+    one tensor at a time, in ``params``' order, and that tensor is freed before the next is read: with a
+    :class:`StreamedDelta` the whole Δ never exists."""
     rule = outer_rule(hp)
     lr = rule.lr(window)
     moved, count = 0.0, 0
@@ -177,6 +221,7 @@ def apply_outer(params: Mapping[str, torch.Tensor], delta: Mapping[str, torch.Te
         d = rule.direction(name, delta[name].to(device=p.device, dtype=torch.float32), state.momentum)
         moved += outer_step_tensor(p, d, rule, lr)
         count += p.numel()
+        del d  # before the next tensor is decoded
     state.steps += 1
     return moved / max(count, 1)
 

@@ -14,7 +14,8 @@ sharded checkpoint's stall (docs/scale.md).
   allocator setting in both; the ``125m`` preset in full mode (target ≤ 0.65);
   ``rank_rss_ratio_no_checkpointing`` the same with checkpointing off in both; ``phase_peaks_mb`` the highest
   resident memory of each process in each part of the window (build, start, train, pseudo_gradient,
-  feedback, restore: where the peak is, sim/rss.py).  Quick mode reports
+  feedback, in full mode apply — a bundle applied while the steps are kept, as in train-ahead — and
+  restore: where the peak is, sim/rss.py).  Quick mode reports
   ``rank_rss_ratio_small`` at the default model, where the interpreter and torch themselves dominate.
 * ``checkpoint_stall_s`` — how long a validator is blocked by a checkpoint (``CheckpointSaver``: start, then
   ``idle_s`` of the validator's own work — forward passes of its model — then the wait before it changes
@@ -44,9 +45,9 @@ def run(quick: bool) -> dict:
     out: dict = {"presets": {k: v for k, v in plan.items() if k in ("equivalence", "memory", "checkpoint")}}
     out.update(equivalence(plan["equivalence"], plan["steps"]))
     out.update(speed(plan["speed_steps"]))
-    out["memory"] = {"checkpointing": window_memory(plan["memory"], 2, True)}
+    out["memory"] = {"checkpointing": window_memory(plan["memory"], 2, True, bundle=not quick)}
     if not quick:
-        out["memory"]["no_checkpointing"] = window_memory(plan["memory"], 2, False)
+        out["memory"]["no_checkpointing"] = window_memory(plan["memory"], 2, False, bundle=True)
         out["rank_rss_ratio_no_checkpointing"] = out["memory"]["no_checkpointing"]["ratio"]
     out["rank_rss_ratio_small" if quick else "rank_rss_ratio"] = out["memory"]["checkpointing"]["ratio"]
     out.update(checkpoint_stall(plan["checkpoint"], plan["idle_s"]))
@@ -110,23 +111,23 @@ def speed(steps: int) -> dict:
 
 
 # ----------------------------------------------------------------- memory
-def window_memory(preset: str, steps: int, checkpointing: bool) -> dict:
+def window_memory(preset: str, steps: int, checkpointing: bool, bundle: bool = False) -> dict:
     """Peak RSS of one process and of each of 2 ranks doing a miner's window, with the same settings (activation
     checkpointing on or off in both; both with a rank's allocator setting,
-    dso.distributed.ranks.return_freed_tensors)."""
+    dso.distributed.ranks.return_freed_tensors); ``bundle``: with a bundle applied as in train-ahead."""
     from sim.ranks import run_ranks
     from sim.scale import window_memory_one, window_memory_ranks
 
     hp = preset_hparams(preset)
     with worker_pool(1) as pool:
-        one = pool.submit(window_memory_one, hp, steps, checkpointing).result()
-    ranks = run_ranks(window_memory_ranks, 2, hp, steps, checkpointing, timeout=3600)
+        one = pool.submit(window_memory_one, hp, steps, checkpointing, bundle).result()
+    ranks = run_ranks(window_memory_ranks, 2, hp, steps, checkpointing, bundle, timeout=3600)
     peaks = [r["peak_rss_mb"] for r in ranks]
     return {"preset": preset, "steps": steps, "activation_checkpointing": checkpointing,
             "one_process_mb": one["peak_rss_mb"], "rank_mb": peaks,
             "ratio": max(peaks) / one["peak_rss_mb"], "mean_ratio": statistics.mean(peaks) / one["peak_rss_mb"],
             "interpreter_mb": one["rss_before_mb"], "one_train_seconds": one["train_seconds"],
-            "ranks_train_seconds": max(r["train_seconds"] for r in ranks),
+            "ranks_train_seconds": max(r["train_seconds"] for r in ranks), "bundle": bundle,
             "phase_peaks_mb": {"one_process": one["phase_peaks_mb"], "ranks": [r["phase_peaks_mb"] for r in ranks]}}
 
 

@@ -192,6 +192,23 @@ def test_rebase_keeps_every_step():
     assert loop.step_count == 4
 
 
+def test_rebase_local_is_rebase_onto_the_model_s_theta_bit_for_bit():
+    hp = _hp(steps_max=2)
+    loops = [InnerLoop(build_model(hp.model, 1), hp) for _ in range(2)]
+    g = torch.Generator().manual_seed(6)
+    theta_next = {n: t + 1e-2 * torch.randn(t.shape, generator=g) for n, t in _params(loops[0].model).items()}
+    for loop in loops:
+        loop.start(None)
+        loop.train(0, _data(8, seed=3), max_steps=1)
+    local = loops[0].local_weights()
+    loops[0].set_weights(theta_next)  # the bundle applied to the model's θ_t
+    loops[0].rebase_local(local)
+    loops[1].rebase(theta_next)
+    for (n, p), q in zip(loops[0].model.named_parameters(), loops[1].model.parameters(), strict=True):
+        assert torch.equal(p, q) and torch.equal(loops[0].anchor[n], loops[1].anchor[n])
+        assert torch.equal(loops[0].anchor[n], theta_next[n]) and not torch.equal(p, theta_next[n])
+
+
 def test_optimizer_state_persists_or_resets():
     for persist in (True, False):
         hp = _hp(steps_max=1, persist_state=persist)
