@@ -44,11 +44,10 @@ def apply_bundle(model: torch.nn.Module | Theta, codec: Codec, hp: HParams, bund
     return None
 
 
-def replay(ctx: NodeContext, model_window: int, target: int, source: Source,
-           theta: Theta | None = None) -> tuple[int, Rejection | None]:
+def replay(ctx: NodeContext, model_window: int, target: int, source: Source) -> tuple[int, Rejection | None]:
     """Apply bundles model_window … target−1 from ``source`` = (client, bucket), stopping at the first that
     is missing, holds a payload its miner did not sign, or does not fit.  Returns (model window reached, why it
-    stopped early or None).  ``theta``: the node's θ (default: its model)."""
+    stopped early or None)."""
     while model_window < target:
         bundle = get_bundle(*source, ctx.codec, ctx.hp, model_window, ctx.run)
         if isinstance(bundle, Rejection):
@@ -56,25 +55,25 @@ def replay(ctx: NodeContext, model_window: int, target: int, source: Source,
         forged = unsigned(bundle, ctx.peers.hotkeys(), ctx.run)  # only payloads their miners signed
         if forged:
             return model_window, next(iter(forged.values()))
-        bad = apply_bundle(theta or ctx.model, ctx.codec, ctx.hp, bundle, ctx.outer, ctx.device)
+        bad = apply_bundle(ctx.theta, ctx.codec, ctx.hp, bundle, ctx.outer, ctx.device)
         if bad:
             return model_window, bad
         model_window += 1
     return model_window, None
 
 
-def sync_to(ctx: NodeContext, model_window: int, target: int, theta: Theta | None = None) -> int:
+def sync_to(ctx: NodeContext, model_window: int, target: int) -> int:
     """Make the node's model θ_target as far as the leader's objects allow; returns the model window reached.
 
     Replays from where the model is.  Falls back on the leader's latest checkpoint when the model does not
     fit the next bundle (it diverged), or when the checkpoint is ahead of what replay reached (the bundles
-    in between are gone or the node is new).  ``theta``: the node's θ (default: its model)."""
+    in between are gone or the node is new)."""
     source = ctx.peers.leader()
     if source is None or isinstance(source, Rejection) or not ctx.run:
         log.warning("catch-up: no leading validator's run to follow yet (%s)", source)
         return model_window
     if model_window >= 0:
-        reached, stop = replay(ctx, model_window, target, source, theta)
+        reached, stop = replay(ctx, model_window, target, source)
         if reached >= target:
             return reached
         diverged = stop is not None and stop.reason == Reason.METADATA_MISMATCH
@@ -87,12 +86,11 @@ def sync_to(ctx: NodeContext, model_window: int, target: int, theta: Theta | Non
     if isinstance(ckpt, Rejection):
         log.warning("catch-up: checkpoint of window %d unusable: %s", pointer.window, ckpt)
         return reached
-    node = theta or as_theta(ctx.model)
-    node.load_checkpoint(ckpt)
+    ctx.theta.load_checkpoint(ckpt)
     ckpt.close()
     ctx.outer = ckpt.outer
     log.info("catch-up: loaded checkpoint of window %d (%s…)", ckpt.window, ckpt.model_hash[:10])
-    reached, stop = replay(ctx, ckpt.window, target, source, theta)
+    reached, stop = replay(ctx, ckpt.window, target, source)
     if stop is not None and reached < target:
         log.info("catch-up: at window %d of %d (%s)", reached, target, stop)
     return reached

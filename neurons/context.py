@@ -37,6 +37,7 @@ from neurons.lifecycle import Fatal, StopFlag
 from neurons.manifest import manifest, manifest_problem, run_of
 from neurons.metered_chain import MeteredChain
 from neurons.metrics import NodeMetrics, start_metrics
+from neurons.theta import Theta, WholeTheta
 from storage import keys
 from storage.client import ObjectReader, S3Client, StorageError
 from storage.commitment import BucketInfo, format_commitment, parse_commitment
@@ -182,6 +183,7 @@ class NodeContext:
     run: str = ""
     metrics: NodeMetrics | None = None  # served on --neuron.metrics_port (None: off)
     outer: OuterState = field(default_factory=OuterState)  # the outer step's state next to θ (dso/training/outer.py)
+    ranked_theta: Theta | None = None  # a miner on several ranks: θ in its ranks' slices (neurons/miner_ranks.py)
 
     @property
     def hp(self) -> HParams:
@@ -190,6 +192,11 @@ class NodeContext:
     @property
     def shapes(self) -> Shapes:
         return self.codec.shapes
+
+    @property
+    def theta(self) -> Theta:
+        """The node's θ, what it follows the network with (neurons/theta.py): its model, or its ranks' slices."""
+        return WholeTheta(self.model) if self.ranked_theta is None else self.ranked_theta
 
     def manifest(self, genesis_window: int = 0) -> dict[str, Any]:
         return manifest(self.hp, self.dataset.data_hash, self.run, genesis_window)

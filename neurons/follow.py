@@ -24,7 +24,6 @@ from neurons import distrust
 from neurons.catchup import apply_bundle
 from neurons.context import NodeContext
 from neurons.engine import aggregate_window
-from neurons.theta import Theta, as_theta
 from storage.aggregate import Bundle, get_bundle, unsigned
 from storage.gather import GatherOptions
 from storage.peers import get_peers
@@ -36,18 +35,13 @@ POLL_SECONDS = 0.3
 
 
 class Follower:
-    def __init__(self, ctx: NodeContext, theta: Theta | None = None):
+    def __init__(self, ctx: NodeContext):
         self.ctx = ctx
-        self.node_theta = theta  # the node's θ; None: its model (neurons/theta.py)
         self.diverged = False   # the last bundle did not reproduce the leader's model: reload from a checkpoint
         self.bytes = 0
         self.next_look = 0.0    # time.monotonic() before which arrived() does not look again
         self.refused: dict[int, str] = {}  # window → why a validator's bundle of it was refused
         self.source: dict[int, int] = {}   # window → the validator whose bundle of it we took
-
-    @property
-    def theta(self) -> Theta:
-        return self.node_theta or as_theta(self.ctx.model)
 
     def take_bytes(self) -> int:
         n, self.bytes = self.bytes, 0
@@ -115,7 +109,7 @@ class Follower:
             if t in self.refused:
                 return self.gather_own(t)
             return False, f"no bundle of window {t} yet ({got.reason.value})"
-        bad = apply_bundle(self.theta, self.ctx.codec, self.ctx.hp, got, self.ctx.outer, self.ctx.device)
+        bad = apply_bundle(self.ctx.theta, self.ctx.codec, self.ctx.hp, got, self.ctx.outer, self.ctx.device)
         if bad is not None:
             log.warning("window %d: %s; catching up from a checkpoint", t, bad.detail)
             self.diverged = True
@@ -142,7 +136,7 @@ class Follower:
                                GatherOptions(readers=ctx.readers, hotkeys=ctx.peers.hotkeys()),
                                CommitReveal() if ctx.hp.commit_reveal else None)
         self.bytes += result.bytes_down
-        agg = aggregate_window(self.theta, ctx.codec, ctx.hp, t, result.payloads, listing.uids, ctx.outer, ctx.device)
+        agg = aggregate_window(ctx.theta, ctx.codec, ctx.hp, t, result.payloads, listing.uids, ctx.outer, ctx.device)
         log.info("window %d: no valid bundle; gathered and aggregated %d signed payloads of the list (%s…)", t,
                  len(agg.used), agg.hash_after[:10])
         return True, f"gathered and aggregated {len(agg.used)} signed payloads itself (no valid bundle)"

@@ -87,7 +87,7 @@ class Miner(MinerUploads, MinerState):
         self.report, self.ahead_steps = InnerReport(), 0
         self.timings: dict[str, float] = {}  # the window's steps other than training (its JSON record)
         self.step_seconds = 0.0  # a full inner step, as the last window measured it: bounds the next deadline
-        self.follower = Follower(ctx, self.theta)
+        self.follower = Follower(ctx)
         self.model_window = -1   # the model is θ_{model_window}; -1 = not synchronised yet
         self.run_checked = -1    # the window in which we last asked whether the leader still runs our run
         self.worked = -1         # the last window we trained (and uploaded) for
@@ -145,7 +145,7 @@ class Miner(MinerUploads, MinerState):
         local = self.inner.local_weights() if self.ahead is not None else None
         self.inner.restore_anchor()  # θ_{model_window}: replay starts there
         before = self.theta.hash()
-        reached = sync_to(self.ctx, self.model_window, t, self.theta)
+        reached = sync_to(self.ctx, self.model_window, t)
         if local is not None and reached == self.model_window and self.theta.hash() == before:
             self.inner.set_weights(local)
         else:

@@ -75,14 +75,11 @@ class RankedMiner(Miner):
     def training_parts(self) -> tuple[ShardedFeedback, ShardedInnerLoop]:
         """The training parts and the node's θ, which starts as θ_0, streamed a tensor at a time."""
         ctx = self.ctx
-        feedback, inner, self.sliced = ranked_training(ctx.hp, ctx.codec, self.ranks,
-                                                       ctx.cfg.neuron.activation_checkpointing, self.orders)
-        self.sliced.load(initial_tensors(ctx.hp.model, ctx.hp.seed))
+        feedback, inner, sliced = ranked_training(ctx.hp, ctx.codec, self.ranks,
+                                                  ctx.cfg.neuron.activation_checkpointing, self.orders)
+        sliced.load(initial_tensors(ctx.hp.model, ctx.hp.seed))
+        ctx.ranked_theta = sliced  # what the node follows the network with, hashes and samples
         return feedback, inner
-
-    @property
-    def theta(self) -> SlicedTheta:
-        return self.sliced
 
     def state_files(self) -> tuple[Path, Path]:
         return state_files(self.ctx.state_dir, self.ranks)
@@ -95,7 +92,7 @@ class RankedMiner(Miner):
         return OrderedFeedback(self.feedback, self.orders)
 
     def theta_hash(self) -> str:
-        return self.sliced.hash()  # the anchor slices are θ_{model_window} throughout
+        return self.theta.hash()  # the anchor slices are θ_{model_window} throughout
 
     def run(self) -> int:
         try:

@@ -16,7 +16,7 @@ from dso.training.inner import InnerReport
 from neurons import reveal
 from neurons.context import NodeContext
 from neurons.publish import publish_payload
-from neurons.theta import Theta, as_theta
+from neurons.theta import Theta
 from scoring.sync import sync_positions
 from storage.cleanup import cleanup
 from storage.client import StorageError
@@ -43,7 +43,7 @@ class MinerUploads:
     def theta(self) -> Theta:
         """The node's θ_t, which the payload samples and hashes: one process's model (a miner on ranks: every
         rank's slice, neurons/miner_ranks.py)."""
-        return as_theta(self.ctx.model)
+        return self.ctx.theta
 
     def upload(self, t: int, own: CompressedUpdate | None, put: PutWindow) -> bool:
         """Put window t's payload in our bucket (with commit-reveal: commit now, reveal after the put window)."""

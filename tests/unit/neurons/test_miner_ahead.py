@@ -19,6 +19,7 @@ from dso.data.assignment import Assignment
 from dso.nn.model import build_model, parameter_shapes, state_hash
 from dso.protocol.clock import PutWindow
 from dso.training.outer import OuterState
+from neurons.context import NodeContext
 from neurons.miner import Miner
 
 torch.set_num_threads(1)
@@ -72,6 +73,12 @@ class Dataset:
         return int(batch[:, 1:].numel())
 
 
+class Context(SimpleNamespace):
+    """The parts of a NodeContext the miner reads, with its θ as a real node derives it."""
+    ranked_theta = None
+    theta = NodeContext.theta
+
+
 def make_miner(tmp_path, after: int, steps_max: int = 5, step_sequences: int = 0):
     cfg = Config()
     cfg.neuron.step_sequences = step_sequences
@@ -83,9 +90,9 @@ def make_miner(tmp_path, after: int, steps_max: int = 5, step_sequences: int = 0
     hp.outer.rule, hp.outer.lr = "sgd", 1.0  # the stand-in bundle's step adds its delta exactly (Follower)
     model = build_model(hp.model, hp.seed)
     codec = make_codec(parameter_shapes(model), hp)
-    ctx = SimpleNamespace(cfg=cfg, hp=hp, model=model, codec=codec, shapes=codec.shapes,
-                          device=torch.device("cpu"), state_dir=tmp_path, dataset=Dataset(), clock=Clock(), uid=3,
-                          stop=lambda: False, wait_randomness=lambda t: bytes([t]) * 32)
+    ctx = Context(cfg=cfg, hp=hp, model=model, codec=codec, shapes=codec.shapes,
+                  device=torch.device("cpu"), state_dir=tmp_path, dataset=Dataset(), clock=Clock(), uid=3,
+                  stop=lambda: False, wait_randomness=lambda t: bytes([t]) * 32)
     miner = Miner(ctx)
     g = torch.Generator().manual_seed(7)
     delta = {n: 1e-2 * torch.randn(p.shape, generator=g) for n, p in model.named_parameters()}
