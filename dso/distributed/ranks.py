@@ -23,6 +23,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from dso.distributed.sharding import slice_shape
+
 # A rank that waits for the leader's next order (while the leader sleeps to the put window, waits for the
 # leader's checkpoint or for a bundle) waits inside a collective: the group's timeout must outlast any idle
 # stretch of a node.  A rank that dies ends the whole group anyway (torchrun stops the others).
@@ -172,6 +174,12 @@ def gather_rows(ranks: Ranks, rows: torch.Tensor, shapes: Sequence[tuple[int, ..
             dist.recv(piece, r)
         out.append(piece.cpu())
     return out
+
+
+def gather_whole(ranks: Ranks, mine: torch.Tensor, shape: tuple[int, ...], dim: int) -> torch.Tensor | None:
+    """The whole tensor of ``shape`` on the leader (None elsewhere), from every rank's slice of it along ``dim``."""
+    pieces = gather_rows(ranks, mine.detach(), [slice_shape(shape, dim, r, ranks.world) for r in range(ranks.world)])
+    return None if pieces is None else torch.cat(pieces, dim=dim)
 
 
 def all_gather_flat(ranks: Ranks, flat: torch.Tensor, sizes: Sequence[int]) -> list[torch.Tensor]:

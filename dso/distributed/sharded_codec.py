@@ -21,8 +21,8 @@ import torch
 
 from dso.codec.codecs import Codec
 from dso.codec.demo import DeMoCodec, Release, TensorUpdate, buffers_state, load_buffers
-from dso.distributed.ranks import Ranks, all_gather_flat, gather_flat, gather_rows
-from dso.distributed.sharding import LocalPart, assemble, local_part, local_rows, shard_dim, slice_range
+from dso.distributed.ranks import Ranks, all_gather_flat, gather_flat, gather_whole
+from dso.distributed.sharding import LocalPart, assemble, local_part, local_rows, shard_dim
 
 
 class ShardedFeedback:
@@ -44,24 +44,15 @@ class ShardedFeedback:
             elif ranks.leader:
                 self.buffers[name] = torch.zeros(shape, device=ranks.device)
 
-    def slice_shapes(self, name: str) -> list[tuple[int, ...]]:
-        """The shape of every rank's slice of a parameter (rank order)."""
-        shape, dim = self.codec.shapes[name], self.dims[name]
-        out = []
-        for r in range(self.ranks.world):
-            start, end = slice_range(shape[dim], r, self.ranks.world)
-            out.append(tuple(end - start if d == dim else n for d, n in enumerate(shape)))
-        return out
-
     def step(self, slices: Mapping[str, torch.Tensor], window: int, uid: int = 0,
              release: Release | None = None) -> dict[str, TensorUpdate] | None:
         """This window's compressed update from every rank's ``slices`` of the pseudo-gradient (collective).
         ``release`` (the leader's differential privacy) sees the gathered parameters before error feedback."""
         whole: dict[str, torch.Tensor] = {}
         for name in self.gathered:
-            pieces = gather_rows(self.ranks, slices[name].detach().float(), self.slice_shapes(name))
-            if pieces is not None:
-                whole[name] = torch.cat(pieces, dim=self.dims[name])
+            gathered = gather_whole(self.ranks, slices[name].float(), self.codec.shapes[name], self.dims[name])
+            if gathered is not None:
+                whole[name] = gathered
         if self.ranks.leader and release is not None:
             whole = release(whole)
         update = self._sharded(slices, window)

@@ -32,8 +32,8 @@ from torch.distributed.tensor import DTensor
 
 from dso.config.schema import HParams
 from dso.distributed.fsdp import local_slices
-from dso.distributed.ranks import Ranks, all_sum, broadcast_flag, broadcast_tensor, gather_rows, release_free_memory
-from dso.distributed.sharding import slice_range, slice_shape
+from dso.distributed.ranks import Ranks, all_sum, broadcast_flag, broadcast_tensor, gather_whole, release_free_memory
+from dso.distributed.sharding import slice_range
 from dso.nn.model import Decoder
 from dso.training.inner import STATE_PREFIX, InnerLoop, InnerReport, Sequences, make_optimizer, optimizer_state
 from dso.training.train import mixed_precision
@@ -85,10 +85,7 @@ class ShardedInnerLoop(InnerLoop):
 
     def gather_full(self, name: str, mine: torch.Tensor) -> torch.Tensor | None:
         """The whole tensor from every rank's slice, on the leader (None elsewhere)."""
-        shape, dim = tuple(self.params[name].shape), self.dims[name]
-        pieces = gather_rows(self.ranks, mine.detach(), [slice_shape(shape, dim, r, self.ranks.world)
-                                                         for r in range(self.ranks.world)])
-        return None if pieces is None else torch.cat(pieces, dim=dim)
+        return gather_whole(self.ranks, mine, tuple(self.params[name].shape), self.dims[name])
 
     # ------------------------------------------------------------ window
     @torch.no_grad()

@@ -20,7 +20,6 @@ the other ranks call :meth:`SlicedTheta.handle`, as for the inner loop.
 from __future__ import annotations
 
 import functools
-import hashlib
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol
@@ -29,8 +28,9 @@ import torch
 import torch.distributed as dist
 
 from dso.config.schema import HParams
-from dso.distributed.ranks import Ranks, all_sum, gather_flat, gather_rows
+from dso.distributed.ranks import Ranks, all_sum, gather_flat, gather_whole
 from dso.distributed.sharding import narrow_slice, slice_range, slice_shape
+from dso.nn.model import state_hash
 from dso.training.outer import OuterState, outer_step_tensor
 from dso.training.outer_rules import outer_rule
 
@@ -94,23 +94,17 @@ class SlicedTheta:
 
     def gather(self, name: str) -> torch.Tensor | None:
         """The whole tensor on the leader (None elsewhere), from every rank's slice."""
-        shapes = [self.part_shape(name, r) for r in range(self.ranks.world)]
-        pieces = gather_rows(self.ranks, self.slices[name].detach(), shapes)
-        return None if pieces is None else torch.cat(pieces, dim=self.dims[name])
+        return gather_whole(self.ranks, self.slices[name], self.shapes[name], self.dims[name])
 
     # ------------------------------------------------------------ what the protocol does with θ
     @torch.no_grad()
     def hash(self) -> str:
-        """:func:`dso.nn.model.model_hash` of θ on the leader ("" elsewhere): the tensors gathered one at a time."""
+        """:func:`dso.nn.model.model_hash` of θ on the leader ("" elsewhere): the tensors gathered one at a time
+        (every rank takes part in each gather; only the leader has tensors to hash)."""
         self.announce("hash")
-        digest = hashlib.sha256()
-        for name in self.slices:
-            whole = self.gather(name)
-            if whole is not None:  # the bytes of state_hash: name, shape, float32 values
-                digest.update(name.encode())
-                digest.update(str(tuple(whole.shape)).encode())
-                digest.update(whole.to("cpu", torch.float32).contiguous().numpy().tobytes())
-        return digest.hexdigest() if self.ranks.leader else ""
+        gathered = ((name, self.gather(name)) for name in self.slices)
+        digest = state_hash((name, whole) for name, whole in gathered if whole is not None)
+        return digest if self.ranks.leader else ""
 
     @torch.no_grad()
     def sample(self, positions: Sequence[Position]) -> torch.Tensor:
@@ -141,9 +135,11 @@ class SlicedTheta:
             coords.append(rest % size)
             rest //= size
         coords.reverse()
-        rank = next(r for r in range(world) if slice_range(shape[dim], r, world)[0] <= coords[dim]
-                    < slice_range(shape[dim], r, world)[1])
-        coords[dim] -= slice_range(shape[dim], rank, world)[0]
+        for rank in range(world):
+            start, end = slice_range(shape[dim], rank, world)
+            if start <= coords[dim] < end:
+                break
+        coords[dim] -= start
         local = 0
         for size, c in zip(self.part_shape(name, rank), coords, strict=True):
             local = local * size + c

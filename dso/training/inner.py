@@ -133,15 +133,10 @@ class InnerLoop:
 
     @torch.no_grad()
     def rebase(self, theta_new: Mapping[str, torch.Tensor]) -> None:
-        """local ← θ_new + (local − anchor), anchor ← θ_new: keeps every step taken since the anchor.
-
-        The displacement is exact in float64 (a difference of two float32), so the only rounding is
-        the final one to float32."""
+        """local ← θ_new + (local − anchor), anchor ← θ_new: keeps every step taken since the anchor
+        (:func:`rebase_tensor`, exact but for the final rounding)."""
         for name, p in self.params.items():
-            moved = p.double() - self.anchor[name].double()
-            target = theta_new[name].to(p.device)
-            p.copy_(target.double() + moved)
-            self.anchor[name].copy_(target)
+            rebase_tensor(p, p, self.anchor[name], theta_new[name].to(p.device))
 
     @torch.no_grad()
     def local_weights(self) -> dict[str, torch.Tensor]:
@@ -155,9 +150,7 @@ class InnerLoop:
         ``local ← θ_new + (local − anchor)``, ``anchor ← θ_new``: :meth:`rebase`'s arithmetic, a tensor at a time
         in place (no copy of θ_new: a bundle landing in train-ahead is a miner's highest point)."""
         for name, p in self.params.items():
-            moved = local[name].double() - self.anchor[name].double()
-            self.anchor[name].copy_(p)
-            p.copy_(self.anchor[name].double() + moved)
+            rebase_tensor(p, local[name], self.anchor[name], p)
 
     @torch.no_grad()
     def set_weights(self, weights: Mapping[str, torch.Tensor]) -> None:
@@ -341,3 +334,13 @@ def optimizer_state(step_count: int, optimizer: torch.optim.Optimizer | None, pa
                 mine = local(value).detach().cpu()
                 out[f"{STATE_PREFIX}opt.{name}.{key}"] = mine.reshape(mine.shape or (1,)).clone().contiguous()
     return out
+
+
+@torch.no_grad()
+def rebase_tensor(param: torch.Tensor, trained: torch.Tensor, anchor: torch.Tensor, theta_new: torch.Tensor) -> None:
+    """``param ← θ_new + (trained − anchor)``, ``anchor ← θ_new``, in place (``param`` may be ``trained`` or
+    ``θ_new`` itself).  The displacement is exact in float64 (a difference of two float32), so the only rounding
+    is the final one to float32."""
+    moved = trained.double() - anchor.double()
+    anchor.copy_(theta_new)
+    param.copy_(anchor.double() + moved)
