@@ -110,7 +110,6 @@ def ranked_loop(hp: HParams, ranks: Ranks, dims: Mapping[str, int],
     time, as a torchrun miner starts (neurons/miner_ranks.py): no rank builds the whole θ (call on every rank)."""
     from dso.distributed.fsdp import sharded_model
     from dso.distributed.sharded_inner import ShardedInnerLoop
-    from dso.distributed.sliced_theta import SlicedTheta
 
     loop = ShardedInnerLoop(sharded_model(hp.model, ranks, dims, activation_checkpointing), hp, ranks, dims)
     theta = SlicedTheta(loop.anchor, shapes_of(hp.model), dims, ranks, hp)

@@ -12,18 +12,23 @@ Linux only (``fork`` after importing torch is not safe on macOS): :func:`availab
 """
 from __future__ import annotations
 
+import atexit
+import gc
 import importlib
 import importlib.util
 import json
 import os
+import runpy
+import selectors
 import signal
 import subprocess
 import sys
 import threading
+import traceback
 from pathlib import Path
 from typing import IO, Any
 
-from dso.util.processes import spawn, stop
+from dso.util.processes import autogroup_nice, die_with_parent, spawn, stop
 
 ENCODING = "utf-8"
 
@@ -155,9 +160,6 @@ def _reap() -> None:
 
 def serve(preload: list[str]) -> None:
     """Import ``preload``, then fork one child per request line on stdin until stdin closes."""
-    import gc
-    import selectors
-
     global _ANSWERS
     _ANSWERS = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)  # whatever an import prints cannot reach the answers
@@ -217,8 +219,6 @@ def _run_child(request: dict[str, Any], server: int, led: int) -> None:
 
 def _become(request: dict[str, Any], server: int, led: int) -> None:
     """What ``spawn`` gives a child (session, niceness, death signal), then the program's own process state."""
-    from dso.util.processes import autogroup_nice, die_with_parent
-
     os.setsid()
     os.write(led, b"1")
     os.close(led)
@@ -250,10 +250,6 @@ def _become(request: dict[str, Any], server: int, led: int) -> None:
 
 def _run_program(argv: list[str]) -> int:
     """Run ``python *argv`` in this process; its exit code."""
-    import atexit
-    import runpy
-    import traceback
-
     try:
         if argv[0] == "-m":  # the module's file as __main__ (its preloaded copy stays as it is)
             spec = importlib.util.find_spec(argv[1])
