@@ -38,7 +38,8 @@ def apply_bundle(model: torch.nn.Module | Theta, codec: Codec, hp: HParams, bund
     if outer.digest() != bundle.outer_digest_before:
         return Rejection(Reason.METADATA_MISMATCH, f"window {bundle.window}: outer state is not at "
                          "outer_digest_before")
-    agg = aggregate_window(model, codec, hp, bundle.window, bundle.payloads, bundle.uids, outer, device)
+    agg = aggregate_window(model, codec, hp, bundle.window, bundle.payloads, bundle.uids, outer, device,
+                           hash_before=bundle.model_hash_before)  # just checked
     if agg.hash_after != bundle.model_hash_after or agg.outer_after != bundle.outer_digest_after:
         return Rejection(Reason.METADATA_MISMATCH, f"window {bundle.window}: replay did not reach model_hash_after")
     return None

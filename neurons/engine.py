@@ -111,20 +111,22 @@ def announce_list(lists: Mapping[int, list[int]], window: int, top_g: list[int])
 
 def aggregate_window(model: torch.nn.Module | Theta, codec: Codec, hp: HParams, window: int,
                      payloads: Mapping[int, Payload], aggregation_list: Sequence[int], outer: OuterState,
-                     device: str | torch.device = "cpu", keep_delta: bool = False) -> Aggregation:
+                     device: str | torch.device = "cpu", keep_delta: bool = False,
+                     hash_before: str | None = None) -> Aggregation:
     """θ_t → θ_{t+1} and the outer state, in place: the run's outer step with the aggregate of the listed
     peers' payloads (bit-identical on every node for the default aggregation, dso/training/outer.py).
     ``model``: the node's model, or its θ (neurons/theta.py: a miner on ranks holds it in slices).
 
     Δ is decoded tensor by tensor as θ steps, each tensor freed before the next (``StreamedDelta``): a follower
     never holds the whole Δ.  ``keep_delta``: keep it in ``Aggregation.delta`` (a validator's contributions and
-    its next window's copy check read it)."""
+    its next window's copy check read it).  ``hash_before``: θ's hash when the caller has just checked it (a
+    hash reads all of θ: on ranks, a gather of every tensor)."""
     theta = as_theta(model)
     used = [u for u in aggregation_list if u in payloads]
     agg = aggregate(codec, [payloads[u].update for u in used], hp, used)
     if keep_delta:
         agg.delta.keep()  # each tensor decoded once: the step reads it, and so does dict() below
-    before, outer_before = theta.hash(), outer.digest()
+    before, outer_before = hash_before or theta.hash(), outer.digest()
     moved = theta.step(agg.delta, outer, hp, window)
     kept = dict(agg.delta) if keep_delta else {}
     return Aggregation(window, used, {u: payloads[u] for u in used}, kept, outer_lr(hp, window), before,
