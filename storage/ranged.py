@@ -87,14 +87,13 @@ class RangedGets:
     def _signature(self, bucket: str, key: str) -> tuple[str, list[str]]:
         """The URL and headers of a signed GET of the object, signed again once ``resign_after`` old."""
         now = self._clock()
-        with self._lock:
+        with self._lock:  # signing held under it too (~3 ms): threads that start together sign once, not each
             kept = self._signatures.get((bucket, key))
             if kept is not None and now - kept[0] < self.resign_after:
                 self._signatures.move_to_end((bucket, key))
                 return kept[1], kept[2]
-        url, headers = self._signed_get(bucket, key, {})
-        lines = [f"{name}: {value}" for name, value in headers.items()]
-        with self._lock:
+            url, headers = self._signed_get(bucket, key, {})
+            lines = [f"{name}: {value}" for name, value in headers.items()]
             self.signed += 1
             self._signatures[(bucket, key)] = (now, url, lines)
             self._signatures.move_to_end((bucket, key))
