@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import math
-import multiprocessing
 import os
 import resource
 import statistics
@@ -36,8 +35,10 @@ def median_ms(fn: Callable[[], object], repeats: int, warmup: int = 1) -> float:
 
 
 def worker_pool(workers: int) -> ProcessPoolExecutor:
-    """Fresh interpreter per worker (spawn): a clean peak-RSS reading and no state forked from the parent."""
-    return ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"))
+    """A fresh process per worker, forked from an interpreter that has only imported torch (sim.ranks): a peak-RSS
+    reading that does not include the benchmark's own memory, and no state of the parent."""
+    from sim.ranks import preloaded_context
+    return ProcessPoolExecutor(max_workers=workers, mp_context=preloaded_context())
 
 
 def own_peak_rss_mb() -> float:
