@@ -1,15 +1,17 @@
-"""One section of the quick benchmark (``scripts/bench.py --quick --only SECTION``) run to the end in a fresh
-process, with what each section's figures must show beyond running (no timing).  The bench tier spreads the
-sections over a few test files (tests/integration/bench/test_bench_section*.py), so a parallel run (``pytest -n
---dist loadfile``, one file per process) runs them side by side; a section no file names runs in
-test_bench_sections.py."""
+"""The quick benchmark (``scripts/bench.py --quick --only SECTION ...``) run to the end in a fresh process, with what
+each section's figures must show beyond running (no timing).  The bench tier spreads the sections over a few test
+files (tests/integration/bench/test_bench_section*.py); each file runs its sections in one process (one interpreter
+and one worker server for all of them), and a parallel run (``pytest -n --dist loadfile``, one file per process)
+runs the files side by side; a section no file names runs in test_bench_sections.py."""
 from __future__ import annotations
 
 import json
 import math
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
@@ -24,18 +26,26 @@ ALONE = {"data": ("data",), "network": ("gather", "scale"), "simulated": ("conve
 REST = [name for name in SECTIONS if not any(name in names for names in ALONE.values())]
 
 
-def run_section(section: str, out_dir) -> dict:
-    """The section's figures from a fresh ``bench.py --quick --only`` run; fails with its stderr."""
+class QuickRun(NamedTuple):
+    result: dict  # what bench.py wrote
+    stderr: str   # the end of its log, to show with a failure
+
+
+def run_sections(sections: Sequence[str], out_dir: Path) -> QuickRun:
+    """One ``bench.py --quick --only SECTIONS`` run; fails with its stderr when it wrote nothing."""
     out = out_dir / "bench.json"
-    done = subprocess.run([sys.executable, "scripts/bench.py", "--quick", "--only", section, "--out", str(out)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=900)
+    done = subprocess.run([sys.executable, "scripts/bench.py", "--quick", "--only", *sections, "--out", str(out)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=1800)
     assert out.exists(), done.stderr[-4000:]
-    result = json.loads(out.read_text())
-    assert section in result and "error" not in result[section], (result.get(section), done.stderr[-4000:])
-    assert done.returncode == 0, done.stderr[-4000:]
-    assert result["targets"], "no target was checked"
-    CHECKS.get(section, lambda body: None)(result[section])
-    return dict(result[section])
+    return QuickRun(json.loads(out.read_text()), done.stderr[-4000:])
+
+
+def check_section(section: str, run: QuickRun) -> dict:
+    """The section ran without an error, the targets were checked, and its figures pass its own checks."""
+    assert section in run.result and "error" not in run.result[section], (run.result.get(section), run.stderr)
+    assert run.result["targets"], "no target was checked"
+    CHECKS.get(section, lambda body: None)(run.result[section])
+    return dict(run.result[section])
 
 
 def sketch_is_sane(res: dict) -> None:

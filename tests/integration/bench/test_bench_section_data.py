@@ -5,7 +5,14 @@ from __future__ import annotations
 import pytest
 import quick_bench
 
+SECTIONS = quick_bench.ALONE["data"]
 
-@pytest.mark.parametrize("section", quick_bench.ALONE["data"])
-def test_the_section_of_the_quick_benchmark_runs(section, tmp_path):
-    quick_bench.run_section(section, tmp_path)
+
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory):
+    return quick_bench.run_sections(SECTIONS, tmp_path_factory.mktemp("bench"))
+
+
+@pytest.mark.parametrize("section", SECTIONS)
+def test_the_section_of_the_quick_benchmark_runs(section, quick_run):
+    quick_bench.check_section(section, quick_run)

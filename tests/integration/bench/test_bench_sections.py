@@ -8,9 +8,14 @@ import pytest
 import quick_bench
 
 
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory):
+    return quick_bench.run_sections(quick_bench.REST, tmp_path_factory.mktemp("bench"))
+
+
 @pytest.mark.parametrize("section", quick_bench.REST)
-def test_the_section_of_the_quick_benchmark_runs(section, tmp_path):
-    quick_bench.run_section(section, tmp_path)
+def test_the_section_of_the_quick_benchmark_runs(section, quick_run):
+    quick_bench.check_section(section, quick_run)
 
 
 def test_every_section_is_run_by_one_file():
