@@ -20,7 +20,7 @@ from pathlib import Path
 from benchmarks.common import ROOT, finite_or_none, save_plot, worker_pool
 
 FULL = {"windows": 45, "peers": 4, "adamw_lrs": (2e-3, 4e-3, 8e-3), "steps_max": None}
-QUICK = {"windows": 2, "peers": 2, "adamw_lrs": (2e-3,), "steps_max": 2}  # a smoke run: every variant, no figure
+QUICK = {"windows": 1, "peers": 2, "adamw_lrs": (2e-3,), "steps_max": 2}  # a smoke run: every variant, no figure
 PLOT = ROOT / "docs" / "img" / "convergence.png"
 TAIL = 5  # windows averaged for the (less noisy) tail comparison
 

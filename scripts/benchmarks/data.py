@@ -27,6 +27,7 @@ from benchmarks import data_remote
 from benchmarks.common import own_peak_rss_mb, worker_pool
 
 WINDOWS, STEPS_PER_WINDOW = 4, 2
+QUICK_WINDOWS, QUICK_STEPS = 2, 1  # quick mode (corpora of 2 and 8 MB): each part of the data work runs
 HEADLINE = ("remote_vs_local", "cache_peak_mb", "cache_peak_share", "remote_rss_growth_mb")  # of data_remote
 FILE_MB = 20  # generated corpora are split into files of about this size
 
@@ -68,7 +69,7 @@ def prepare(source: Path, out: Path) -> dict:
     return {"tokens": manifest.tokens, "shards": len(manifest.shards), "prepare_peak_rss_mb": own_peak_rss_mb()}
 
 
-def miner_work(shards: str, cache_dir: str) -> dict:
+def miner_work(shards: str, cache_dir: str, windows: int = WINDOWS, steps: int = STEPS_PER_WINDOW) -> dict:
     """Worker process: what a miner does with its data for a few windows; its own peak RSS."""
     from benchmarks.common import setup_worker
     setup_worker()
@@ -87,8 +88,8 @@ def miner_work(shards: str, cache_dir: str) -> dict:
     model = build_model(hp.model, hp.seed)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     val = ds.validation(hp.val_sequences)
-    for window in range(WINDOWS):
-        batch = ds.training_batch(0, window, hp.assigned_sequences, hp.batch_size * STEPS_PER_WINDOW)
+    for window in range(windows):
+        batch = ds.training_batch(0, window, hp.assigned_sequences, hp.batch_size * steps)
         for part in batch.split(hp.batch_size):
             opt.zero_grad(set_to_none=True)
             model.loss(part).backward()
@@ -106,7 +107,8 @@ def rss_growth(rows: list[dict]) -> float:
 
 
 def run(quick: bool) -> dict:
-    sizes = (2, 20) if quick else (20, 200)
+    sizes = (2, 8) if quick else (20, 200)
+    windows, steps = (QUICK_WINDOWS, QUICK_STEPS) if quick else (WINDOWS, STEPS_PER_WINDOW)
     rows, prepared = [], []
     root = Path(tempfile.mkdtemp(prefix="dso-bench-data-"))
     try:
@@ -117,7 +119,7 @@ def run(quick: bool) -> dict:
                 prep = pool.submit(prepare, source, out).result()
             shutil.rmtree(source)  # the text is not needed once it is in shards
             with worker_pool(1) as pool:
-                miner = pool.submit(miner_work, str(out), str(root / "cache")).result()
+                miner = pool.submit(miner_work, str(out), str(root / "cache"), windows, steps).result()
             rows.append({"corpus_mb": round(written / 1e6, 1), "rss_mb": round(miner["rss_mb"], 1)})
             prepared.append({"corpus_mb": round(written / 1e6, 1), "tokens": prep["tokens"], "shards": prep["shards"],
                              "prepare_peak_rss_mb": round(prep["prepare_peak_rss_mb"], 1),
@@ -127,7 +129,7 @@ def run(quick: bool) -> dict:
         shutil.rmtree(root, ignore_errors=True)
     remote = data_remote.run(quick)
     return {"miner_peak_rss_mb": rows, "rss_growth_mb": round(rss_growth(rows), 1), "prepare": prepared,
-            "windows": WINDOWS, "steps_per_window": STEPS_PER_WINDOW, "tokenizer": "bytes",
+            "windows": windows, "steps_per_window": steps, "tokenizer": "bytes",
             **{k: remote[k] for k in HEADLINE}, "remote": remote}
 
 

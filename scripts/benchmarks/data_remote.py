@@ -40,7 +40,7 @@ from benchmarks.common import own_peak_rss_mb, setup_worker, worker_pool
 
 FULL = {"shards": 32, "small_shards": 2, "shard_tokens": 1 << 25, "windows": 4, "steps": 32, "assigned": 512,
         "cache_mb": 96.0, "pairs": 3}
-QUICK = {"shards": 2, "small_shards": 1, "shard_tokens": 1 << 24, "windows": 3, "steps": 4, "assigned": 64,
+QUICK = {"shards": 2, "small_shards": 1, "shard_tokens": 1 << 24, "windows": 2, "steps": 2, "assigned": 64,
          "cache_mb": 8.0, "pairs": 1}
 BATCH = 16
 SAMPLE_SECONDS = 0.5  # a scan of ~1,500 cache files costs ~5 ms of CPU: every 50 ms took 10 % of a core

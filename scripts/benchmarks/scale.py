@@ -22,8 +22,8 @@ sharded checkpoint's stall (docs/scale.md).
   θ) on a moto S3 server on loopback, beside ``checkpoint_sync_s``, the same save made synchronously (what
   it blocked before), and ``checkpoint_save_s``, the background save's own length.
 
-Quick mode: the default 4.3 M model, 3 inner steps.  Full mode: the ``25m`` preset for the equivalence,
-``125m`` for memory and the checkpoint.
+Quick mode: the default 4.3 M model, 3 inner steps, one round of the speed comparison.  Full mode: the ``25m``
+preset for the equivalence, ``125m`` for memory and the checkpoint.
 """
 from __future__ import annotations
 
@@ -36,15 +36,17 @@ import torch
 
 from benchmarks.common import preset_hparams, setup_worker, worker_pool
 
-QUICK = {"equivalence": "tiny", "steps": 3, "speed_steps": 3, "memory": "tiny", "checkpoint": "tiny", "idle_s": 2.0}
-FULL = {"equivalence": "25m", "steps": 3, "speed_steps": 6, "memory": "125m", "checkpoint": "125m", "idle_s": 12.0}
+QUICK = {"equivalence": "tiny", "steps": 3, "speed_steps": 3, "speed_rounds": 1, "memory": "tiny", "checkpoint": "tiny",
+         "idle_s": 2.0}
+FULL = {"equivalence": "25m", "steps": 3, "speed_steps": 6, "speed_rounds": 3, "memory": "125m", "checkpoint": "125m",
+        "idle_s": 12.0}
 
 
 def run(quick: bool) -> dict:
     plan = QUICK if quick else FULL
     out: dict = {"presets": {k: v for k, v in plan.items() if k in ("equivalence", "memory", "checkpoint")}}
     out.update(equivalence(plan["equivalence"], plan["steps"]))
-    out.update(speed(plan["speed_steps"]))
+    out.update(speed(plan["speed_steps"], plan["speed_rounds"]))
     out["memory"] = {"checkpointing": window_memory(plan["memory"], 2, True, bundle=not quick)}
     if not quick:
         out["memory"]["no_checkpointing"] = window_memory(plan["memory"], 2, False, bundle=True)
@@ -88,8 +90,8 @@ def _miner_steps(model: torch.nn.Module, hp, data: torch.Tensor, steps: int) -> 
     return time.perf_counter() - started
 
 
-def speed(steps: int) -> dict:
-    """Tokens/s of the miner's loop and of the plain loop, alternated three times (medians)."""
+def speed(steps: int, rounds: int) -> dict:
+    """Tokens/s of the miner's loop and of the plain loop, alternated ``rounds`` times (medians)."""
     from dso.config.schema import HParams
     from dso.nn.model import build_model
     from sim.ranks import run_ranks
@@ -99,7 +101,7 @@ def speed(steps: int) -> dict:
     data = batches(hp, steps + 1, seed=3)
     tokens = steps * hp.batch_size * hp.model.seq_len
     miner, plain = [], []
-    for _ in range(3):
+    for _ in range(rounds):
         for runner, into in ((_miner_steps, miner), (_plain_steps, plain)):
             model = build_model(hp.model, hp.seed)
             runner(model, hp, data[:hp.batch_size], 1)  # warm-up: allocator, kernels
