@@ -9,15 +9,16 @@ ARGS ?=
 run: $(VENV)/.installed
 	$(PY) scripts/localnet.py $(ARGS)
 
-# every tier (tests/conftest.py says what each holds): unit and integration spread over one process per core
-# (a module stays in one process: its fixtures are built once; the modules are handed out in the order given,
-# the slow integration files first and the many short unit files last, so the processes finish together),
-# then the e2e networks, two at a time (they wait on the real clock for most of their windows: one network
-# keeps the 2 cores about 45 % busy); with ARGS, one plain pytest run of what they select
+# every tier (tests/conftest.py says what each holds) in one pytest run over two processes per core
+# (docs/decisions/0037-one-run-two-workers-per-core.md): the e2e networks wait on the real clock for most of
+# their windows, so the unit and integration files fill the cores beside them; a module stays in one process
+# (its fixtures are built once), and the modules are handed out in the order given: the networks first, then
+# the slow integration files, then the many short unit files, so the processes finish together; with ARGS,
+# one plain pytest run of what they select
+TEST_WORKERS ?= $(shell echo $$(( 2 * $$(nproc 2>/dev/null || echo 1) )))
 test: $(VENV)/.installed
 ifeq ($(strip $(ARGS)),)
-	$(PY) -m pytest -q -n auto --dist loadfile --no-loadscope-reorder tests/integration tests/unit
-	$(PY) -m pytest -q -n 2 --dist loadfile tests/e2e
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder tests/e2e tests/integration tests/unit
 else
 	$(PY) -m pytest -q $(ARGS)
 endif

@@ -58,7 +58,7 @@ def machine() -> dict:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true",
-                        help="small repeats and sizes (every section: 10-15 CPU minutes on 2 cores)")
+                        help="a smoke run: the smallest sizes that cover each section (all: ~4 CPU minutes)")
     parser.add_argument("--out", default="bench.json", help="JSON output file")
     parser.add_argument("--only", nargs="*", choices=list(SECTIONS), help="run only these sections")
     args = parser.parse_args(argv)
