@@ -14,8 +14,8 @@ run: $(VENV)/.installed
 # their windows, so the unit and integration files fill the cores beside them; a module stays in one process
 # (its fixtures are built once), and the modules are handed out in the order given: the networks first, then
 # the slow integration files, then the many short unit files, so the processes finish together; with ARGS,
-# one plain pytest run of what they select
-TEST_WORKERS ?= $(shell echo $$(( 2 * $$(nproc 2>/dev/null || echo 1) )))
+# one plain pytest run of what they select (nproc without OMP_NUM_THREADS, which GNU nproc obeys)
+TEST_WORKERS ?= $(shell echo $$(( 2 * $$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc 2>/dev/null || echo 1) )))
 test: $(VENV)/.installed
 ifeq ($(strip $(ARGS)),)
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder tests/e2e tests/integration tests/unit
