@@ -61,7 +61,18 @@ def preloaded_context() -> multiprocessing.context.ForkServerContext:
 
 
 def run_ranks(fn: Callable[..., Any], world: int, *args: Any, timeout: float = 600.0) -> list[Any]:
-    """``fn(*args)`` on ranks 0 … world−1 of one group; their results in rank order."""
+    """``fn(*args)`` on ranks 0 … world−1 of one group; their results in rank order.  A group whose store port
+    was taken between :func:`free_port` and rank 0 listening on it (a busy machine) starts again on another."""
+    for attempt in range(3):
+        try:
+            return _run_group(fn, world, args, timeout)
+        except RuntimeError as e:
+            if "EADDRINUSE" not in str(e) or attempt == 2:
+                raise
+    raise AssertionError("unreachable")
+
+
+def _run_group(fn: Callable[..., Any], world: int, args: tuple[Any, ...], timeout: float) -> list[Any]:
     ctx = preloaded_context()
     results = ctx.Queue()
     port = str(free_port())
