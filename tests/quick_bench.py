@@ -48,6 +48,21 @@ def check_section(section: str, run: QuickRun) -> dict:
     return dict(run.result[section])
 
 
+def section_tests(sections: Sequence[str]) -> tuple[Callable, Callable]:
+    """A test file's module fixture (one quick run of ``sections``) and its test, one per section."""
+    import pytest
+
+    @pytest.fixture(scope="module")
+    def quick_run(tmp_path_factory):  # type: ignore[no-untyped-def]
+        return run_sections(sections, tmp_path_factory.mktemp("bench"))
+
+    @pytest.mark.parametrize("section", sections)
+    def test_the_section_of_the_quick_benchmark_runs(section, quick_run):  # type: ignore[no-untyped-def]
+        check_section(section, quick_run)
+
+    return quick_run, test_the_section_of_the_quick_benchmark_runs
+
+
 def sketch_is_sane(res: dict) -> None:
     """Bytes as the codecs say, cosines in (0, 1), error feedback helping, a smaller sketch keeping less."""
     from dso.codec.demo import DeMoCodec

@@ -2,17 +2,6 @@
 parallel run gives them a process of their own (tests/quick_bench.py)."""
 from __future__ import annotations
 
-import pytest
 import quick_bench
 
-SECTIONS = quick_bench.ALONE["network"]
-
-
-@pytest.fixture(scope="module")
-def quick_run(tmp_path_factory):
-    return quick_bench.run_sections(SECTIONS, tmp_path_factory.mktemp("bench"))
-
-
-@pytest.mark.parametrize("section", SECTIONS)
-def test_the_section_of_the_quick_benchmark_runs(section, quick_run):
-    quick_bench.check_section(section, quick_run)
+quick_run, test_the_section_of_the_quick_benchmark_runs = quick_bench.section_tests(quick_bench.ALONE["network"])

@@ -4,18 +4,9 @@ their own (test_bench_section_*.py, tests/quick_bench.py says which), so a paral
 runs the rest, and any new section."""
 from __future__ import annotations
 
-import pytest
 import quick_bench
 
-
-@pytest.fixture(scope="module")
-def quick_run(tmp_path_factory):
-    return quick_bench.run_sections(quick_bench.REST, tmp_path_factory.mktemp("bench"))
-
-
-@pytest.mark.parametrize("section", quick_bench.REST)
-def test_the_section_of_the_quick_benchmark_runs(section, quick_run):
-    quick_bench.check_section(section, quick_run)
+quick_run, test_the_section_of_the_quick_benchmark_runs = quick_bench.section_tests(quick_bench.REST)
 
 
 def test_every_section_is_run_by_one_file():
