@@ -155,7 +155,9 @@ def test_tampered_record_or_checkpoint_fails_verification(cr_network, verify_her
     # a record of a window that aggregated someone (the first windows may have none while the miners join)
     with_contributors = [(w, k) for w, k in records if json.loads(client.get(bucket, k))["contributors"]]
     assert with_contributors, records
-    window, key = with_contributors[len(with_contributors) // 2]
+    # one with a successor to break, when there is one (on a loaded machine the miners may reach only the last)
+    followed = [(w, k) for w, k in with_contributors if w < records[-1][0]] or with_contributors
+    window, key = followed[len(followed) // 2]
     original = client.get(bucket, key)
     record = json.loads(original)
     try:
@@ -171,7 +173,8 @@ def test_tampered_record_or_checkpoint_fails_verification(cr_network, verify_her
         forged["record_hash"] = record_hash(forged)
         client.put(bucket, key, encode_json(forged))
         status, out = verify_here(net, capsys, "--source", "bucket")
-        assert status == 1 and f"does not link to the record of window {window}" in out, out
+        if window < records[-1][0]:
+            assert status == 1 and f"does not link to the record of window {window}" in out, out
         status, out = verify_here(net, capsys)
         assert status == 1 and f"bucket record of window {window} differs from the chain's" in out, out
     finally:

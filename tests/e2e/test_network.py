@@ -211,11 +211,14 @@ def test_nodes_serve_their_metrics(network):
     assert one(m, "dso_node_info", role="miner", uid=str(single.uid), hparams=net.hp.digest()) == 1
     windows = one(m, "dso_windows_total")
     assert WINDOWS // 2 <= windows <= len(net.miner_lines()[single.name])  # it may join late on a loaded machine
-    # what it recorded, window by window: whole batches of its assignment (one or two inner steps, as time allows)
+    # what it recorded, window by window: whole sequences of its assignment, at most a batch per inner step (a step
+    # the deadline cuts short trains on part of its batch: InnerLoop.fitting_batch)
     records = net.miner_lines()[single.name][:int(windows)]
-    per_batch, most = net.hp.batch_size * net.hp.model.seq_len, net.hp.assigned_sequences * net.hp.model.seq_len
+    seq_len, batch = net.hp.model.seq_len, net.hp.batch_size
     assert one(m, "dso_trained_tokens_total") == sum(r["tokens"] for r in records)
-    assert all(r["tokens"] % per_batch == 0 and r["tokens"] <= most for r in records), records
+    assert all(r["tokens"] % seq_len == 0 and r["tokens"] <= min(net.hp.assigned_sequences, r["inner_steps"] * batch)
+               * seq_len for r in records), records
+    assert all(r["tokens"] > 0 for r in records if r["uploaded"]), records
     assert one(m, "dso_uploads_total", result="ok") >= windows - 1
     # below a uniform guess over the vocabulary (θ_0 scores about that): the miner's model has learned
     assert 0 < one(m, "dso_train_loss_nats_per_token") < math.log(net.hp.model.vocab_size)
