@@ -6,6 +6,10 @@ ARGS ?=
 
 .PHONY: run test test-fast install bench simulate clean
 
+# keep compiled bytecode (some machines set PYTHONDONTWRITEBYTECODE): without it every pytest process rewrites
+# the test modules' asserts afresh (about 6 CPU s each) and every node and server compiles the project again
+unexport PYTHONDONTWRITEBYTECODE
+
 run: $(VENV)/.installed
 	$(PY) scripts/localnet.py $(ARGS)
 

@@ -13,6 +13,8 @@ Every test lives in one tier directory and carries that tier's marker, set here 
 """
 from __future__ import annotations
 
+import fcntl
+import os
 from pathlib import Path
 
 import pytest
@@ -97,8 +99,14 @@ def sim_dataset(tmp_path_factory):
     honest updates leave too faint a trace on the sequences they trained on (docs/scoring.md)."""
     from dso.data.dataset import Dataset
 
-    cache = tmp_path_factory.mktemp("shakespeare")
+    # one cache for every worker of the run (pytest-xdist's workers share the base's parent): the first to need a
+    # setting tokenises it (and trains its BPE, some 5 CPU s) under the lock, the others then read its shards
+    base = tmp_path_factory.getbasetemp()
+    cache = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "shakespeare-cache"
+    cache.mkdir(exist_ok=True)
 
     def make(hp):
-        return Dataset.for_run(hp, "shakespeare", str(cache))
+        with open(cache / ".lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            return Dataset.for_run(hp, "shakespeare", str(cache))
     return make
