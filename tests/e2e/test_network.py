@@ -107,9 +107,10 @@ def test_miners_hold_the_validators_model_after_every_window(network):
     reference = {line["window"]: line["model_hash"] for line in net.validator_lines()}
     for name, lines in net.miner_lines().items():
         compared = [line["window"] for line in lines if line["window"] in reference]
-        # a miner may join late on a loaded machine; from its first window on it misses at most three
+        # a miner may join late on a loaded machine, and skips a window now and then when it falls behind: from its
+        # first window on it follows three in four (the run goes on until every miner was paid, so it has no end)
         since_joined = [w for w in reference if compared and w >= compared[0]]
-        least = RANKED_WINDOWS - 2 if name == ranked_miner(net).name else max(WINDOWS // 2, len(since_joined) - 3)
+        least = RANKED_WINDOWS - 2 if name == ranked_miner(net).name else max(WINDOWS // 2, len(since_joined) * 3 // 4)
         assert len(compared) >= least, f"{name} followed too few: {compared}"
         for line in lines:
             if line["window"] in reference:
@@ -179,7 +180,8 @@ def test_nodes_serve_their_metrics(network):
     assert one(v, "dso_node_info", role="validator", uid=str(validator.uid), hparams=net.hp.digest()) == 1
     assert 0 < one(v, "dso_windows_total") <= len(lines) and one(v, "dso_window") <= lines[-1]["window"]
     nats = one(v, "dso_validation_loss_nats_per_token")
-    line = next(line for line in lines if line["val_loss"] == nats)
+    line = next(line for line in lines if line["window"] == one(v, "dso_window"))  # the record the gauges show
+    assert line["val_loss"] == nats
     assert one(v, "dso_validation_loss_bits_per_byte") == pytest.approx(line["val_bits_per_byte"])
     assert 0 < line["val_bits_per_byte"] < nats / math.log(2)  # a BPE token stands for more than one byte
     weights = by_label(v, "dso_peer_weight_ratio", "uid")
@@ -197,16 +199,18 @@ def test_nodes_serve_their_metrics(network):
     assert set(gathered) == set(weights) and all(0 < s < 8 for s in gathered.values())
     assert one(v, "dso_gather_seconds_count") >= len(miners) and 0 < one(v, "dso_utilisation_ratio") < 1
     assert one(v, "process_resident_memory_bytes") > 50e6      # torch and a model: well above 50 MB
-    # the single-process honest miners: nothing refused but the windows before they joined the run (nothing
-    # uploaded yet) and the first one they recorded (its training may end past that window's put window); the
-    # 2-rank miner's uploads may be missing or late on a loaded machine (see above)
-    ranked = str(ranked_miner(net).uid)
+    # honest miners are refused only as missing or late (a loaded machine delays them: see above); a single-process
+    # one at most in the windows it uploaded nothing for by its own records (before it joined, a skipped window,
+    # one whose training ended past the put window), and twice more (a payload goes up after its signature)
     refused = {k: n for k, n in v.items() if k[0] == "dso_rejections_total"}
-    first = {str(ls[0]["uid"]): ls[0]["window"] for ls in net.miner_lines().values() if ls}  # uid → first window
-    before = {u: sum(line["window"] < w for line in lines) for u, w in first.items()}  # validator windows before it
-    assert all(dict(k[1])["reason"] in ("missing", "too_late") if dict(k[1])["uid"] == ranked
-               else dict(k[1])["reason"] == "missing" and n <= before.get(dict(k[1])["uid"], 0) + 1
-               for k, n in refused.items()), (refused, before)
+    assert all(dict(k[1])["reason"] in ("missing", "too_late") for k in refused), refused
+    by_miner = net.miner_lines()
+    uploaded = {str(n.uid): {m["window"] for m in by_miner.get(n.name, []) if m["uploaded"]} for n in miners}
+    unsent = {u: sum(line["window"] not in sent for line in lines) for u, sent in uploaded.items()}
+    singles = {str(n.uid) for n in miners if n.ranks == 1}
+    for labels, n in refused.items():
+        uid = dict(labels[1])["uid"]
+        assert uid not in singles or n <= unsent[uid] + 2, (refused, unsent)
 
     assert one(m, "dso_node_info", role="miner", uid=str(single.uid), hparams=net.hp.digest()) == 1
     windows = one(m, "dso_windows_total")
@@ -219,10 +223,13 @@ def test_nodes_serve_their_metrics(network):
     assert all(r["tokens"] % seq_len == 0 and r["tokens"] <= min(net.hp.assigned_sequences, r["inner_steps"] * batch)
                * seq_len for r in records), records
     assert all(r["tokens"] > 0 for r in records if r["uploaded"]), records
-    assert one(m, "dso_uploads_total", result="ok") >= windows - 1
-    # below a uniform guess over the vocabulary (θ_0 scores about that): the miner's model has learned
-    assert 0 < one(m, "dso_train_loss_nats_per_token") < math.log(net.hp.model.vocab_size)
-    assert 0 < one(m, "dso_train_loss_bits_per_byte") < one(m, "dso_train_loss_nats_per_token") / math.log(2)
+    assert one(m, "dso_uploads_total", result="ok") >= windows // 2
+    # the gauges hold the last record's loss (NaN after a window without a step); the last window it trained is below
+    # a uniform guess over the vocabulary (θ_0 scores about that): the miner's model has learned
+    assert one(m, "dso_train_loss_nats_per_token") == pytest.approx(records[-1]["loss"], nan_ok=True)
+    last = [r for r in records if math.isfinite(r["loss"])][-1]
+    assert 0 < last["loss"] < math.log(net.hp.model.vocab_size), records
+    assert 0 < last["train_bits_per_byte"] < last["loss"] / math.log(2), records
     assert 0 < one(m, "dso_utilisation_ratio") <= 1 and one(m, "dso_s3_sent_bytes_total") > 0
     assert one(m, "dso_chain_writes_total", call="register", result="ok") == 1
     assert 0 <= one(m, "dso_inner_steps") <= net.hp.inner.steps_max  # inner optimiser steps of the last window

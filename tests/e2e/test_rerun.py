@@ -26,33 +26,32 @@ WINDOWS = 8
 JOINING = 4  # windows a miner may spend starting up and joining the run (a loaded machine, training miners)
 
 
-def every_miner_weighted(net: LocalNet) -> bool:
-    """The validator's posted row pays every miner (on a cold machine the miners may join a few windows late,
-    so their first positive scores come later: the run waits for it, bounded)."""
+def posted_row(net: LocalNet) -> dict[int, float]:
     validator = next(n for n in net.nodes if n.role == "validator")
-    posted = net.chain.weights().get(validator.uid) or {}
-    return all(posted.get(m.uid, 0.0) > 0 for m in net.nodes if m.role == "miner")
+    return net.chain.weights().get(validator.uid) or {}
 
 
-def worked_enough(net: LocalNet) -> bool:
-    """WINDOWS scored, two of them aggregated, every miner paid and on WINDOWS − JOINING of them (on a loaded
-    machine the miners join later: the run goes on for them, bounded)."""
+def worked_enough(net: LocalNet, posted: dict[int, float]) -> bool:
+    """WINDOWS scored, two of them aggregated, every miner paid by the ``posted`` row and on WINDOWS − JOINING of
+    them (on a cold, loaded machine the miners join a few windows late, so their first positive scores come later:
+    the run goes on for them, bounded)."""
     lines = net.validator_lines()
     scored = {line["window"] for line in lines}
     return (len(lines) >= WINDOWS and sum(bool(line["aggregated"]) for line in lines) >= 2
-            and every_miner_weighted(net)
+            and all(posted.get(m.uid, 0.0) > 0 for m in net.nodes if m.role == "miner")
             and all(sum(m["window"] in scored for m in ms) >= WINDOWS - JOINING for ms in net.miner_lines().values()))
 
 
-def seaweedfs_facts(net: LocalNet) -> dict:
-    """What the run left on the store and in its logs, read while the store still holds the run."""
+def seaweedfs_facts(net: LocalNet, posted: dict[int, float]) -> dict:
+    """What the run left on the store and in its logs, read while the store still holds the run, and the row
+    ``posted`` that ended the run (a later window may pay a miner that missed it nothing)."""
     validator = next(n for n in net.nodes if n.role == "validator")
     creds = net.credentials(validator)
     return {"engine": (net.s3.name, net.s3.endpoint), "data_source": net.data_source, "data_hash": net.hp.data_hash,
             "validator_keys": [o.key.split("/", 1)[-1] for o in creds.read_client().list(creds.bucket)],
             "dataset": {o.key for o in net.s3.admin.client().list("dso-dataset", prefix=net.hp.data_hash)},
             "logs": {n.name: (net.logs / f"{n.name}.log").read_text() for n in net.nodes},
-            "posted": net.chain.weights().get(validator.uid),
+            "posted": posted,
             "miner_uids": [n.uid for n in net.nodes if n.role == "miner"]}
 
 
@@ -62,13 +61,18 @@ def run_once(root, name, s3, hp, corpus) -> tuple[list[dict], dict[str, list[dic
     with net:
         net.prepare()
         net.start()
-        done = wait_for(lambda: worked_enough(net) or bool(net.dead()), timeout=240, step=0.5)
+        rows = []  # the posted row each look saw: the last one ended the run
+
+        def done_or_dead() -> bool:
+            rows.append(posted_row(net))
+            return worked_enough(net, rows[-1]) or bool(net.dead())
+        done = wait_for(done_or_dead, timeout=240, step=0.5)
         logs = {p.name: p.read_text()[-2000:] for p in net.logs.glob("*.log")}
         assert done and not net.dead(), logs
         latest = net.validator_lines()[-1]["window"]
-        wait_for(lambda: all(any(m["window"] == latest for m in ms) for ms in net.miner_lines().values()), 30)
+        wait_for(lambda: all(any(m["window"] >= latest for m in ms) for ms in net.miner_lines().values()), 30)
         miner_logs = "".join(p.read_text() for p in net.logs.glob("miner*.log"))
-        return net.validator_lines(), net.miner_lines(), miner_logs, seaweedfs_facts(net)
+        return net.validator_lines(), net.miner_lines(), miner_logs, seaweedfs_facts(net, rows[-1])
 
 
 @pytest.fixture(scope="module")

@@ -35,7 +35,7 @@ from storage.wire import Expect, encode_payload
 
 AUTHOR, OTHERS, COPIER = 0, (1, 2), 3
 HONEST = (AUTHOR, *OTHERS)
-PUT_SECONDS = 2.5
+PUT_SECONDS = 4.0  # an honest payload lands ~1.5 s in: the rest is room for a loaded machine
 SECRET = "a7" * 16
 
 
