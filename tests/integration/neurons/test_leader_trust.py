@@ -52,6 +52,14 @@ def settle(chain: LocalChain, contexts) -> None:
         ctx.chain.invalidate()
 
 
+def post_lately(chain: LocalChain, nodes: dict[str, NodeContext]) -> None:
+    """Live validators: each posts weights (a self-weight) now — a validator idle for leader_idle_blocks leads no
+    longer, and a loaded machine can spend that long on one test."""
+    for name in STAKES:
+        chain.set_weights(nodes[name].wallet, [nodes[name].uid], [1.0])
+    settle(chain, nodes.values())
+
+
 def publish_all(nodes: dict[str, NodeContext], t: int, seed: int) -> None:
     """Each miner publishes a signed payload of window t (random update, sync samples 0)."""
     gen = torch.Generator().manual_seed(seed)
@@ -82,9 +90,7 @@ def net(tmp_path_factory, stdlib_corpus):
             cfg = node_config(root, s3, name, wallets, str(stdlib_corpus), cache, hp, allow_loopback_endpoints=True)
             nodes[name] = build_context(cfg, "validator" if name in STAKES else "miner", handle_signals=False)
             nodes[name].run = RUN
-        for name in STAKES:  # live validators: each posted weights (a self-weight) lately
-            chain.set_weights(nodes[name].wallet, [nodes[name].uid], [1.0])
-        settle(chain, nodes.values())
+        post_lately(chain, nodes)
         yield chain, nodes
 
 
@@ -154,6 +160,7 @@ def test_a_follower_with_no_valid_bundle_gathers_the_signed_payloads_itself(net)
     the list's payloads (signature checked) and aggregates them as the leader should have."""
     chain, nodes = net
     v0, miner = nodes["v0"], nodes["m1"]
+    post_lately(chain, nodes)
     miner.peers.distrusted.clear()
     t = v0.clock.current_window() + 1
     while v0.clock.current_window() < t:

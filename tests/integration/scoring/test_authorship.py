@@ -71,11 +71,15 @@ def publish(creds, hp, uid: int, window: int, data: bytes, at: float) -> None:
     client.put(creds.bucket, keys.gradient(window, uid, hp.protocol_version), data)
 
 
-def commit_then_reveal(creds, hp, uid: int, window: int, data: bytes, put: PutWindow) -> None:
+def commit_then_reveal(creds, hp, uid: int, window: int, data: bytes, put: PutWindow, looked: threading.Event) -> None:
+    """An honest miner's commitment, then its reveal at reveal_time — and not before the validator's look at the
+    commitments is over (``looked``): on a loaded machine that look may run past its end, which in the protocol
+    only a validator too slow for its own schedule risks."""
     time.sleep(max(0.0, put.open + 0.2 - time.time()))
     sealed = seal(data, window, uid, signature=signatures.sign_payload(wallet_of(uid), "", window, uid, data))
     put_commit(creds.write_client(), creds.bucket, sealed, hp.protocol_version)
     time.sleep(max(0.0, reveal_time(put) - time.time()))
+    looked.wait(30)
     put_reveal(creds.write_client(), creds.bucket, sealed, hp.protocol_version)
 
 
@@ -88,8 +92,9 @@ def one_window(s3, hp, net, creds, copier: CopyingS3, window: int, commit_reveal
     opened = time.time() + 0.3
     put = PutWindow(window, opened, opened + PUT_SECONDS)
     readers, expect = ReaderCache(timeout=5, allow_loopback=True), Expect.from_hparams(hp, window)
+    looked = threading.Event()
     if commit_reveal:
-        workers = [threading.Thread(target=commit_then_reveal, args=(creds[u], hp, u, window, data[u], put))
+        workers = [threading.Thread(target=commit_then_reveal, args=(creds[u], hp, u, window, data[u], put, looked))
                    for u in HONEST]
     else:  # the author first; the others a little later
         workers = [threading.Thread(target=publish, args=(creds[u], hp, u, window, data[u], opened + 0.1 + 0.15 * i))
@@ -99,8 +104,11 @@ def one_window(s3, hp, net, creds, copier: CopyingS3, window: int, commit_reveal
     commitments_look = None
     if commit_reveal:
         time.sleep(max(0.0, certain_after(put.close) - time.time()))
-        commitments_look = look(window, peers, expect, put.close, budget=commit_look_ends(put) - time.time(),
+        # the protocol's look budget (0.75 s) and a second and a half for a loaded machine (the reveals wait for it)
+        budget = max(0.0, commit_look_ends(put) - time.time()) + 1.5
+        commitments_look = look(window, peers, expect, put.close, budget=budget, peer_seconds=budget,
                                 readers=readers, key_for=lambda uid: keys.commit(window, uid, hp.protocol_version))
+        looked.set()
         uploads = reveal_window_after(put)
     else:
         uploads = put

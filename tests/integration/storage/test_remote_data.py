@@ -25,6 +25,7 @@ from dso.data.shard_writer import write_shards
 from dso.data.shards import open_shards
 from dso.data.tokenizer import Tokenizer, TokenizerSpec, train_bpe
 from repo import ROOT
+from sim.localnet import wait_for
 from storage.client import S3Client
 from storage.dataset import open_dataset, open_remote
 from storage.dataset_upload import publish
@@ -194,8 +195,8 @@ def test_an_endpoint_that_stops_answering_is_waited_for_in_one_line(published, l
         later = ds.assigned_rows(1, 2, 8)
         with caplog.at_level(logging.INFO, logger="dso.data"):
             reader, got = reading(lambda: ds.rows(later))
-            time.sleep(1.5)                     # several retries (every 0.05 … 0.2 s) while it is down
-            assert reader.is_alive() and not got and proxy.refused >= 3
+            assert wait_for(lambda: proxy.refused >= 3, timeout=30, step=0.05)  # several retries while it is down
+            assert reader.is_alive() and not got
             proxy.up()
             reader.join(30)
         assert got and np.array_equal(got[0], local.rows(later))
@@ -226,7 +227,7 @@ def test_a_chunk_changed_in_the_bucket_is_refused_and_named(published, local, sh
         if read_ahead:                                                  # fetched in the background first
             ds.prefetch(np.array([row]))
         reader, got = reading(lambda: ds.rows(np.array([row])))
-        time.sleep(1.0)
+        assert wait_for(lambda: any(r.levelno == logging.ERROR for r in caplog.records), timeout=30, step=0.05)
         assert reader.is_alive() and not got                            # no wrong token: nothing returned
         assert (shard, chunk) not in shard_set.arrays[0].corpus.held     # nor held for a reader
         refused = [r for r in caplog.records if r.levelno == logging.ERROR]
@@ -268,9 +269,9 @@ def test_a_changed_digest_file_is_refused(s3, shards, tmp_path, caplog, stop):
     ds, shards_set = remote(url, creds, tmp_path / "cache", stop)
     with caplog.at_level(logging.INFO, logger="dso.data"):
         reader, got = reading(lambda: np.asarray(shards_set.arrays[1][0:10]))
-        time.sleep(0.8)
+        refused = lambda: any("shard-00001.chunks refused" in r.getMessage() for r in caplog.records)  # noqa: E731
+        assert wait_for(refused, timeout=30, step=0.05), caplog.records
         assert reader.is_alive() and not got
-    assert any("shard-00001.chunks refused" in r.getMessage() for r in caplog.records), caplog.records
 
 
 def test_chunks_are_checked_again_when_read_from_the_cache(published, local, tmp_path, stop):

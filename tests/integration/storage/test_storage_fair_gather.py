@@ -65,11 +65,12 @@ def _gather_threads() -> int:
 
 def test_sixteen_stalled_endpoints_do_not_starve_honest_peers(honest_peers, codec, hp):
     """Uids 0-15 accept TCP and never answer; with 16 workers the old gather spent the whole
-    8 s budget on them and every honest peer after them was a TIMEOUT."""
+    budget on them and every honest peer after them was a TIMEOUT (16 s: the honest peers' GETs come after the
+    stalled ones' shares, and must fit in what is left on a loaded machine)."""
     process, stalled = _impostors("stall", 16)
     try:
         result = gather(WINDOW, {**stalled, **honest_peers}, codec, Expect.from_hparams(hp, WINDOW), None,
-                        deadline_seconds=8,
+                        deadline_seconds=16,
                         options=GatherOptions(max_workers=16, readers=ReaderCache(allow_loopback=True)))
     finally:
         hostile_server.stop(process)
@@ -87,7 +88,7 @@ def test_slow_drip_endpoints_are_cut_at_their_deadline_and_release_everything(ho
     try:
         started = time.monotonic()
         result = gather(WINDOW, {**drips, **honest_peers}, codec, Expect.from_hparams(hp, WINDOW), None,
-                        deadline_seconds=6, options=GatherOptions(max_workers=8, priority=sorted(honest_peers),
+                        deadline_seconds=12, options=GatherOptions(max_workers=8, priority=sorted(honest_peers),
                                                                   readers=ReaderCache(allow_loopback=True)))
         elapsed = time.monotonic() - started
         sockets_after, threads_after, gather_threads = _sockets(), threading.active_count(), _gather_threads()
@@ -97,7 +98,7 @@ def test_slow_drip_endpoints_are_cut_at_their_deadline_and_release_everything(ho
     assert {uid: r.reason for uid, r in result.rejections.items()} == {uid: Reason.TIMEOUT for uid in drips}
     assert gather_threads == 0 and threads_after == threads_before
     assert sockets_after == sockets_before
-    assert elapsed < 6 + 2.0 + 1.0  # budget + join grace + slack: not the hours a drip would take
+    assert elapsed < 12 + 2.0 + 1.0  # budget + join grace + slack: not the hours a drip would take
     # honest peers started first and none waited for an impostor
     assert max(result.finished[u] for u in honest_peers) < min(result.finished.get(u, 99.0) for u in drips)
 
@@ -115,7 +116,7 @@ def test_a_drip_is_cut_inside_a_read_not_between_reads():
     finally:
         hostile_server.stop(process)
     assert getattr(caught.value, "kind", None) == "timeout"
-    assert 1.4 < elapsed < 1.5 + 1.0
+    assert 1.4 < elapsed < 1.5 + 3.0  # the deadline and a loaded machine's wake-up, not the read's hours
 
 
 # ------------------------------------------------------------ the schedule, pure

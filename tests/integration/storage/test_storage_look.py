@@ -125,7 +125,8 @@ def test_watch_orders_uploads_by_first_sight_and_a_rewrite_loses_its_place(s3, c
             put(2, honest(codec, make_update(777), hp, 2, WINDOW))
         return False
 
-    first = watch(WINDOW, commitments, expect, time.time() + 10.0, interval=1.0, readers=readers,
+    # rounds 3 s apart: each request of a round has that long (a loaded machine), and the uploads land between rounds
+    first = watch(WINDOW, commitments, expect, time.time() + 12.0, interval=3.0, readers=readers,
                   stop=upload_after_the_first_round)
     assert sorted(first) == [0, 1, 2] and first[0].asked < first[1].asked
     found = look(WINDOW, commitments, expect, time.time() - 2.0, budget=10.0, peer_seconds=10.0, readers=readers)
