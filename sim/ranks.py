@@ -2,8 +2,8 @@
 
 For tests and benchmarks of the multi-rank code (dso/sharded_*.py, neurons/ranks.py) without torchrun:
 :func:`run_ranks` starts ``world`` fresh interpreters with torchrun's environment (``RANK``,
-``WORLD_SIZE``, ``LOCAL_RANK``, a free ``MASTER_PORT`` on loopback; forked from a server that has
-imported torch, :func:`preloaded_context`), calls ``fn(*args)`` in each and
+``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_PORT``: a store the caller serves, as torchrun's agent does;
+forked from a server that has imported torch, :func:`preloaded_context`), calls ``fn(*args)`` in each and
 returns every rank's result in rank order.  A rank still running after ``timeout`` seconds prints its
 stack and ends.  ``fn`` must be importable (a module-level function) and its
 result picklable (our own processes, our own data).  A rank that raises fails the whole call with its
@@ -15,17 +15,9 @@ import faulthandler
 import multiprocessing
 import os
 import queue
-import socket
 import traceback
 from collections.abc import Callable
 from typing import Any
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def _rank_main(fn: Callable[..., Any], args: tuple[Any, ...], env: dict[str, str], results: Any,
@@ -61,25 +53,19 @@ def preloaded_context() -> multiprocessing.context.ForkServerContext:
 
 
 def run_ranks(fn: Callable[..., Any], world: int, *args: Any, timeout: float = 600.0) -> list[Any]:
-    """``fn(*args)`` on ranks 0 … world−1 of one group; their results in rank order.  A group whose store port
-    was taken between :func:`free_port` and rank 0 listening on it (a busy machine) starts again on another."""
-    for _ in range(2):
-        try:
-            return _run_group(fn, world, args, timeout)
-        except RuntimeError as e:
-            if "EADDRINUSE" not in str(e):
-                raise
-    return _run_group(fn, world, args, timeout)
+    """``fn(*args)`` on ranks 0 … world−1 of one group; their results in rank order."""
+    import torch.distributed as dist
 
-
-def _run_group(fn: Callable[..., Any], world: int, args: tuple[Any, ...], timeout: float) -> list[Any]:
+    # the group's store is served from here on a port the kernel picks, and the ranks connect to it (torch's
+    # TORCHELASTIC_USE_AGENT_STORE, as under torchrun): no free port to look up that another process could take
+    # before rank 0 listens on it
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)  # type: ignore[attr-defined]
     ctx = preloaded_context()
     results = ctx.Queue()
-    port = str(free_port())
     procs = []
     for rank in range(world):
         env = {"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1",
-               "MASTER_PORT": port, "OMP_NUM_THREADS": "1"}
+               "MASTER_PORT": str(store.port), "TORCHELASTIC_USE_AGENT_STORE": "True", "OMP_NUM_THREADS": "1"}
         proc = ctx.Process(target=_rank_main, args=(fn, args, env, results, timeout), daemon=True)
         proc.start()
         procs.append(proc)
