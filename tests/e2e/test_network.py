@@ -214,10 +214,10 @@ def test_nodes_serve_their_metrics(network):
 
     assert one(m, "dso_node_info", role="miner", uid=str(single.uid), hparams=net.hp.digest()) == 1
     windows = one(m, "dso_windows_total")
-    assert WINDOWS // 2 <= windows <= len(net.miner_lines()[single.name])  # it may join late on a loaded machine
+    assert WINDOWS // 2 <= windows <= len(by_miner[single.name])  # it may join late on a loaded machine
     # what it recorded, window by window: whole sequences of its assignment, at most a batch per inner step (a step
     # the deadline cuts short trains on part of its batch: InnerLoop.fitting_batch)
-    records = net.miner_lines()[single.name][:int(windows)]
+    records = by_miner[single.name][:int(windows)]
     seq_len, batch = net.hp.model.seq_len, net.hp.batch_size
     assert one(m, "dso_trained_tokens_total") == sum(r["tokens"] for r in records)
     assert all(r["tokens"] % seq_len == 0 and r["tokens"] <= min(net.hp.assigned_sequences, r["inner_steps"] * batch)
